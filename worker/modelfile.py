@@ -1,0 +1,154 @@
+"""A GGUF model file, memory-mapped and validated before anything is uploaded.
+
+gguf.GGUFReader does the parsing; a damaged file makes it fail with whatever numpy raises, so
+the checks that matter to a user (not a GGUF, truncated, tensor data outside the file,
+unsupported architecture or tensor type, missing tensor) run first or wrap it, and each gives
+one GGUFError line naming the problem.
+"""
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from worker.errors import VkllmError
+
+SUPPORTED_TYPES = frozenset(GGMLQuantizationType[name] for name in (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"))
+
+
+class GGUFError(VkllmError):
+    """The file is not a GGUF model this engine can run; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]           # GGUF ne order: shape[0] is the row length
+    ggml_type: GGMLQuantizationType
+    n_bytes: int
+    data: np.ndarray                 # uint8 view into the memory map, n_bytes long
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape))
+
+
+class _CheckedReader(GGUFReader):
+    """GGUFReader that checks tensor types and byte ranges before it slices the memory map
+    (where a bad range would otherwise end in an unrelated numpy reshape error)."""
+
+    def _build_tensors(self, start_offs, fields):
+        file_size = len(self.data)
+        ranges = []
+        for field in fields:
+            _, name_data, _, dims, raw_dtype, offset = field.parts
+            name = bytes(name_data).decode("utf-8", "replace")
+            ggml_type = _tensor_type(name, int(raw_dtype[0]))
+            block, type_size = GGML_QUANT_SIZES[ggml_type]
+            n_elements = int(np.prod(dims.astype(np.uint64)))
+            if dims.size == 0 or int(dims[0]) % block:
+                raise GGUFError(f"tensor '{name}' has shape {dims.tolist()}, rows not a multiple "
+                                f"of {ggml_type.name}'s block of {block}")
+            ranges.append((int(offset[0]), n_elements // block * type_size, name))
+        _check_ranges(ranges, start_offs, file_size, self.alignment)
+        super()._build_tensors(start_offs, fields)
+
+
+def _tensor_type(name: str, raw: int) -> GGMLQuantizationType:
+    try:
+        ggml_type = GGMLQuantizationType(raw)
+    except ValueError:
+        raise GGUFError(f"tensor '{name}' has unknown type id {raw}") from None
+    if ggml_type not in SUPPORTED_TYPES:
+        supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
+        raise GGUFError(f"tensor '{name}' has unsupported type {ggml_type.name} "
+                        f"(supported: {supported})")
+    return ggml_type
+
+
+def _check_ranges(ranges, data_start: int, file_size: int, alignment: int) -> None:
+    """Tell a truncated file (tensors laid out back to back, the last ones cut off) from a
+    tensor whose offset points outside the file."""
+    expected = 0
+    contiguous = True
+    for offset, size, _ in sorted(ranges):
+        contiguous &= offset == expected
+        expected = -(-(offset + size) // alignment) * alignment
+    for offset, size, name in ranges:
+        end = data_start + offset + size
+        if end <= file_size:
+            continue
+        if contiguous:
+            need = data_start + max(o + s for o, s, _ in ranges)
+            raise GGUFError(f"truncated file: {file_size} bytes, but its tensor data needs {need}")
+        raise GGUFError(f"tensor '{name}' data (bytes {data_start + offset}..{end}) lies outside "
+                        f"the file ({file_size} bytes)")
+
+
+def _field_value(field) -> Any:
+    """A metadata field as a plain Python value (arrays as lists)."""
+    if field.types[:1] == [GGUFValueType.ARRAY] and field.types[-1] != GGUFValueType.STRING:
+        parts = [field.parts[i] for i in field.data]
+        return np.concatenate(parts).tolist() if parts else []
+    return field.contents()
+
+
+@dataclass
+class ModelFile:
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    file_size: int
+
+    @classmethod
+    def open(cls, path) -> "ModelFile":
+        path = Path(path)
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise GGUFError(f"cannot read {path}: {e.strerror}") from None
+        if magic != b"GGUF":
+            raise GGUFError(f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        try:
+            reader = _CheckedReader(path)
+        except GGUFError:
+            raise
+        except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
+                MemoryError) as e:
+            raise GGUFError(f"{path}: truncated or corrupt GGUF header ({type(e).__name__}: "
+                            f"{str(e)[:120]})") from None
+        metadata = {name: _field_value(field) for name, field in reader.fields.items()
+                    if not name.startswith("GGUF.")}
+        tensors = {t.name: TensorInfo(t.name, tuple(int(d) for d in t.shape),
+                                      GGMLQuantizationType(t.tensor_type), int(t.n_bytes),
+                                      t.data.reshape(-1).view(np.uint8))
+                   for t in reader.tensors}
+        model = cls(path, metadata, tensors, len(reader.data))
+        model.config.check_tensors(model.tensors)
+        return model
+
+    @property
+    def architecture(self) -> str:
+        return self.metadata.get("general.architecture", "")
+
+    @cached_property
+    def config(self):
+        """The architecture's ModelConfig; raises GGUFError for an unsupported architecture."""
+        from worker.models.config import ModelConfig
+        return ModelConfig.from_metadata(self.metadata, self.tensors)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """A tensor as float32 in numpy order (shape reversed: rows last-but-one)."""
+        from gguf.quants import dequantize
+        t = self.tensors[name]
+        values = dequantize(t.data, t.ggml_type)
+        return np.asarray(values, dtype=np.float32).reshape(tuple(reversed(t.shape)))
+
+    @property
+    def n_params(self) -> int:
+        return sum(t.n_elements for t in self.tensors.values())

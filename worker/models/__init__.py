@@ -1,0 +1,1 @@
+"""Model families: configuration from GGUF metadata (config.py) and the forward passes."""
