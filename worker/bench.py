@@ -1,0 +1,103 @@
+"""`vkllm bench -m FILE`: prompt processing (pp) and generation (tg) speed, as llama-bench
+reports them, against a measured read-bandwidth roofline and, with --peer llama.cpp, against
+llama.cpp's Vulkan backend timed in the same run. `vkllm bench kernels`: per-kernel figures."""
+import statistics
+import time
+
+import numpy as np
+
+from worker.config import Settings
+from worker.vk.commands import pack_push
+
+
+def register(sub):
+    p = sub.add_parser("bench", help="benchmark a model (pp/tg tokens/s) or the kernels")
+    p.add_argument("-m", "--model", help="GGUF file")
+    p.add_argument("-p", "--n-prompt", type=int, default=512)
+    p.add_argument("-n", "--n-gen", type=int, default=128)
+    p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("--peer", choices=["llama.cpp"], help="also time llama.cpp's Vulkan backend (cyllama)")
+    p.set_defaults(func=run)
+    kinds = p.add_subparsers(dest="bench_command")
+    from worker import bench_kernels
+    kernels = kinds.add_parser("kernels", help="mat-vec GB/s per quant type at LLM shapes")
+    bench_kernels.add_arguments(kernels)
+    kernels.set_defaults(func=bench_kernels.run)
+
+
+def read_bandwidth(ctx, nbytes: int, reps: int = 5) -> float:
+    """Bytes/s of a plain streaming read of a buffer larger than any cache (median of reps)."""
+    n_vec4, per_group = nbytes // 16, 4096
+    groups = -(-n_vec4 // per_group)
+    src, dst = ctx.alloc(nbytes), ctx.alloc(4 * groups)
+    rec = ctx.recording(max_timestamps=2)
+    rec.timestamp("start")
+    rec.dispatch(ctx.kernel("read_bandwidth", {0: 256}), [src, dst], (groups, 1, 1), pack_push(n_vec4, per_group))
+    rec.timestamp("read")
+    rec.finish()
+    times = []
+    for _ in range(reps + 1):
+        ctx.run(rec)
+        times.append(rec.timings_ns()[0][1] * 1e-9)
+    rec.destroy()
+    ctx.free(src)
+    ctx.free(dst)
+    return nbytes / statistics.median(times[1:])
+
+
+def weight_bytes_per_token(model_file) -> int:
+    """Every weight is read once per token, except the embedding table, of which one row is."""
+    total = sum(t.n_bytes for t in model_file.tensors.values())
+    embd = model_file.tensors["token_embd.weight"]
+    return total - (embd.n_bytes if "output.weight" in model_file.tensors else 0)
+
+
+def time_engine(engine, n_prompt: int, n_gen: int, reps: int) -> dict:
+    runner, vocab = engine.runner, engine.config.vocab_size
+    tokens = np.random.default_rng(0).integers(0, vocab, n_prompt).tolist()
+    pp, tg, host = [], [], []
+    for rep in range(reps + 1):  # the first of each is a warm-up
+        start = time.perf_counter()
+        runner.prefill(tokens, 0, engine.chunk)
+        pp.append(n_prompt / (time.perf_counter() - start))
+        token, gpu, start = tokens[0], 0.0, time.perf_counter()
+        for pos in range(n_gen):
+            runner.decode(token, pos)
+            token = runner.read_argmax()
+            gpu += runner.last_decode_gpu_seconds()
+        wall = time.perf_counter() - start
+        tg.append(n_gen / wall)
+        host.append((wall - gpu) / n_gen)
+    return {"pp": statistics.median(pp[1:]), "tg": statistics.median(tg[1:]), "host": statistics.median(host[1:])}
+
+
+def run(args):
+    from worker.engine import Engine
+    from worker.errors import VkllmError
+    if not args.model:
+        raise VkllmError("bench needs -m FILE (or the 'kernels' subcommand)")
+    engine = Engine.load(args.model, Settings.from_env(), n_ctx=args.n_prompt + args.n_gen + 16,
+                         max_batch=min(512, args.n_prompt))
+    try:
+        from worker.modelfile import ModelFile
+        model_file = ModelFile.open(args.model)
+        per_token = weight_bytes_per_token(model_file)
+        _, total = engine.ctx.memory_budget()
+        roofline = read_bandwidth(engine.ctx, min(1 << 30, total // 8))
+        ours = time_engine(engine, args.n_prompt, args.n_gen, args.repetitions)
+    finally:
+        engine.close()
+    rows = [("vkllm", ours["pp"], ours["tg"], ours["host"])]
+    if args.peer:
+        from worker.bench_peer import time_llama_cpp
+        peer = time_llama_cpp(args.model, args.n_prompt, args.n_gen, args.repetitions)
+        rows.append(("llama.cpp-vulkan", peer["pp"], peer["tg"], None))
+    print(f"model {args.model}: {per_token / 1e9:.3f} GB of weights read per token; "
+          f"measured read roofline {roofline / 1e12:.3f} TB/s -> at most {roofline / per_token:.0f} tok/s")
+    print(f"{'engine':18} {'pp' + str(args.n_prompt):>10} {'tg' + str(args.n_gen):>9} {'ms/tok':>7} "
+          f"{'host us/tok':>11} {'% roofline':>10} {'vs peer tg':>10}")
+    for name, pp, tg, host in rows:
+        vs_peer = f"{tg / rows[1][2]:.2f}x" if len(rows) > 1 else "-"
+        host_us = f"{host * 1e6:.0f}" if host is not None else "-"
+        print(f"{name:18} {pp:10.1f} {tg:9.1f} {1e3 / tg:7.2f} {host_us:>11} "
+              f"{100 * tg * per_token / roofline:9.1f}% {vs_peer:>10}")

@@ -1,0 +1,169 @@
+"""The inference engine: a GGUF model resident on a Vulkan device, generating text.
+
+Importable without Flask or RQ. One Engine holds one model and one sequence's KV cache; a new
+prompt reuses the cached prefix it shares with the previous one.
+"""
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from worker.chat import render_chat
+from worker.config import Settings
+from worker.errors import VkllmError
+from worker.generation import Event, Timings
+from worker.memplan import MemoryPlan
+from worker.modelfile import ModelFile
+from worker.models.llama import ARCHITECTURES
+from worker.runner import Runner
+from worker.sampling import Sampler, SamplingParams, StopMatcher
+from worker.tokenizer import StreamDecoder, Tokenizer
+
+DEFAULT_CONTEXT = 4096
+PREFILL_CHUNK = 512
+
+
+class PromptTooLong(VkllmError):
+    pass
+
+
+class Engine:
+    def __init__(self, ctx, model_file, config, tokenizer, n_ctx: int, max_batch: int, owns_ctx: bool,
+                 progress: bool = False):
+        self.ctx, self.config, self.tokenizer, self.n_ctx = ctx, config, tokenizer, n_ctx
+        self.name = Path(model_file.path).stem
+        self.chat_template = model_file.metadata.get("tokenizer.chat_template")
+        self.info = {"architecture": config.arch, "context_length": config.context_length,
+                     "file_size": model_file.file_size, "quant": _quant_name(model_file),
+                     "parameters": model_file.n_params}
+        self._owns_ctx = owns_ctx
+        bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
+        self.model = ARCHITECTURES[config.arch](ctx, model_file, config, n_ctx, max_batch,
+                                                progress=bar.update if bar else None)
+        if bar:
+            bar.close()
+        self.runner = Runner(self.model)
+        self.chunk = max_batch
+        self._cached: list[int] = []   # tokens whose K/V are in the cache, in order
+
+    @classmethod
+    def load(cls, path, settings: Settings | None = None, n_ctx: int | None = None, ctx=None,
+             max_batch: int = PREFILL_CHUNK, progress: bool = False) -> "Engine":
+        """Opens, checks against the device's memory budget, and uploads a GGUF model.
+        `ctx` shares an existing Vulkan context (tests do); otherwise the engine makes its own."""
+        model_file = ModelFile.open(path)
+        config = model_file.config
+        tokenizer = Tokenizer.from_metadata(model_file.metadata)
+        n_ctx = min(n_ctx or DEFAULT_CONTEXT, config.context_length)
+        owns_ctx = ctx is None
+        if owns_ctx:
+            from worker.vk import Context
+            ctx = Context(settings or Settings())
+        try:
+            used, total = ctx.memory_budget()
+            MemoryPlan.for_model(model_file, config, n_ctx, max_batch).check(total - used)
+            return cls(ctx, model_file, config, tokenizer, n_ctx, max_batch, owns_ctx, progress)
+        except BaseException:
+            if owns_ctx:
+                ctx.close()
+            raise
+
+    # -- text in, events out ---------------------------------------------------------------------
+    def render_chat(self, messages: list[dict]) -> str:
+        tok = self.tokenizer
+        return render_chat(self.chat_template, messages, add_generation_prompt=True,
+                           bos_token=tok.decode([tok.bos_id]) if tok.bos_id is not None else "",
+                           eos_token=tok.decode([tok.eos_id]) if tok.eos_id is not None else "")
+
+    def generate(self, prompt: str, params: SamplingParams,
+                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+        ids = self.tokenizer.encode(prompt)
+        yield from self.generate_ids(ids, params, cancelled)
+
+    def generate_ids(self, ids: list[int], params: SamplingParams,
+                     cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+        if not ids:
+            raise VkllmError("the prompt is empty")
+        if len(ids) >= self.n_ctx:
+            raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
+        started = time.perf_counter()
+        self._prefill(ids)
+        prompt_seconds = time.perf_counter() - started
+        sampler = Sampler(params, self.config.vocab_size)
+        decoder, stops = StreamDecoder(self.tokenizer), StopMatcher(params.stop)
+        history, generated, first_token_at = list(ids), 0, None
+        finish = "length"
+        while True:
+            token = self._next_token(sampler, params, history)
+            generated += 1
+            first_token_at = first_token_at or time.perf_counter()
+            if token in self.tokenizer.eog_ids:
+                finish = "stop"
+                break
+            history.append(token)
+            text, stopped = stops.push(decoder.push(token))
+            if stopped:
+                yield Event(text, token)
+                finish = "stop"
+                break
+            yield Event(text, token)
+            if generated >= params.max_tokens or len(history) >= self.n_ctx:
+                break
+            if cancelled():
+                finish = "cancelled"
+                break
+            self.runner.decode(token, len(history) - 1)
+            self._cached.append(token)
+        tail = stops.push(decoder.flush())[0] + stops.flush() if finish != "stop" else ""
+        now = time.perf_counter()
+        timings = Timings(prompt_tokens=len(ids), generated_tokens=generated, prompt_seconds=prompt_seconds,
+                          generation_seconds=now - (first_token_at or now),
+                          time_to_first_token=(first_token_at or now) - started)
+        yield Event(tail, None, finish, timings)
+
+    def _prefill(self, ids: list[int]):
+        """Reuses the cached prefix; at least the last prompt token is always run for its logits."""
+        keep = 0
+        for a, b in zip(self._cached, ids[:-1]):
+            if a != b:
+                break
+            keep += 1
+        self._cached = self._cached[:keep]
+        self.runner.prefill(ids[keep:], keep, self.chunk)
+        self._cached.extend(ids[keep:])
+
+    def _next_token(self, sampler, params, history) -> int:
+        if not params.needs_full_logits:
+            return self.runner.read_argmax()
+        return sampler.sample(self.runner.read_logits(), history)
+
+    def logits(self, ids: list[int]):
+        """Logits at every position of `ids` from an empty cache (for tests and tools)."""
+        self._cached = []
+        return self.runner.all_logits(ids)
+
+    # -- accounting --------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        used, total = self.ctx.memory_budget()
+        return {"vram_used_bytes": used, "vram_total_bytes": total,
+                "kv_cache_usage_ratio": len(self._cached) / self.n_ctx}
+
+    def close(self):
+        self.runner.close()
+        if self._owns_ctx:
+            self.ctx.close()
+
+
+def _quant_name(model_file) -> str:
+    """The most common type by bytes among 2-D weights, the way people name a GGUF's quant."""
+    totals: dict[str, int] = {}
+    for t in model_file.tensors.values():
+        if len(t.shape) > 1:
+            totals[t.ggml_type.name] = totals.get(t.ggml_type.name, 0) + t.n_bytes
+    return max(totals, key=totals.get) if totals else "F32"
+
+
+def _progress_bar(total: int, name: str):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"uploading {name}", file=sys.stderr,
+                leave=False)

@@ -1,0 +1,134 @@
+"""The Llama family's forward pass on the GPU, recorded once per batch size and replayed.
+
+Weights keep their GGUF names: layer i's `blk.i.attn_q.weight` is `self.layers[i]["attn_q"]`,
+its bias `["attn_q.bias"]`. Families differ only in what happens between the QKV projection and
+RoPE (`after_qkv`): Qwen2 adds biases, Qwen3 normalises each head of q and k.
+"""
+import re
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from worker.kernels import attention as attn_ops
+from worker.kernels import elementwise, norm, rope
+from worker.kernels.matmul import get_rows, matmul
+from worker.kernels.tensor import upload_tensor
+from worker.models.scratch import Scratch
+
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+class Llama:
+    def __init__(self, ctx, model_file, config, n_ctx: int, max_batch: int, progress=None):
+        self.ctx, self.config, self.n_ctx = ctx, config, n_ctx
+        self.layers = [dict() for _ in range(config.n_layer)]
+        self.globals = {}
+        for name, info in model_file.tensors.items():
+            if name == "rope_freqs.weight":  # already in config.rope_freq_factors
+                continue
+            tensor = self._upload(info)
+            match = _LAYER_TENSOR.match(name)
+            if match:
+                layer, base, kind = match.groups()
+                self.layers[int(layer)][base if kind == "weight" else f"{base}.bias"] = tensor
+            else:
+                self.globals[name.removesuffix(".weight")] = tensor
+            if progress is not None:
+                progress(info.n_bytes)
+        self.output = self.globals.get("output", self.globals["token_embd"])
+        self.freq_factors = None
+        if config.rope_freq_factors is not None:
+            self.freq_factors = self._upload_f32(np.asarray(config.rope_freq_factors, np.float32))
+        kv_width = config.n_head_kv * config.head_dim
+        self.k_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
+        self.v_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
+        self.step = ctx.alloc_host(16)          # uint32 [pos0, n_tokens]
+        self.max_batch = max_batch
+        self.scratch = Scratch(ctx, config, max_batch)
+
+    def _upload(self, info):
+        if len(info.shape) == 1 or (info.ggml_type == T.F32 and info.shape[1] == 1):
+            return self._upload_f32(info.data.view(np.float32))
+        return upload_tensor(self.ctx, info.name, info.ggml_type, info.shape, info.data)
+
+    def _upload_f32(self, array):
+        buffer = self.ctx.alloc(array.nbytes)
+        self.ctx.upload(buffer, array)
+        return buffer
+
+    # -- the forward pass ------------------------------------------------------------------------
+    def record_forward(self, rec, n: int, logits, all_logits: bool = False):
+        """Tokens in scratch.ids at positions step[0].. -> logits of the last token (or of all)."""
+        assert n <= self.max_batch
+        c, s = self.config, self.scratch
+        get_rows(rec, self.globals["token_embd"], s.ids, s.x, n)
+        rec.barrier()
+        for i, layer in enumerate(self.layers):
+            self.record_attention(rec, i, layer, s, n)
+            self.record_ffn(rec, layer, s, n)
+        rows = n if all_logits else 1
+        last = s.x if all_logits else s.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
+        norm.rms_norm(rec, last, self.globals["output_norm"], s.xb, rows, c.n_embd, c.norm_eps)
+        rec.barrier()
+        matmul(rec, self.output, s.xb, logits, rows)
+
+    def record_attention(self, rec, i, layer, s, n):
+        c = self.config
+        norm.rms_norm(rec, s.x, layer["attn_norm"], s.xb, n, c.n_embd, c.norm_eps)
+        rec.barrier()
+        for name, out in (("attn_q", s.q), ("attn_k", s.k), ("attn_v", s.v)):
+            matmul(rec, layer[name], s.xb, out, n)
+        rec.barrier()
+        self.after_qkv(rec, layer, s, n)
+        for buf, heads in ((s.q, c.n_head), (s.k, c.n_head_kv)):
+            rope.rope(rec, buf, self.step, n, heads, c.head_dim, c.rope_dim, c.rope_base, c.rope_neox,
+                      self.freq_factors)
+        rec.barrier()
+        kv_width = c.n_head_kv * c.head_dim
+        attn_ops.kv_store(rec, s.k, self.k_cache[i], self.step, n, kv_width)
+        attn_ops.kv_store(rec, s.v, self.v_cache[i], self.step, n, kv_width)
+        rec.barrier()
+        attn_ops.attention(rec, s.q, self.k_cache[i], self.v_cache[i], s.att, self.step, n, c.n_head,
+                           c.n_head_kv, c.head_dim, c.head_dim ** -0.5)
+        rec.barrier()
+        matmul(rec, layer["attn_output"], s.att, s.x, n, y_accumulate=True)
+        rec.barrier()
+
+    def after_qkv(self, rec, layer, s, n):
+        """Between the QKV projection and RoPE: nothing for Llama."""
+
+    def record_ffn(self, rec, layer, s, n):
+        c = self.config
+        norm.rms_norm(rec, s.x, layer["ffn_norm"], s.xb, n, c.n_embd, c.norm_eps)
+        rec.barrier()
+        matmul(rec, layer["ffn_gate"], s.xb, s.gate, n)
+        matmul(rec, layer["ffn_up"], s.xb, s.up, n)
+        rec.barrier()
+        elementwise.swiglu(rec, s.gate, s.up, s.gate, n * c.n_ff)
+        rec.barrier()
+        matmul(rec, layer["ffn_down"], s.gate, s.x, n, y_accumulate=True)
+        rec.barrier()
+
+
+class Qwen2(Llama):
+    """Llama with biases on q, k and v."""
+
+    def after_qkv(self, rec, layer, s, n):
+        c = self.config
+        for name, buf, width in (("attn_q", s.q, c.n_head * c.head_dim), ("attn_k", s.k, c.n_head_kv * c.head_dim),
+                                 ("attn_v", s.v, c.n_head_kv * c.head_dim)):
+            elementwise.add_bias(rec, buf, layer[f"{name}.bias"], n, width)
+        rec.barrier()
+
+
+class Qwen3(Llama):
+    """Llama with an RMSNorm over each head of q and k before RoPE (and no biases)."""
+
+    def after_qkv(self, rec, layer, s, n):
+        c = self.config
+        norm.rms_norm(rec, s.q, layer["attn_q_norm"], s.q, n * c.n_head, c.head_dim, c.norm_eps)
+        norm.rms_norm(rec, s.k, layer["attn_k_norm"], s.k, n * c.n_head_kv, c.head_dim, c.norm_eps)
+        rec.barrier()
+
+
+ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3}
