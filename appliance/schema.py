@@ -1,0 +1,126 @@
+"""Request validation for the REST and OpenAI endpoints, from one table of parameters.
+
+The web app never loads the engine, so it checks requests itself: parameter types and ranges
+here, the model and its context against what the live workers registered. The same table
+feeds the OpenAPI document, so the document and the checks cannot drift apart."""
+from flask import current_app
+
+from appliance import queue
+
+# name -> (JSON type, minimum, maximum): the sampling parameters a request may set.
+SAMPLING = {
+    "temperature": ("number", 0.0, 5.0),
+    "top_k": ("integer", 0, 1000),
+    "top_p": ("number", 0.0, 1.0),
+    "min_p": ("number", 0.0, 1.0),
+    "repeat_penalty": ("number", 0.0, 5.0),
+    "repeat_last_n": ("integer", 0, 65536),
+    "presence_penalty": ("number", -2.0, 2.0),
+    "frequency_penalty": ("number", -2.0, 2.0),
+    "seed": ("integer", 0, 2**63 - 1),
+}
+MAX_STOP = 4
+PRIORITIES = ("normal", "high")
+ROLES = ("system", "user", "assistant")
+# No tokenizer here: a token covers at most this many bytes in the vocabularies we serve, so a
+# prompt of more than n_ctx * this many bytes cannot fit. The worker checks exactly.
+MAX_BYTES_PER_TOKEN = 16
+
+
+class Invalid(Exception):
+    """A request the API refuses: status, message and the parameter at fault (OpenAI style)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.code = message, param, status, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": "invalid_request_error",
+                          "param": self.param, "code": self.code}}
+
+
+def _number(body: dict, name: str, kind: str, lo, hi):
+    value = body[name]
+    ok = isinstance(value, int) if kind == "integer" else isinstance(value, int | float)
+    if not ok or isinstance(value, bool):
+        raise Invalid(f"{name} must be an {kind}" if kind == "integer" else f"{name} must be a number", name)
+    if not lo <= value <= hi:
+        raise Invalid(f"{name} must be between {lo} and {hi}, got {value}", name)
+    return value
+
+
+def _stop(value) -> list[str]:
+    stop = [value] if isinstance(value, str) else value
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP:
+        raise Invalid(f"stop must be a non-empty string or a list of at most {MAX_STOP} of them", "stop")
+    return stop
+
+
+def _messages(value) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise Invalid("messages must be a non-empty list of {role, content} objects", "messages")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise Invalid(f"messages[{i}] must have a role in {list(ROLES)} and a string content", "messages")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def generation(body, *, chat: bool | None) -> dict:
+    """Validate a generation body; chat=None accepts either prompt or messages (REST), True/False
+    demands one (OpenAI endpoints). Returns the request the worker runs."""
+    if not isinstance(body, dict):
+        raise Invalid("the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise Invalid("model is required (see GET /v1/models)", "model")
+    served = queue.models()
+    if model not in served:
+        raise Invalid(f"unknown model {model!r}; served now: {sorted(served) or 'none'}", "model", 404,
+                      "model_not_found")
+    n_ctx = served[model]["n_ctx"]
+    request = {"model": model}
+    if chat is not False and "messages" in body:
+        request["messages"] = _messages(body["messages"])
+        size = sum(len(m["content"].encode()) for m in request["messages"])
+    elif chat is not True and isinstance(body.get("prompt"), str) and body["prompt"]:
+        request["prompt"] = body["prompt"]
+        size = len(body["prompt"].encode())
+    else:
+        need = {None: "prompt (a non-empty string) or messages", True: "messages", False: "prompt (a string)"}
+        raise Invalid(f"{need[chat]} is required", "messages" if chat else "prompt")
+    params = {name: _number(body, name, *spec) for name, spec in SAMPLING.items() if body.get(name) is not None}
+    default_max = current_app.config["DEFAULT_MAX_TOKENS"]
+    params["max_tokens"] = _number(body | {"max_tokens": body.get("max_tokens") or min(default_max, n_ctx)},
+                                   "max_tokens", "integer", 1, n_ctx)
+    if body.get("stop") is not None:
+        params["stop"] = _stop(body["stop"])
+    if size > n_ctx * MAX_BYTES_PER_TOKEN:
+        raise Invalid(f"the prompt ({size} bytes) is longer than the context of {model} ({n_ctx} tokens)",
+                      "prompt", 400, "context_length_exceeded")
+    request["params"] = params
+    return request
+
+
+def job_options(body: dict) -> tuple[str, dict]:
+    """REST-only fields: priority and free-form metadata (kept with the job, returned as is)."""
+    priority = body.get("priority", "normal")
+    if priority not in PRIORITIES:
+        raise Invalid(f"priority must be one of {list(PRIORITIES)}", "priority")
+    metadata = body.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise Invalid("metadata must be a JSON object", "metadata")
+    return priority, metadata
+
+
+def page(args) -> tuple[str | None, int, int]:
+    """Query arguments of job listings: state, offset, limit."""
+    state = args.get("state")
+    if state is not None and state not in queue.STATES.values():
+        raise Invalid(f"state must be one of {sorted(set(queue.STATES.values()))}", "state")
+    try:
+        offset, limit = int(args.get("offset", 0)), int(args.get("limit", 20))
+    except ValueError:
+        raise Invalid("offset and limit must be integers", "offset") from None
+    if offset < 0 or not 1 <= limit <= 100:
+        raise Invalid("offset must be >= 0 and limit between 1 and 100", "limit")
+    return state, offset, limit
