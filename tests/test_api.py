@@ -56,3 +56,64 @@ def test_submit_stream_and_read(client, worker):
     # resumable: after the second event, the rest comes again, identical
     r = client.get(f"/api/v1/jobs/{job['id']}/stream", headers=AUTH | {"Last-Event-ID": events[1][0]})
     assert sse_events(r.get_data(as_text=True)) == events[2:]
+
+
+def test_cancel_running_job_stops_within_a_few_tokens(client, worker):
+    job = submit(client, max_tokens=200)
+    wait(client, job["id"], states=("running",))
+    while client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json["progress"]["tokens"] < 1:
+        time.sleep(0.05)
+    r = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=AUTH)
+    assert r.status_code == 202 and r.json["cancel_requested"]
+    at_cancel = r.json
+    final = wait(client, job["id"])
+    assert final["state"] == "cancelled" and final["finish_reason"] == "cancelled"
+    assert final["usage"]["completion_tokens"] < 200
+    events = sse_events(client.get(f"/api/v1/jobs/{job['id']}/stream", headers=AUTH).get_data(as_text=True))
+    assert events[-1][1:] == ("end", events[-1][2]) and events[-1][2]["finish_reason"] == "cancelled"
+    listed = client.get("/api/v1/jobs?state=cancelled", headers=AUTH).json
+    assert job["id"] in [j["id"] for j in listed["data"]]
+    assert at_cancel["state"] == "running"
+
+
+def test_cancel_queued_job(client, worker):
+    blocker = submit(client, max_tokens=100)
+    queued = submit(client, max_tokens=4)
+    r = client.post(f"/api/v1/jobs/{queued['id']}/cancel", headers=AUTH)
+    assert r.status_code == 200 and r.json["state"] == "cancelled"
+    events = sse_events(client.get(f"/api/v1/jobs/{queued['id']}/stream", headers=AUTH).get_data(as_text=True))
+    assert [(kind, d["finish_reason"]) for _, kind, d in events] == [("end", "cancelled")]
+    client.post(f"/api/v1/jobs/{blocker['id']}/cancel", headers=AUTH)
+    assert wait(client, queued["id"])["output"] == ""
+
+
+def test_fifty_jobs_all_finish_once(client, worker, redis_url):
+    from redis import Redis
+    from appliance import protocol
+    ids = [submit(client, max_tokens=2, metadata={"n": i})["id"] for i in range(50)]
+    assert len(set(ids)) == 50
+    finals = [wait(client, i) for i in ids]
+    assert [f["state"] for f in finals] == ["finished"] * 50
+    assert [f["metadata"] for f in finals] == [{"n": i} for i in range(50)]
+    r = Redis.from_url(redis_url)
+    for i in ids:   # exactly one run each: one end record per stream, never a second
+        records = [protocol.parse(f) for _, f in r.xrange(protocol.stream_key(i))]
+        assert [kind for kind, _ in records].count("end") == 1
+        assert sum(kind == "token" for kind, _ in records) <= 2
+
+
+def test_list_paginates_newest_first(client, worker):
+    ids = [submit(client, max_tokens=1)["id"] for _ in range(3)]
+    for i in ids:
+        wait(client, i)
+    page = client.get("/api/v1/jobs?limit=2&offset=0", headers=AUTH).json
+    assert [j["id"] for j in page["data"]] == ids[::-1][:2] and page["total"] >= 3
+    page2 = client.get("/api/v1/jobs?limit=2&offset=2", headers=AUTH).json
+    assert page2["data"][0]["id"] == ids[0]
+
+
+def test_models(client, worker):
+    models = client.get("/api/v1/models", headers=AUTH).json["data"]
+    tiny = next(m for m in models if m["name"] == "tiny-llama")
+    assert tiny["n_ctx"] == 256 and tiny["workers"] == ["api-w1"]
+    assert tiny["info"]["architecture"] == "llama"

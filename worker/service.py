@@ -16,7 +16,7 @@ from pathlib import Path
 
 from redis import Redis
 from rq import SimpleWorker, get_current_job
-from rq.job import Job
+from rq.job import Job, JobStatus
 
 from appliance import protocol
 from worker.errors import VkllmError
@@ -46,6 +46,7 @@ class GPUWorker(SimpleWorker):
         self.stream_ttl = stream_ttl
         self.last_tokens_per_second = 0.0
         self._job: Job | None = None
+        self._cancelled: str | None = None   # id of the last job that ended by cancellation
 
     # RQ's own heartbeat would only come between jobs; ours comes from a thread every interval.
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
@@ -70,6 +71,16 @@ class GPUWorker(SimpleWorker):
             super().execute_job(job, queue)
         finally:
             _current_worker.reset(token)
+
+    def handle_job_success(self, job, queue, started_job_registry, execution):
+        """A generation stopped by cancellation returns normally; file it with the cancelled jobs."""
+        super().handle_job_success(job, queue, started_job_registry, execution)
+        if job.id == self._cancelled:
+            with self.connection.pipeline() as pipe:
+                queue.finished_job_registry.remove(job, pipeline=pipe)
+                job.set_status(JobStatus.CANCELED, pipeline=pipe)
+                queue.canceled_job_registry.add(job, pipeline=pipe)
+                pipe.execute()
 
     def _beat(self, stop: threading.Event) -> None:
         while not stop.wait(self.interval):
@@ -162,6 +173,7 @@ class GPUWorker(SimpleWorker):
             self.metrics.job_done(model, timings, time.monotonic() - started)
             self.last_tokens_per_second = timings.generation_tokens_per_second or self.last_tokens_per_second
             self._job = None
+        self._cancelled = job.id if finish == "cancelled" else None
         result = {
             "text": "".join(pieces), "finish_reason": finish,
             "usage": {"prompt_tokens": timings.prompt_tokens, "completion_tokens": timings.generated_tokens},

@@ -1,0 +1,57 @@
+"""The OpenAI-compatible endpoints, driven by the official `openai` client over real HTTP."""
+import openai
+import pytest
+
+from tests.conftest import API_KEY
+
+
+@pytest.fixture(scope="module")
+def worker(start_worker):
+    return start_worker("openai-w1")
+
+
+@pytest.fixture(scope="module")
+def oai(live_url, worker):
+    return openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+def test_models(oai):
+    assert "tiny-llama" in [m.id for m in oai.models.list().data]
+
+
+def test_completion_whole_and_streamed_agree(oai):
+    whole = oai.completions.create(model="tiny-llama", prompt="Once upon", max_tokens=5, temperature=0)
+    assert whole.object == "text_completion" and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 5 and whole.usage.prompt_tokens > 0
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 5
+    chunks = list(oai.completions.create(model="tiny-llama", prompt="Once upon", max_tokens=5, temperature=0,
+                                         stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text   # greedy: same text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_whole_and_streamed_agree(oai):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    whole = oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=5, temperature=0)
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert whole.usage.completion_tokens <= 5
+    stream = oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=5, temperature=0,
+                                         stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_errors_are_openai_errors(oai, live_url):
+    with pytest.raises(openai.NotFoundError, match="unknown model"):
+        oai.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="temperature must be between"):
+        oai.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}],
+                                    temperature=9)
+    with pytest.raises(openai.BadRequestError, match="longer than the context"):
+        oai.completions.create(model="tiny-llama", prompt="word " * 2000, max_tokens=2)
+    bad_key = openai.OpenAI(base_url=f"{live_url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
