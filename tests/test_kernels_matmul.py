@@ -1,0 +1,163 @@
+"""Mat-vec, mat-mat and row lookup for every GGUF weight type, on lavapipe, against
+gguf.quants.dequantize + numpy in float64.
+
+Tolerance: ||y - ref|| <= 1e-5 * ||ref|| (fp32 accumulation of exactly dequantized weights;
+observed errors are ~1e-7). get_rows must match the dequantized rows to fp32 rounding."""
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import quants as gq
+
+from worker.kernels.matmul import get_rows, matmul, mat_vec_shape
+from worker.kernels.tensor import free_tensor, upload_tensor
+from worker.vk import Context
+
+RTOL = 1e-5
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+LEGACY_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+RANDOM_BLOCK_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
+ALL_TYPES = FLOAT_TYPES + LEGACY_TYPES + RANDOM_BLOCK_TYPES
+# Byte offsets of the f16 scales inside a block: random bytes there would give inf/NaN or huge values.
+F16_FIELDS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+
+def random_weights(qtype: T, rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF bytes [rows, row_bytes], dequantized float64 [rows, cols]). gguf quantizes the
+    float and legacy types; k-quants and MXFP4 get random blocks with sane scales."""
+    rng = np.random.default_rng(seed)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if qtype in FLOAT_TYPES + LEGACY_TYPES:
+        data = gq.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+    else:
+        blocks = rng.integers(0, 256, (rows * cols // block, type_size), dtype=np.uint8)
+        for offset in F16_FIELDS.get(qtype, ()):
+            scale = rng.uniform(0.001, 0.02, len(blocks)).astype(np.float16)
+            blocks[:, offset:offset + 2] = scale.view(np.uint8).reshape(-1, 2)
+        if qtype == T.MXFP4:
+            blocks[:, 0] = rng.integers(120, 132, len(blocks))
+        raw = blocks.reshape(rows, -1)
+    ref = gq.dequantize(raw, qtype).astype(np.float64).reshape(rows, cols)
+    return raw, ref
+
+
+def cols_for(qtype: T) -> tuple[int, ...]:
+    """Row lengths that are not a multiple of one workgroup pass (32 threads x 16 values on
+    lavapipe); float types also with a tail shorter than 16."""
+    block = GGML_QUANT_SIZES[qtype][0]
+    return {1: (37, 531), 32: (96, 800), 256: (768,)}[block]
+
+
+def run_matmul(ctx, qtype, raw, cols, x, n, y0=None):
+    tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
+    xb, yb = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows)
+    ctx.upload(xb, x.astype(np.float32))
+    if y0 is not None:
+        ctx.upload(yb, y0.astype(np.float32))
+    rec = ctx.recording()
+    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None)
+    ctx.run(rec.finish())
+    y = ctx.download(yb, count=n * tensor.rows).reshape(n, tensor.rows)
+    rec.destroy()
+    parts = len(tensor.parts)
+    free_tensor(ctx, tensor)
+    ctx.free(xb)
+    ctx.free(yb)
+    return y, parts
+
+
+def assert_close(y, ref):
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert err <= RTOL, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_mat_vec_every_type(vk_ctx, qtype):
+    for rows in (1, 7, 33, 257):
+        for cols in cols_for(qtype):
+            raw, w = random_weights(qtype, rows, cols, seed=rows + cols)
+            x = np.random.default_rng(rows).standard_normal((1, cols))
+            y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, 1)
+            assert_close(y, x.astype(np.float32) @ w.T)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_mat_mat_every_type(vk_ctx, qtype):
+    cols = cols_for(qtype)[-1]
+    raw, w = random_weights(qtype, 67, cols, seed=3)
+    for n in (3, 17, 70):
+        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n)
+        assert_close(y, x @ w.T)
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_accumulate_adds_to_y(vk_ctx, n):
+    raw, w = random_weights(T.Q4_1, 33, 96)
+    x = np.random.default_rng(1).standard_normal((n, 96)).astype(np.float32)
+    y0 = np.random.default_rng(2).standard_normal((n, 33)).astype(np.float32)
+    y, _ = run_matmul(vk_ctx, T.Q4_1, raw, 96, x, n, y0)
+    assert_close(y, y0 + x @ w.T)
+
+
+@pytest.fixture(scope="module")
+def small_binding_ctx(vk_settings):
+    """Binding range of 1000 bytes: the test tensors split into many parts."""
+    ctx = Context(vk_settings, block_size=16 << 20, max_binding_range=1000)
+    yield ctx
+    assert ctx.validation.errors == []
+    ctx.close()
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.F16], ids=lambda t: t.name)
+def test_rows_split_into_parts(small_binding_ctx, qtype):
+    cols = cols_for(qtype)[0]
+    raw, w = random_weights(qtype, 41, cols, seed=5)
+    for n in (1, 17):
+        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+        y, parts = run_matmul(small_binding_ctx, qtype, raw, cols, x, n)
+        assert parts > 3
+        assert_close(y, x @ w.T)
+
+
+def test_more_row_groups_than_dispatch_limit(vk_ctx):
+    """An output head taller than maxComputeWorkGroupCount[0] x rows per workgroup."""
+    rows = vk_ctx.info.max_workgroup_count * mat_vec_shape(vk_ctx)[1] + 77
+    raw, w = random_weights(T.Q4_0, rows, 32, seed=9)
+    x = np.random.default_rng(0).standard_normal((1, 32)).astype(np.float32)
+    y, _ = run_matmul(vk_ctx, T.Q4_0, raw, 32, x, 1)
+    assert_close(y, x @ w.T)
+    np.testing.assert_allclose(y[0, -77:], (x @ w.T)[0, -77:], rtol=1e-4, atol=1e-5)
+
+
+def lookup(ctx, qtype, raw, cols, ids):
+    table = upload_tensor(ctx, "token_embd", qtype, (cols, raw.shape[0]), raw)
+    idb, out = ctx.alloc(4 * len(ids)), ctx.alloc(4 * len(ids) * cols)
+    ctx.upload(idb, np.asarray(ids, np.uint32))
+    rec = ctx.recording()
+    get_rows(rec, table, idb, out, len(ids))
+    ctx.run(rec.finish())
+    result = ctx.download(out, count=len(ids) * cols).reshape(len(ids), cols)
+    rec.destroy()
+    parts = len(table.parts)
+    free_tensor(ctx, table)
+    ctx.free(idb)
+    ctx.free(out)
+    return result, parts
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_get_rows_every_type(vk_ctx, qtype):
+    for cols in cols_for(qtype):
+        raw, w = random_weights(qtype, 33, cols, seed=cols)
+        ids = [0, 32, 5, 5, 17]
+        rows, _ = lookup(vk_ctx, qtype, raw, cols, ids)
+        np.testing.assert_allclose(rows, w[ids], rtol=1e-6, atol=1e-7)
+
+
+def test_get_rows_across_parts(small_binding_ctx):
+    raw, w = random_weights(T.Q6_K, 9, 256, seed=4)
+    ids = [8, 0, 3, 7, 3]
+    rows, parts = lookup(small_binding_ctx, T.Q6_K, raw, 256, ids)
+    assert parts == 3  # 4 rows of 210 bytes per 1000-byte part
+    np.testing.assert_allclose(rows, w[ids], rtol=1e-6, atol=1e-7)

@@ -1,0 +1,48 @@
+"""Weight x activation products and embedding-row lookup over DeviceTensors. Each function
+records one dispatch per part of the weight, no barriers: the caller orders dependent work."""
+from worker.kernels.tensor import DeviceTensor
+from worker.vk.commands import Recording, pack_push
+from worker.vk.memory import Buffer
+
+MAT_MAT_THREADS = 256   # fixed by mul_mat.comp's 64 x 64 tile, 4 x 4 outputs per thread
+MAT_MAT_TILE = 64
+GET_ROWS_THREADS = 64
+
+
+def mat_vec_shape(ctx) -> tuple[int, int]:
+    """(threads, rows) per mat-vec workgroup: a few subgroups per workgroup, two rows each
+    pass (PERF_NOTES.md); rows beyond maxComputeWorkGroupCount spill into the y dimension."""
+    return 4 * ctx.info.subgroup_size, 2
+
+
+def _groups(ctx, count: int) -> tuple[int, int, int]:
+    x = min(count, ctx.info.max_workgroup_count)
+    return x, -(-count // x), 1
+
+
+def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False):
+    """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows]. n == 1 takes
+    the mat-vec kernel (decode), n > 1 the tiled mat-mat kernel (prefill)."""
+    ctx, type_name = rec.ctx, w.ggml_type.name.lower()
+    if n == 1:
+        threads, rows_per_group = mat_vec_shape(ctx)
+        kernel = ctx.kernel(f"mul_mat_vec_{type_name}", {0: threads, 1: rows_per_group})
+        for buffer, first, count in w.parts:
+            push = pack_push(w.cols, count, first, int(y_accumulate))
+            rec.dispatch(kernel, [buffer, x, y], _groups(ctx, -(-count // rows_per_group)), push)
+        return
+    kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS})
+    for buffer, first, count in w.parts:
+        push = pack_push(w.cols, count, n, first, w.rows, int(y_accumulate))
+        groups = (-(-count // MAT_MAT_TILE), -(-n // MAT_MAT_TILE), 1)
+        rec.dispatch(kernel, [buffer, x, y], groups, push)
+
+
+def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int):
+    """out[i, :] = table row ids[i] as f32; ids uint32 [n], out f32 [n, table.cols]."""
+    ctx = rec.ctx
+    kernel = ctx.kernel(f"get_rows_{table.ggml_type.name.lower()}", {0: GET_ROWS_THREADS})
+    slices = -(-table.cols // 16)
+    for buffer, first, count in table.parts:
+        rec.dispatch(kernel, [buffer, ids, out], (-(-slices // GET_ROWS_THREADS), n, 1),
+                     pack_push(table.cols, first, count))
