@@ -88,28 +88,37 @@ class Sampler:
         return self.sample_candidates(np.arange(self.vocab_size), logits, history)
 
     def sample_candidates(self, ids, logits, history: list[int]) -> int:
-        """The same pipeline over a subset of the vocabulary (for instance the GPU's top-k read
-        back). The subset must hold every token that could survive top-k after penalties, so
-        with penalties on, read back more than top_k candidates or the full logits."""
+        """The same over a subset of the vocabulary (for instance the GPU's top-k read back).
+        The subset must hold every token that could survive top-k after penalties, so with
+        penalties on, read back more than top_k candidates or the full logits."""
+        ids, probs = self.candidates(ids, logits, history)
+        if len(ids) == 1:
+            return int(ids[0])
+        cumulative = np.cumsum(probs)
+        pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
+        return int(ids[min(pick, len(ids) - 1)])
+
+    def candidates(self, ids, logits, history: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens left after penalties and filters, most likely first, with the
+        probabilities the draw uses."""
         p = self.params
         ids = np.asarray(ids, dtype=np.int64)
-        logits = self._penalize(ids, np.asarray(logits, dtype=np.float64).copy(), history)
+        logits = self._penalize(ids, np.asarray(logits, dtype=np.float64), history)
         if p.is_greedy:
-            return int(ids[np.argmax(logits)])
+            best = int(np.argmax(logits))
+            return ids[best:best + 1], np.ones(1)
         order = np.argsort(-logits, kind="stable")
         if p.top_k > 0:
             order = order[:p.top_k]
         ids, logits = ids[order], logits[order]
         if p.top_p < 1.0:
-            cumulative = np.cumsum(_softmax(logits))
-            keep = int(np.searchsorted(cumulative, p.top_p)) + 1
+            # keep the smallest head whose probability reaches top_p
+            keep = int(np.searchsorted(np.cumsum(_softmax(logits)), p.top_p)) + 1
             ids, logits = ids[:keep], logits[:keep]
         if p.min_p > 0.0:
-            keep = int(np.count_nonzero(logits >= logits[0] + math.log(p.min_p)))
-            ids, logits = ids[:max(keep, 1)], logits[:max(keep, 1)]
-        cumulative = np.cumsum(_softmax(logits / p.temperature))
-        pick = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
-        return int(ids[min(pick, len(ids) - 1)])
+            keep = max(1, int(np.count_nonzero(logits >= logits[0] + math.log(p.min_p))))
+            ids, logits = ids[:keep], logits[:keep]
+        return ids, _softmax(logits / p.temperature)
 
     def _penalize(self, ids: np.ndarray, logits: np.ndarray, history: list[int]) -> np.ndarray:
         p = self.params

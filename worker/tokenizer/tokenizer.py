@@ -3,8 +3,9 @@
 Decoding follows llama-cpp-python's `Llama.detokenize`: the concatenated pieces of
 `llama_token_to_piece(special=False)`, so control and unknown tokens (BOS, <|im_end|>, ...)
 render as nothing, and one leading space is dropped when the ids start with BOS (what
-SentencePiece's space prefix put there). llama.cpp's own `clean_spaces` pass is not applied,
-as llama-cpp-python does not apply it either.
+SentencePiece's space prefix put there; with byte-level BPE that space was the text's own, so
+decode prompt ids without their BOS when that matters). llama.cpp's own `clean_spaces` pass is
+not applied, as llama-cpp-python does not apply it either.
 """
 from worker.errors import VkllmError
 from worker.tokenizer.bpe import ByteLevelBPE, byte_decode
