@@ -1,0 +1,28 @@
+#version 450
+#include "common.glsl"
+
+// out[i] = a[i] (op) b[i]: add, swiglu (silu(a) * b), or with BROADCAST_B b[i % b_len] (a bias
+// row added to every row). `out` may be bound to the same memory as `a` (in place).
+layout(std430, binding = 0) readonly buffer A { float a[]; };
+layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(std430, binding = 2) writeonly buffer O { float o[]; };
+layout(push_constant) uniform Push { uint n; uint b_len; } p;
+
+float op(float x, float y) {
+#if defined(OP_SWIGLU)
+    return x / (1.0 + exp(-x)) * y;
+#else
+    return x + y;
+#endif
+}
+
+void main() {
+    const uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
+#if defined(BROADCAST_B)
+        o[i] = op(a[i], b[i % p.b_len]);
+#else
+        o[i] = op(a[i], b[i]);
+#endif
+    }
+}

@@ -1,0 +1,65 @@
+"""argmax and top-k on the real device against numpy (stable sorts give the tie order)."""
+import numpy as np
+import pytest
+
+from tests.kernel_io import Device, f32
+from worker.kernels import select
+
+
+@pytest.fixture
+def dev(vk_ctx):
+    d = Device(vk_ctx)
+    yield d
+    d.close()
+
+
+def test_argmax_rows_and_first_index_on_ties(dev):
+    rng = np.random.default_rng(0)
+    x = f32(rng, 4, 5003)
+    x[1, [17, 900, 4000]] = 50.0        # ties: the first wins
+    x[2, :] = -np.inf
+    x[2, 4999] = -np.inf                # all equal: index 0
+    x[3, -1] = 99.0                     # the last column
+    out = dev.empty(16)
+    dev.run(lambda rec: select.argmax(rec, dev.put(x), out, 4, 5003))
+    got = dev.get(out, np.uint32, 4)
+    np.testing.assert_array_equal(got, np.argmax(x, axis=1))
+    assert got.tolist()[1:] == [17, 0, 5002]
+
+
+def test_argmax_vocab_sized_row(dev):
+    rng = np.random.default_rng(1)
+    x = f32(rng, 1, 128256)
+    out = dev.empty(4)
+    dev.run(lambda rec: select.argmax(rec, dev.put(x), out, 1, x.shape[1]))
+    assert dev.get(out, np.uint32, 1)[0] == np.argmax(x)
+
+
+def _reference_topk(x, k):
+    order = np.argsort(-x.astype(np.float64), kind="stable")[:k]  # descending, lower index first on ties
+    return order, x[order]
+
+
+@pytest.mark.parametrize("cols, k", [(49152, 40), (128256, 64), (1000, 1), (37, 37), (5000, 64)])
+def test_topk_sorted_descending(dev, cols, k):
+    rng = np.random.default_rng(cols + k)
+    x = f32(rng, cols)
+    ids, vals = dev.empty(4 * k), dev.empty(4 * k)
+    dev.run(lambda rec: select.topk(rec, dev.put(x), ids, vals, cols, k))
+    want_ids, want_vals = _reference_topk(x, k)
+    np.testing.assert_array_equal(dev.get(ids, np.uint32, k), want_ids)
+    np.testing.assert_array_equal(dev.get(vals, count=k), want_vals)
+
+
+def test_topk_ties_across_chunks_keep_index_order(dev):
+    """Equal values in different chunks and stages come out lowest index first."""
+    rng = np.random.default_rng(7)
+    x = np.round(f32(rng, 70001), 1)  # many exact ties
+    x[[5, 40000, 69999, 20000]] = 7.0
+    k = 50
+    ids, vals = dev.empty(4 * k), dev.empty(4 * k)
+    dev.run(lambda rec: select.topk(rec, dev.put(x), ids, vals, x.size, k))
+    want_ids, want_vals = _reference_topk(x, k)
+    np.testing.assert_array_equal(dev.get(ids, np.uint32, k), want_ids)
+    np.testing.assert_array_equal(dev.get(vals, count=k), want_vals)
+    assert dev.get(ids, np.uint32, 4).tolist() == [5, 20000, 40000, 69999]
