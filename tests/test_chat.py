@@ -1,0 +1,91 @@
+"""Chat templates: SmolLM2's own template against the ChatML it spells out and against
+llama-cpp-python's Jinja2 formatter (golden), the fallback, and input validation."""
+import json
+from pathlib import Path
+
+import gguf
+import pytest
+
+from worker.chat import render_chat
+from worker.errors import VkllmError
+
+GOLDEN = Path(__file__).parent / "golden" / "tokenizer" / "smollm2_chat.json"
+SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@pytest.fixture(scope="module")
+def smol_template(smollm2_path):
+    return gguf.GGUFReader(smollm2_path).fields["tokenizer.chat_template"].contents()
+
+
+def test_smollm2_template_adds_its_default_system_prompt(smol_template):
+    prompt = render_chat(smol_template, [{"role": "user", "content": "Hi!"}])
+    assert prompt == (f"<|im_start|>system\n{SMOL_SYSTEM}<|im_end|>\n"
+                      "<|im_start|>user\nHi!<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+
+
+def test_smollm2_template_keeps_a_given_system_prompt(smol_template):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4"}]
+    prompt = render_chat(smol_template, messages, add_generation_prompt=False)
+    assert prompt == ("<|im_start|>system\nBe brief.<|im_end|>\n"
+                      "<|im_start|>user\n2+2?<|im_end|>\n"
+                      "<|im_start|>assistant\n4<|im_end|>\n")
+
+
+def test_smollm2_template_matches_llama_cpp_python(smol_template):
+    golden = json.loads(GOLDEN.read_text())
+    for case in golden["renders"]:
+        prompt = render_chat(smol_template, case["messages"], case["add_generation_prompt"],
+                             bos_token="<|im_start|>", eos_token="<|im_end|>")
+        assert prompt == case["prompt"]
+
+
+def test_chatml_fallback_without_template():
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert render_chat(None, messages) == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n")
+    assert render_chat(None, messages, add_generation_prompt=False).endswith("U<|im_end|>\n")
+
+
+def test_bos_eos_and_block_whitespace_as_transformers_renders_them():
+    template = ("{{ bos_token }}{% for m in messages %}\n"
+                "    {% if m.role == 'user' %}\n"
+                "[INST] {{ m.content }} [/INST]\n"
+                "    {% else %}\n"
+                "{{ m.content }}{{ eos_token }}\n"
+                "    {% endif %}\n"
+                "{% endfor %}")
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert render_chat(template, messages, bos_token="<s>", eos_token="</s>") == "<s>[INST] a [/INST]\nb</s>\n"
+
+
+def test_template_helpers():
+    template = ("{% if messages[0].role != 'user' %}{{ raise_exception('first message must be from the user') }}"
+                "{% endif %}{{ messages | tojson }} {{ strftime_now('%Y') | length }}")
+    assert render_chat(template, [{"role": "user", "content": "é"}]) == '[{"role": "user", "content": "é"}] 4'
+    with pytest.raises(VkllmError, match="first message must be from the user"):
+        render_chat(template, [{"role": "system", "content": "x"}])
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''.__class__.__mro__ }}",                        # sandbox: no dunder access
+    "{% set _ = messages.append({}) %}",               # immutable: no mutation of inputs
+    "{% for m in messages %}",                           # syntax error
+])
+def test_unsafe_or_broken_templates_are_rejected(template):
+    with pytest.raises(VkllmError, match="chat template"):
+        render_chat(template, [{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([], "non-empty list"),
+    ([{"role": "bot", "content": "x"}], r"messages\[0\].role must be one of system, user, assistant, tool"),
+    ([{"role": "user", "content": "x"}, {"content": "y"}], r"messages\[1\].role"),
+    ([{"role": "user", "content": ["parts"]}], r"messages\[0\].content must be a string"),
+    (["hello"], r"messages\[0\] must be an object"),
+])
+def test_bad_messages_are_rejected(messages, message):
+    with pytest.raises(VkllmError, match=message):
+        render_chat(None, messages)
