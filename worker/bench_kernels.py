@@ -1,0 +1,91 @@
+"""`vkllm bench kernels`: mat-vec (decode) speed per weight type at LLM shapes, in GB/s of
+weight bytes read, against the H200's 4.35 TB/s read roofline (PERF_NOTES.md) and the read
+bandwidth measured on this device.
+
+Each shape is timed on several distinct copies of the weights, dispatched in turn, so that
+the bytes read between two uses of one copy are well past the GPU's L2 cache (60 MB on the
+H200): a real decode step never finds its weights in cache. GPU timestamps bracket each
+dispatch (with its barrier); the first submissions are warm-up, the figure is the median."""
+import statistics
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from worker.config import Settings
+from worker.kernels.matmul import matmul
+from worker.kernels.tensor import SUPPORTED_TYPES, free_tensor, row_bytes, upload_tensor
+
+ROOFLINE_BYTES_PER_S = 4.35e12
+# rows x K: attention projection, FFN up/gate, FFN down, the Llama-3 output head.
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+QUICK_SHAPES = ((256, 1024), (1024, 256), (20000, 256))
+ROTATION_BYTES = 512 << 20   # bytes cycled through per shape: many times the L2
+QUICK_ROTATION_BYTES = 16 << 20
+DEFAULT_TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F32")
+
+
+def add_arguments(parser):
+    parser.add_argument("--types", nargs="+", default=list(DEFAULT_TYPES), type=str.upper,
+                        choices=sorted(t.name for t in SUPPORTED_TYPES), metavar="TYPE",
+                        help="weight types to time (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small shapes (for CPU drivers / a smoke test)")
+    parser.add_argument("--runs", type=int, default=5, help="timed submissions after one warm-up")
+
+
+def time_mat_vec(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, rotation_bytes: int,
+                 runs: int) -> tuple[float, int]:
+    """(median seconds per mat-vec, copies rotated) for a rows x cols weight of `qtype`."""
+    nbytes = rows * row_bytes(qtype, cols)
+    copies = max(2, -(-rotation_bytes // nbytes))
+    data = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+        data = np.random.default_rng(0).standard_normal(rows * cols).astype(np.float32)
+        data = {GGMLQuantizationType.F32: data, GGMLQuantizationType.F16: data.astype(np.float16),
+                GGMLQuantizationType.BF16: (data.view(np.uint32) >> 16).astype(np.uint16)}[qtype]
+    # Random bytes are valid blocks except for NaN/inf scales, which cost no extra time.
+    weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
+    x, y = ctx.alloc(4 * cols), ctx.alloc(4 * rows)
+    ctx.upload(x, np.ones(cols, np.float32))
+    rec = ctx.recording(max_sets=copies * len(weights[0].parts) + 1, max_timestamps=copies + 1)
+    rec.timestamp("start")
+    for i, w in enumerate(weights):
+        matmul(rec, w, x, y, 1)
+        rec.barrier()
+        rec.timestamp(f"copy{i}")
+    rec.finish()
+    ctx.run(rec)  # warm-up: first submissions of a fresh command buffer run slow
+    times = []
+    for _ in range(runs):
+        ctx.run(rec)
+        times += [ns * 1e-9 for _, ns in rec.timings_ns()]
+    rec.destroy()
+    for w in weights:
+        free_tensor(ctx, w)
+    ctx.free(x)
+    ctx.free(y)
+    return statistics.median(times), copies
+
+
+def run(args):
+    from worker.bench import read_bandwidth
+    from worker.vk import Context
+    ctx = Context(Settings.from_env())
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    rotation = QUICK_ROTATION_BYTES if args.quick else ROTATION_BYTES
+    try:
+        measured = read_bandwidth(ctx, rotation)
+        print(f"device: {ctx.info.describe()}; plain read of {rotation >> 20} MiB: {measured / 1e9:.1f} GB/s")
+        print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'us':>9} {'GB/s':>8} "
+              f"{'% 4.35TB/s':>10} {'% read':>7}")
+        for name in args.types:
+            qtype = GGMLQuantizationType[name]
+            for rows, cols in shapes:
+                nbytes = rows * row_bytes(qtype, cols)
+                seconds, copies = time_mat_vec(ctx, qtype, rows, cols, rotation, args.runs)
+                rate = nbytes / seconds
+                print(f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {seconds * 1e6:9.1f} "
+                      f"{rate / 1e9:8.1f} {100 * rate / ROOFLINE_BYTES_PER_S:9.1f}% {100 * rate / measured:6.1f}%",
+                      flush=True)
+    finally:
+        ctx.close()
