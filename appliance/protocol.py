@@ -33,8 +33,8 @@ def worker_key(name: str) -> str:
 TOKEN, END, ERROR = "token", "end", "error"
 
 
-def record(kind: str, **data) -> dict:
-    return {"type": kind, "data": json.dumps(data)}
+def record(record_type: str, /, **data) -> dict:
+    return {"type": record_type, "data": json.dumps(data)}
 
 
 def parse(fields: dict) -> tuple[str, dict]:

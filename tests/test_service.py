@@ -1,0 +1,51 @@
+"""The GPU worker as a real process: kill -9 mid-job, bad jobs, a model that cannot load."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import VKLLM
+from tests.test_api import AUTH, submit, wait
+
+
+def test_killed_worker_fails_its_job_keeps_partial_output_and_a_new_worker_serves_the_rest(
+        client, start_worker):
+    first = start_worker("kill-w1")
+    long_job = submit(client, max_tokens=200)
+    while (client.get(f"/api/v1/jobs/{long_job['id']}", headers=AUTH).json["progress"] or {}).get("tokens", 0) < 3:
+        time.sleep(0.05)
+    rest = [submit(client, max_tokens=3)["id"] for _ in range(2)]
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    partial = client.get(f"/api/v1/jobs/{long_job['id']}", headers=AUTH).json["output"]
+    assert partial
+
+    start_worker("kill-w2")
+    failed = wait(client, long_job["id"], timeout=120)
+    assert failed["state"] == "failed"
+    assert "kill-w1" in failed["error"] and "stopped" in failed["error"]
+    assert failed["output"] == partial
+    body = client.get(f"/api/v1/jobs/{long_job['id']}/stream", headers=AUTH).get_data(as_text=True)
+    assert body.rstrip().split("\n\n")[-1].splitlines()[1] == "event: error"
+    assert [wait(client, i)["state"] for i in rest] == ["finished", "finished"]
+
+
+def test_a_bad_job_fails_alone(client, start_worker):
+    start_worker("bad-w1")
+    too_long = submit(client, prompt="word " * 800, max_tokens=2)   # passes the API's bound, not the context
+    after = submit(client, max_tokens=2)
+    failed = wait(client, too_long["id"])
+    assert failed["state"] == "failed" and "context" in failed["error"]
+    assert wait(client, after["id"])["state"] == "finished"
+
+
+def test_worker_refuses_a_corrupt_model(tmp_path, redis_url):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(64))
+    run = subprocess.run([sys.executable, "-c", VKLLM, "worker", "-m", str(bad), "--redis-url", redis_url,
+                          "--metrics-port", "0"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.startswith("vkllm: error:") and "broken.gguf" in run.stderr
