@@ -1,0 +1,84 @@
+"""/metrics of a worker and of the web app after real jobs; the Grafana dashboard asks only for
+series that exist."""
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.test_api import AUTH, submit, wait
+
+DASHBOARD = Path(__file__).parent.parent / "monitoring" / "grafana" / "dashboards" / "vkllm.json"
+
+
+def samples(text: str) -> dict:
+    """(name, sorted labels) -> value for every sample of a Prometheus text exposition."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture(scope="module")
+def scraped(client_module, start_worker):
+    worker = start_worker("metrics-w1")
+    jobs = [submit(client_module, max_tokens=4)["id"] for _ in range(2)]
+    finals = [wait(client_module, j) for j in jobs]
+    port = worker.registration()["metrics_port"]
+    worker_text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    api_text = client_module.get("/metrics").get_data(as_text=True)
+    return samples(worker_text), samples(api_text), finals
+
+
+@pytest.fixture(scope="module")
+def client_module(app):
+    return app.test_client()
+
+
+def value(found: dict, name: str, **labels) -> float:
+    return found[(name, tuple(sorted(labels.items())))]
+
+
+def test_worker_series(scraped):
+    worker, _, finals = scraped
+    labels = {"model": "tiny-llama", "worker": "metrics-w1"}
+    generated = sum(f["usage"]["completion_tokens"] for f in finals)
+    assert value(worker, "vkllm_tokens_generated_total", **labels) == generated
+    assert value(worker, "vkllm_prompt_tokens_total", **labels) == sum(f["usage"]["prompt_tokens"] for f in finals)
+    assert value(worker, "vkllm_generation_tokens_per_second", **labels) > 0
+    assert value(worker, "vkllm_time_to_first_token_seconds_count", **labels) == 2
+    assert value(worker, "vkllm_time_per_output_token_seconds_count", **labels) == 2
+    assert value(worker, "vkllm_job_duration_seconds_count", **labels) == 2
+    assert value(worker, "vkllm_job_duration_seconds_bucket", le="28800.0", **labels) == 2
+    assert 0 < value(worker, "vkllm_vram_used_bytes", **labels) <= value(worker, "vkllm_vram_total_bytes", **labels)
+    assert 0 <= value(worker, "vkllm_kv_cache_usage_ratio", **labels) <= 1
+    assert value(worker, "vkllm_model_loaded", **labels) == 1
+
+
+def test_api_series(scraped):
+    _, api, _ = scraped
+    assert value(api, "vkllm_queue_depth", model="tiny-llama") == 0
+    assert value(api, "vkllm_jobs", state="finished") >= 2
+    assert value(api, "vkllm_workers") >= 1
+    assert value(api, "vkllm_http_requests_total", route="/api/v1/jobs", method="POST", status="202") >= 2
+    assert value(api, "vkllm_http_request_duration_seconds_count", route="/api/v1/jobs/<job_id>", method="GET") >= 2
+
+
+def test_dashboard_asks_only_for_existing_series(scraped):
+    worker, api, _ = scraped
+    exposed = {name for name, _ in worker} | {name for name, _ in api}
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert exprs
+    used = {m for e in exprs for m in re.findall(r"\bvkllm_[a-z_]+\b", e)}
+    assert used and used <= exposed, used - exposed
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in ("tokens/s", "time to first token", "time per output token", "vram", "kv cache", "queue depth",
+                  "jobs by state"):
+        assert topic in titles
+
+
+def test_metrics_need_no_key_but_api_does(client_module):
+    assert client_module.get("/metrics").status_code == 200
+    assert client_module.get("/api/v1/models").status_code == 401
+    assert client_module.get("/api/v1/models", headers=AUTH).status_code == 200
