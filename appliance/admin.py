@@ -1,9 +1,100 @@
-"""Admin UI placeholder."""
-from flask import Blueprint
+"""The admin UI: server-rendered pages, plain JS for live parts, a session opened with the API key."""
+from flask import Blueprint, current_app, flash, redirect, render_template, request, session, url_for
+
+from appliance import auth, modelfiles, queue, schema
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 
 
-@bp.get("/login")
+@bp.app_context_processor
+def _template_globals():
+    return {"csrf_token": auth.csrf_token}
+
+
+@bp.before_request
+def _csrf():
+    auth.check_csrf()
+
+
+@bp.route("/login", methods=("GET", "POST"))
 def login():
-    return "login"
+    if request.method == "POST":
+        if auth.key_ok(request.form.get("api_key", "").strip()):
+            session.clear()
+            session["logged_in"] = True
+            target = request.args.get("next", "")
+            return redirect(target if target.startswith("/admin/") else url_for(".dashboard"))
+        flash("That API key is not valid.")
+    return render_template("login.html")
+
+
+@bp.post("/logout")
+def logout():
+    session.clear()
+    return redirect(url_for(".login"))
+
+
+@bp.get("/")
+@auth.login_required
+def dashboard():
+    workers = queue.live_workers()
+    return render_template("dashboard.html", workers=workers, depths=queue.queue_depths(),
+                           counts=queue.job_counts())
+
+
+@bp.get("/jobs")
+@auth.login_required
+def jobs():
+    state, offset, limit = schema.page(request.args)
+    views, total = queue.list_jobs(state, offset, limit)
+    return render_template("jobs.html", jobs=views, total=total, state=state, offset=offset, limit=limit,
+                           states=("queued", "running", "finished", "failed", "cancelled"))
+
+
+@bp.get("/jobs/<job_id>")
+@auth.login_required
+def job(job_id):
+    found = queue.fetch(job_id)
+    if found is None:
+        flash(f"No job {job_id} (never submitted, or expired).")
+        return redirect(url_for(".jobs"))
+    return render_template("job.html", job=queue.describe(found))
+
+
+@bp.post("/jobs/<job_id>/cancel")
+@auth.login_required
+def cancel(job_id):
+    found = queue.fetch(job_id)
+    if found is not None:
+        queue.cancel(found)
+    return redirect(url_for(".job", job_id=job_id))
+
+
+@bp.route("/submit", methods=("GET", "POST"))
+@auth.login_required
+def submit():
+    models = queue.models()
+    if request.method == "POST":
+        form = request.form
+        body = {"model": form.get("model"), "prompt": form.get("prompt", "")}
+        if form.get("chat"):
+            body = {"model": body["model"], "messages": [{"role": "user", "content": body["prompt"]}]}
+        try:
+            body |= {"max_tokens": int(form.get("max_tokens") or 0) or None,
+                     "temperature": float(form["temperature"]) if form.get("temperature") else None}
+            priority, _ = schema.job_options({"priority": form.get("priority", "normal")})
+            job_id, _ = queue.submit(schema.generation(body, chat=None), priority=priority,
+                                     metadata={"source": "admin"}, kind="admin")
+            return redirect(url_for(".job", job_id=job_id))
+        except ValueError:
+            flash("max_tokens and temperature must be numbers.")
+        except schema.Invalid as e:
+            flash(e.message)
+    return render_template("submit.html", models=models, form=request.form)
+
+
+@bp.get("/models")
+@auth.login_required
+def models():
+    served = queue.models()
+    return render_template("models.html", files=modelfiles.scan(current_app.config["MODELS_DIR"]), served=served)

@@ -2,7 +2,7 @@
 blueprint per concern. Served by gunicorn in production: `gunicorn 'appliance.app:create_app()'`."""
 import logging
 
-from flask import Flask, jsonify, request
+from flask import Flask, jsonify, redirect, request, url_for
 from werkzeug.exceptions import HTTPException
 
 from appliance import admin, api, auth, metrics, openai_api, queue
@@ -41,6 +41,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     metrics.init_app(app)
     for module in (api, openai_api, admin, metrics):
         app.register_blueprint(module.bp)
+    app.add_url_rule("/", "index", lambda: redirect(url_for("admin.dashboard")))
     app.register_error_handler(Invalid, lambda e: (jsonify(e.body()), e.status))
     app.register_error_handler(HTTPException, _http_error)
     return app

@@ -75,7 +75,10 @@ def csrf_token() -> str:
 
 
 def check_csrf() -> None:
-    if request.method == "POST" and not hmac.compare_digest(request.form.get("csrf", ""), session.get("csrf", "")):
+    if request.method != "POST":
+        return
+    expected = session.get("csrf")
+    if not expected or not hmac.compare_digest(request.form.get("csrf", ""), expected):
         abort(400, "missing or stale form token; reload the page")
 
 

