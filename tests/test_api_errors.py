@@ -1,0 +1,75 @@
+"""Every API endpoint refuses a missing or wrong key; bad bodies get 4xx JSON saying what is wrong;
+the OpenAPI document is a valid OpenAPI 3.1 document."""
+import pytest
+from openapi_spec_validator import validate
+
+from tests.test_api import AUTH
+
+ENDPOINTS = [
+    ("POST", "/api/v1/jobs"), ("GET", "/api/v1/jobs"), ("GET", "/api/v1/jobs/abc"),
+    ("GET", "/api/v1/jobs/abc/stream"), ("POST", "/api/v1/jobs/abc/cancel"), ("GET", "/api/v1/models"),
+    ("GET", "/api/v1/openapi.json"), ("GET", "/v1/models"), ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+]
+
+
+@pytest.fixture(scope="module")
+def worker(start_worker):
+    return start_worker("errors-w1")
+
+
+@pytest.mark.parametrize("method,path", ENDPOINTS)
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "wrong"}])
+def test_refused_without_the_key(client, method, path, headers):
+    r = client.open(path, method=method, json={}, headers=headers)
+    assert r.status_code == 401
+    assert r.json["error"]["code"] == "invalid_api_key"
+
+
+def test_x_api_key_header_works(client):
+    assert client.get("/api/v1/models", headers={"X-API-Key": AUTH["Authorization"][7:]}).status_code == 200
+
+
+@pytest.mark.parametrize("body,status,param,words", [
+    ({"prompt": "x"}, 400, "model", "model is required"),
+    ({"model": "nope", "prompt": "x"}, 404, "model", "unknown model 'nope'"),
+    ({"model": "tiny-llama"}, 400, "prompt", "prompt (a non-empty string) or messages is required"),
+    ({"model": "tiny-llama", "prompt": "x", "temperature": -1}, 400, "temperature", "between 0.0 and 5.0"),
+    ({"model": "tiny-llama", "prompt": "x", "top_k": 1.5}, 400, "top_k", "must be an integer"),
+    ({"model": "tiny-llama", "prompt": "x", "top_p": "high"}, 400, "top_p", "must be a number"),
+    ({"model": "tiny-llama", "prompt": "x", "max_tokens": 257}, 400, "max_tokens", "between 1 and 256"),
+    ({"model": "tiny-llama", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    ({"model": "tiny-llama", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages", "role"),
+    ({"model": "tiny-llama", "prompt": "x", "priority": "urgent"}, 400, "priority", "priority must be"),
+    ({"model": "tiny-llama", "prompt": "x", "metadata": [1]}, 400, "metadata", "JSON object"),
+    ({"model": "tiny-llama", "prompt": "y" * 5000}, 400, "prompt", "longer than the context of tiny-llama"),
+])
+def test_bad_bodies(client, worker, body, status, param, words):
+    r = client.post("/api/v1/jobs", json=body, headers=AUTH)
+    assert r.status_code == status, r.json
+    assert r.json["error"]["param"] == param and words in r.json["error"]["message"]
+
+
+def test_not_json_too_large_unknown(client, worker):
+    r = client.post("/api/v1/jobs", data="model=x", headers=AUTH)
+    assert r.status_code == 400 and "JSON object" in r.json["error"]["message"]
+    r = client.post("/api/v1/jobs", data=b"{" + b" " * (2 << 20) + b"}", headers=AUTH | {
+        "Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json["error"]["message"]
+    r = client.get("/api/v1/jobs/no-such-job", headers=AUTH)
+    assert r.status_code == 404 and r.json["error"]["code"] == "job_not_found"
+    assert client.get("/api/v1/jobs?limit=500", headers=AUTH).status_code == 400
+    assert client.get("/api/v1/jobs?state=lost", headers=AUTH).status_code == 400
+    r = client.post("/v1/completions", json={"model": "tiny-llama", "prompt": "x", "n": 2}, headers=AUTH)
+    assert r.status_code == 400 and r.json["error"]["param"] == "n"
+
+
+def test_openapi_document_validates(client):
+    doc = client.get("/api/v1/openapi.json", headers=AUTH).json
+    validate(doc)
+    assert set(doc["paths"]) == {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/stream", "/jobs/{job_id}/cancel",
+                                 "/models"}
+
+
+def test_health(client):
+    assert client.get("/healthz").json == {"status": "ok"}
