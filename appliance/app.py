@@ -1,14 +1,12 @@
 """The web app factory (flaskr style): defaults, then VKLLM_* from the environment, then one
 blueprint per concern. Served by gunicorn in production: `gunicorn 'appliance.app:create_app()'`."""
-import logging
+import sys
 
 from flask import Flask, jsonify, redirect, request, url_for
 from werkzeug.exceptions import HTTPException
 
 from appliance import admin, api, auth, metrics, openai_api, queue
 from appliance.schema import Invalid
-
-log = logging.getLogger(__name__)
 
 
 def create_app(test_config: dict | None = None) -> Flask:
@@ -34,7 +32,8 @@ def create_app(test_config: dict | None = None) -> Flask:
     redis = app.extensions["vkllm_redis"]
     generated = auth.ensure_key(redis, app.config["API_KEY"])
     if generated:
-        log.warning("no API key was configured; generated one (shown only now): %s", generated)
+        print(f"vkllm: no API key was configured; generated one (shown only now): {generated}",
+              file=sys.stderr, flush=True)
     if not app.config["SECRET_KEY"]:
         app.config["SECRET_KEY"] = auth.secret_key(redis)
 

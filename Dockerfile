@@ -1,0 +1,22 @@
+# One image for the web app and the GPU worker. Mesa's Vulkan drivers cover AMD (RADV), Intel
+# (ANV) and the CPU (lavapipe); NVIDIA's driver comes from the host through the NVIDIA runtime.
+FROM debian:bookworm-slim
+
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 python3-venv libvulkan1 mesa-vulkan-drivers glslc curl ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+
+ENV VIRTUAL_ENV=/opt/vkllm PATH=/opt/vkllm/bin:$PATH PYTHONUNBUFFERED=1 \
+    VKLLM_MODELS_DIR=/models VKLLM_CACHE_DIR=/cache
+RUN python3 -m venv $VIRTUAL_ENV
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY worker ./worker
+COPY appliance ./appliance
+COPY shaders ./shaders
+RUN pip install --no-cache-dir . && mkdir -p /models /cache
+
+EXPOSE 8000 9400
+CMD ["vkllm", "--help"]
