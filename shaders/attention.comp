@@ -1,4 +1,5 @@
 #version 450
+#extension GL_KHR_shader_subgroup_shuffle : require
 #include "common.glsl"
 
 // Causal grouped-query attention over f16 K/V caches [n_ctx, n_head_kv, HEAD_DIM] for queries
@@ -6,20 +7,25 @@
 // Workgroup (s, y, t): token t, kv head g = y / row_groups, its query heads
 // g * group + (y % row_groups) * ROWS + r (r < ROWS), and the positions of split s:
 // [s * chunk, min((s + 1) * chunk, step[0] + t + 1)).
-// Positions go in tiles of one per invocation: each invocation scores its position against all
-// ROWS heads (one K row read serves the GQA group), then every invocation folds the tile's V rows
-// into its own head dimensions with an online softmax (running max m, running sum l).
-// With SPLIT it writes the unnormalized partial (acc, m, l) for attention_merge (flash-decoding);
-// otherwise the finished output.
+// LANES invocations share one position: each loads a few f16vec4 blocks of the K and V rows
+// (coalesced), the dot products are summed by subgroup shuffles, and one K/V read serves all
+// ROWS heads of the GQA group. The workgroup's STREAMS lane groups walk the positions
+// independently, each with its own online softmax (running max m, sum l, accumulator), so no
+// barrier sits in the loop and loads of many positions are in flight; the streams are merged by
+// log-sum-exp at the end. With SPLIT the unnormalized result of the split (acc, m, l) goes to
+// attention_merge (flash-decoding); otherwise the finished output.
 layout(constant_id = 1) const uint HEAD_DIM = 128;
 layout(constant_id = 2) const uint ROWS = 1;
+const uint LANES = 8;
 const uint WG = gl_WorkGroupSize.x;
-const uint DIMS = (HEAD_DIM + WG - 1) / WG;  // head dimensions per invocation
-const float NO_SCORE = -3.0e38;  // finite "minus infinity": exp(NO_SCORE - m) is 0 without inf arithmetic
+const uint STREAMS = WG / LANES;
+const uint BLOCKS = HEAD_DIM / 4;                      // f16vec4 blocks in a row
+const uint PER_LANE = (BLOCKS + LANES - 1) / LANES;    // blocks each lane holds
+const float NO_SCORE = -3.0e38;  // a finite "minus infinity": exp(NO_SCORE - m) is 0 with no inf arithmetic
 
-layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };
-layout(std430, binding = 2) readonly buffer V { float16_t v[]; };
+layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };
 layout(std430, binding = 3) readonly buffer Step { uint step[]; };
 #if defined(SPLIT)
 layout(std430, binding = 4) writeonly buffer PartO { float part_o[]; };
@@ -29,12 +35,14 @@ layout(std430, binding = 4) writeonly buffer O { float o[]; };
 #endif
 layout(push_constant) uniform Push { uint n_head; uint n_head_kv; uint group; uint row_groups; uint chunk; float scale; } p;
 
-shared float q_sh[ROWS * HEAD_DIM];
-shared float s_sh[ROWS * WG];
-shared float p_sh[ROWS * WG];
+shared vec4 q_sh[ROWS * BLOCKS];
+shared vec4 acc_sh[STREAMS * BLOCKS];
+shared vec2 ml_sh[STREAMS];
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
+    const uint flat_id = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;  // lane groups inside subgroups
+    const uint lane = flat_id % LANES, stream = flat_id / LANES;
     const uint split = gl_WorkGroupID.x, t = gl_WorkGroupID.z;
     const uint g = gl_WorkGroupID.y / p.row_groups;
     const uint first_in_group = (gl_WorkGroupID.y % p.row_groups) * ROWS;
@@ -42,97 +50,88 @@ void main() {
     const uint head0 = g * p.group + first_in_group;
     const uint begin = split * p.chunk;
     const uint end = min(begin + p.chunk, step[0] + t + 1);
-    const uint kv_stride = p.n_head_kv * HEAD_DIM;
 
-    for (uint i = tid; i < ROWS * HEAD_DIM; i += WG) {
-        q_sh[i] = i / HEAD_DIM < rows ? q[(t * p.n_head + head0) * HEAD_DIM + i] * p.scale : 0.0;
+    for (uint i = tid; i < ROWS * BLOCKS; i += WG) {
+        q_sh[i] = i / BLOCKS < rows ? q4[(t * p.n_head + head0) * BLOCKS + i] * p.scale : vec4(0.0);
     }
     barrier();
 
-    float m[ROWS], l[ROWS], acc[ROWS * DIMS];
+    float m[ROWS], l[ROWS];
+    vec4 acc[ROWS * PER_LANE];
     for (uint r = 0; r < ROWS; r++) {
         m[r] = NO_SCORE;
         l[r] = 0.0;
-        for (uint dd = 0; dd < DIMS; dd++) {
-            acc[r * DIMS + dd] = 0.0;
+        for (uint b = 0; b < PER_LANE; b++) {
+            acc[r * PER_LANE + b] = vec4(0.0);
         }
     }
-    for (uint tile = begin; tile < end; tile += WG) {
-        const uint n_here = min(WG, end - tile);
-        if (tid < n_here) {
-            float dots[ROWS];
-            for (uint r = 0; r < ROWS; r++) {
-                dots[r] = 0.0;
-            }
-            const uint k_base = ((tile + tid) * kv_stride + g * HEAD_DIM) / 4;
-            for (uint d4 = 0; d4 < HEAD_DIM / 4; d4++) {
-                const vec4 kk = vec4(k4[k_base + d4]);
-                for (uint r = 0; r < ROWS; r++) {
-                    const uint qi = r * HEAD_DIM + 4 * d4;
-                    dots[r] += dot(kk, vec4(q_sh[qi], q_sh[qi + 1], q_sh[qi + 2], q_sh[qi + 3]));
+    for (uint pos = begin + stream; pos < end; pos += STREAMS) {
+        const uint row_base = (pos * p.n_head_kv + g) * BLOCKS;
+        vec4 kb[PER_LANE], vb[PER_LANE];
+        for (uint b = 0; b < PER_LANE; b++) {
+            const uint blk = lane + b * LANES;
+            kb[b] = blk < BLOCKS ? vec4(k4[row_base + blk]) : vec4(0.0);
+            vb[b] = blk < BLOCKS ? vec4(v4[row_base + blk]) : vec4(0.0);
+        }
+        for (uint r = 0; r < ROWS; r++) {
+            float s = 0.0;
+            for (uint b = 0; b < PER_LANE; b++) {
+                const uint blk = lane + b * LANES;
+                if (blk < BLOCKS) {
+                    s += dot(kb[b], q_sh[r * BLOCKS + blk]);
                 }
             }
-            for (uint r = 0; r < ROWS; r++) {
-                s_sh[r * WG + tid] = dots[r];
+            for (uint x = LANES / 2; x > 0; x /= 2) {
+                s += subgroupShuffleXor(s, x);
+            }
+            const float m_new = max(m[r], s);
+            const float alpha = exp(m[r] - m_new), w = exp(s - m_new);
+            m[r] = m_new;
+            l[r] = l[r] * alpha + w;
+            for (uint b = 0; b < PER_LANE; b++) {
+                acc[r * PER_LANE + b] = acc[r * PER_LANE + b] * alpha + w * vb[b];
             }
         }
-        barrier();
-        float alpha[ROWS];
-        for (uint r = 0; r < ROWS; r++) {
-            float tile_max = m[r];
-            for (uint j = 0; j < n_here; j++) {
-                tile_max = max(tile_max, s_sh[r * WG + j]);
-            }
-            alpha[r] = exp(m[r] - tile_max);
-            m[r] = tile_max;
-            if (tid < n_here) {
-                p_sh[r * WG + tid] = exp(s_sh[r * WG + tid] - tile_max);
-            }
-        }
-        barrier();
-        for (uint r = 0; r < ROWS; r++) {
-            l[r] *= alpha[r];
-            for (uint dd = 0; dd < DIMS; dd++) {
-                acc[r * DIMS + dd] *= alpha[r];
-            }
-        }
-        for (uint j = 0; j < n_here; j++) {
-            const uint v_base = (tile + j) * kv_stride + g * HEAD_DIM;
-            for (uint r = 0; r < ROWS; r++) {
-                l[r] += p_sh[r * WG + j];
-            }
-            for (uint dd = 0; dd < DIMS; dd++) {
-                const uint d = tid + dd * WG;
-                const float vv = d < HEAD_DIM ? float(v[v_base + d]) : 0.0;
-                for (uint r = 0; r < ROWS; r++) {
-                    acc[r * DIMS + dd] += p_sh[r * WG + j] * vv;
-                }
-            }
-        }
-        // No barrier needed here: the next tile writes s_sh (read before the last barrier) and
-        // writes p_sh only after its first barrier, which every invocation reaches after this loop.
     }
 
-    for (uint r = 0; r < rows; r++) {
+    for (uint r = 0; r < ROWS; r++) {
+        if (lane == 0) {
+            ml_sh[stream] = vec2(m[r], l[r]);
+        }
+        for (uint b = 0; b < PER_LANE; b++) {
+            const uint blk = lane + b * LANES;
+            if (blk < BLOCKS) {
+                acc_sh[stream * BLOCKS + blk] = acc[r * PER_LANE + b];
+            }
+        }
+        barrier();
+        float big_m = NO_SCORE, big_l = 0.0;
+        for (uint s = 0; s < STREAMS; s++) {
+            big_m = max(big_m, ml_sh[s].x);
+        }
+        for (uint s = 0; s < STREAMS; s++) {
+            big_l += exp(ml_sh[s].x - big_m) * ml_sh[s].y;
+        }
         const uint row = t * p.n_head + head0 + r;
+        for (uint blk = tid; blk < BLOCKS && r < rows; blk += WG) {
+            vec4 sum = vec4(0.0);
+            for (uint s = 0; s < STREAMS; s++) {
+                sum += exp(ml_sh[s].x - big_m) * acc_sh[s * BLOCKS + blk];
+            }
 #if defined(SPLIT)
-        const uint part = row * gl_NumWorkGroups.x + split;
-        for (uint dd = 0; dd < DIMS; dd++) {
-            const uint d = tid + dd * WG;
-            if (d < HEAD_DIM) {
-                part_o[part * HEAD_DIM + d] = acc[r * DIMS + dd];
+            const uint part = row * gl_NumWorkGroups.x + split;
+            for (uint c = 0; c < 4; c++) {
+                part_o[part * HEAD_DIM + 4 * blk + c] = sum[c];
             }
-        }
-        if (tid == 0) {
-            part_ml[part] = vec2(m[r], l[r]);
-        }
+            if (blk == 0) {
+                part_ml[part] = vec2(big_m, big_l);
+            }
 #else
-        for (uint dd = 0; dd < DIMS; dd++) {
-            const uint d = tid + dd * WG;
-            if (d < HEAD_DIM) {
-                o[row * HEAD_DIM + d] = acc[r * DIMS + dd] / l[r];
+            for (uint c = 0; c < 4; c++) {
+                o[row * HEAD_DIM + 4 * blk + c] = sum[c] / big_l;
             }
-        }
 #endif
+        }
+        barrier();
     }
 }

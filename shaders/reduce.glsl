@@ -1,36 +1,40 @@
 // Workgroup reductions: subgroup operations inside a subgroup, shared memory across subgroups.
 // Every invocation of the workgroup must call them (uniform control flow); all get the result.
 // Workgroups have at most 64 subgroups (the host keeps workgroup size / subgroup size <= 64).
+// Two sets of shared slots alternate between calls, so one barrier per call suffices: a call
+// writes the set that the previous call did not, and the one before it was read by everyone
+// before they reached the previous call's barrier.
 const uint REDUCE_MAX_SUBGROUPS = 64;
 #define NEG_INF uintBitsToFloat(0xFF800000u)
-shared float reduce_value[REDUCE_MAX_SUBGROUPS];
-shared uint reduce_index[REDUCE_MAX_SUBGROUPS];
+shared float reduce_value[2][REDUCE_MAX_SUBGROUPS];
+shared uint reduce_index[2][REDUCE_MAX_SUBGROUPS];
+uint reduce_set = 0;
 
 float workgroup_sum(float v) {
     v = subgroupAdd(v);
     if (subgroupElect()) {
-        reduce_value[gl_SubgroupID] = v;
+        reduce_value[reduce_set][gl_SubgroupID] = v;
     }
     barrier();
     float total = 0.0;
     for (uint i = 0; i < gl_NumSubgroups; i++) {
-        total += reduce_value[i];
+        total += reduce_value[reduce_set][i];
     }
-    barrier();
+    reduce_set ^= 1;
     return total;
 }
 
 float workgroup_max(float v) {
     v = subgroupMax(v);
     if (subgroupElect()) {
-        reduce_value[gl_SubgroupID] = v;
+        reduce_value[reduce_set][gl_SubgroupID] = v;
     }
     barrier();
-    float m = reduce_value[0];
+    float m = reduce_value[reduce_set][0];
     for (uint i = 1; i < gl_NumSubgroups; i++) {
-        m = max(m, reduce_value[i]);
+        m = max(m, reduce_value[reduce_set][i]);
     }
-    barrier();
+    reduce_set ^= 1;
     return m;
 }
 
@@ -40,19 +44,19 @@ void workgroup_best(inout float v, inout uint index) {
     const float m = subgroupMax(v);
     const uint i = subgroupMin(v == m ? index : 0xFFFFFFFFu);
     if (subgroupElect()) {
-        reduce_value[gl_SubgroupID] = m;
-        reduce_index[gl_SubgroupID] = i;
+        reduce_value[reduce_set][gl_SubgroupID] = m;
+        reduce_index[reduce_set][gl_SubgroupID] = i;
     }
     barrier();
-    v = reduce_value[0];
-    index = reduce_index[0];
+    v = reduce_value[reduce_set][0];
+    index = reduce_index[reduce_set][0];
     for (uint s = 1; s < gl_NumSubgroups; s++) {
-        const float vs = reduce_value[s];
-        const uint is = reduce_index[s];
+        const float vs = reduce_value[reduce_set][s];
+        const uint is = reduce_index[reduce_set][s];
         if (vs > v || (vs == v && is < index)) {
             v = vs;
             index = is;
         }
     }
-    barrier();
+    reduce_set ^= 1;
 }

@@ -2,11 +2,14 @@
 #include "common.glsl"
 #include "reduce.glsl"
 
-// One stage of top-k: workgroup c takes slots [c * CHUNK, (c + 1) * CHUNK) of the input
-// (CHUNK = workgroup size * PER_THREAD) and writes its k best (value, id) pairs, sorted, at
-// [c * k, (c + 1) * k) of the output. Stages repeat until one chunk is left. Without HAS_IDS the
-// id of a slot is the slot itself (the first stage over a row of logits). Ties go to the lower
-// slot; slot order follows id order among equal values at every stage, so that is the lower id.
+// One stage of top-k over rows (workgroup y = row): workgroup x = c takes slots
+// [c * CHUNK, (c + 1) * CHUNK) of its row (CHUNK = workgroup size * PER_THREAD) and writes its
+// k best (value, id) pairs, best first, at [c * k, (c + 1) * k) of the row's output (rows of
+// gl_NumWorkGroups.x * k). Stages repeat until one chunk per row is left. Without HAS_IDS the id
+// of a slot is the slot itself (the first stage over logits). Ties go to the lower slot; slot
+// order follows id order among equal values at every stage, so that is the lower id.
+// Each invocation keeps its values in registers and its own best among those still in play;
+// a round picks the workgroup's best, whose owner writes it out and looks for its next best.
 layout(constant_id = 1) const uint PER_THREAD = 16;
 layout(std430, binding = 0) readonly buffer InVals { float in_vals[]; };
 layout(std430, binding = 1) readonly buffer InIds { uint in_ids[]; };
@@ -14,35 +17,48 @@ layout(std430, binding = 2) writeonly buffer OutIds { uint out_ids[]; };
 layout(std430, binding = 3) writeonly buffer OutVals { float out_vals[]; };
 layout(push_constant) uniform Push { uint n; uint k; uint has_ids; } p;
 
+const uint NONE = 0xFFFFFFFFu;
+const uint WG = gl_WorkGroupSize.x;
+
 void main() {
-    const uint first = gl_WorkGroupID.x * gl_WorkGroupSize.x * PER_THREAD + gl_LocalInvocationID.x;
+    const uint first = gl_WorkGroupID.x * WG * PER_THREAD + gl_LocalInvocationID.x;
+    const uint in_base = gl_WorkGroupID.y * p.n;
+    const uint out_base = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * p.k;
     float v[PER_THREAD];
-    uint live = 0;  // bit e: element e of this invocation is still a candidate
+    uint id[PER_THREAD];
+    uint live = 0;  // bit e: element e of this invocation is still in play
     for (uint e = 0; e < PER_THREAD; e++) {
-        const uint slot = first + e * gl_WorkGroupSize.x;
-        v[e] = slot < p.n ? in_vals[slot] : NEG_INF;
-        live |= slot < p.n ? 1u << e : 0u;
+        const uint slot = first + e * WG;
+        const bool here = slot < p.n;
+        v[e] = here ? in_vals[in_base + slot] : NEG_INF;
+        id[e] = here && p.has_ids != 0 ? in_ids[in_base + slot] : slot;
+        live |= here ? 1u << e : 0u;
     }
+    // This invocation's best element still in play (value, id, element), found by scans with
+    // constant indices only: a register array indexed at run time would spill to memory.
+    float mine_v;
+    uint mine_id, mine = NONE;
     for (uint r = 0; r < p.k; r++) {
-        float best = NEG_INF;
-        uint best_slot = 0xFFFFFFFFu;
-        for (uint e = 0; e < PER_THREAD; e++) {
-            // ascending e is ascending slot: strictly greater keeps the lower slot
-            if ((live & (1u << e)) != 0 && (v[e] > best || best_slot == 0xFFFFFFFFu)) {
-                best = v[e];
-                best_slot = first + e * gl_WorkGroupSize.x;
+        if (mine == NONE) {
+            for (uint e = 0; e < PER_THREAD; e++) {  // ascending e is ascending slot: strictly greater keeps the lower
+                if ((live & (1u << e)) != 0 && (mine == NONE || v[e] > mine_v)) {
+                    mine = e;
+                    mine_v = v[e];
+                    mine_id = id[e];
+                }
             }
         }
+        float best = mine == NONE ? NEG_INF : mine_v;
+        uint best_slot = mine == NONE ? NONE : first + mine * WG;
         workgroup_best(best, best_slot);
-        const uint e = (best_slot - first) / gl_WorkGroupSize.x;
-        if (best_slot != 0xFFFFFFFFu && best_slot >= first && (best_slot - first) % gl_WorkGroupSize.x == 0
-            && e < PER_THREAD) {
-            live &= ~(1u << e);
-        }
-        if (gl_LocalInvocationID.x == 0) {
-            const uint out_slot = gl_WorkGroupID.x * p.k + r;
-            out_vals[out_slot] = best;
-            out_ids[out_slot] = best_slot == 0xFFFFFFFFu ? best_slot : (p.has_ids != 0 ? in_ids[best_slot] : best_slot);
+        if (mine != NONE && best_slot == first + mine * WG) {
+            out_vals[out_base + r] = mine_v;
+            out_ids[out_base + r] = mine_id;
+            live &= ~(1u << mine);
+            mine = NONE;
+        } else if (best_slot == NONE && gl_LocalInvocationID.x == 0) {  // fewer than k in this chunk
+            out_vals[out_base + r] = NEG_INF;
+            out_ids[out_base + r] = NONE;
         }
     }
 }

@@ -27,12 +27,15 @@ def test_argmax_rows_and_first_index_on_ties(dev):
     assert got.tolist()[1:] == [17, 0, 5002]
 
 
-def test_argmax_vocab_sized_row(dev):
+def test_argmax_vocab_sized_rows(dev):
+    """Rows long enough for several chunks per row: the stages keep rows apart."""
     rng = np.random.default_rng(1)
-    x = f32(rng, 1, 128256)
-    out = dev.empty(4)
-    dev.run(lambda rec: select.argmax(rec, dev.put(x), out, 1, x.shape[1]))
-    assert dev.get(out, np.uint32, 1)[0] == np.argmax(x)
+    x = f32(rng, 3, 128256)
+    x[1, [70000, 90000]] = 9.0
+    out = dev.empty(12)
+    dev.run(lambda rec: select.argmax(rec, dev.put(x), out, 3, x.shape[1]))
+    np.testing.assert_array_equal(dev.get(out, np.uint32, 3), np.argmax(x, axis=1))
+    assert dev.get(out, np.uint32, 3)[1] == 70000
 
 
 def _reference_topk(x, k):
@@ -40,7 +43,7 @@ def _reference_topk(x, k):
     return order, x[order]
 
 
-@pytest.mark.parametrize("cols, k", [(49152, 40), (128256, 64), (1000, 1), (37, 37), (5000, 64)])
+@pytest.mark.parametrize("cols, k", [(49152, 40), (128256, 64), (300007, 64), (1000, 1), (37, 37), (5000, 64)])
 def test_topk_sorted_descending(dev, cols, k):
     rng = np.random.default_rng(cols + k)
     x = f32(rng, cols)

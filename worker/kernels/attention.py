@@ -3,7 +3,7 @@ head_dim]. Positions and lengths come from the step buffer ([0] = position of th
 so a recorded command buffer replays for every token.
 
 Attention runs one workgroup per (token, KV head, split of the sequence); the query heads of a
-GQA group share the workgroup and its K/V reads. When tokens x KV heads alone give too few
+GQA group share the workgroup and its K/V reads (attention.comp says how the work is laid out). When tokens x KV heads alone give too few
 workgroups (decode), the sequence is split (flash-decoding) and attention_merge combines the
 partials by log-sum-exp; the split count is fixed at record time from the cache capacity, and
 splits past the current length finish at once."""
@@ -11,9 +11,10 @@ from worker.kernels.launch import scratch, stride_groups, threads
 from worker.vk.commands import Recording, pack_push
 from worker.vk.memory import Buffer
 
-MAX_ROWS = 8            # query heads per workgroup; larger GQA groups take several workgroups
-MIN_CHUNK = 256         # positions per split at least, so a split's fixed cost stays small
-TARGET_WORKGROUPS = 256  # enough workgroups to fill a large GPU in decode
+ACCUMULATORS = 64        # f32 accumulators per invocation: heads per workgroup x head_dim / 8
+LANES = 8                # invocations sharing one position (attention.comp)
+MIN_CHUNK = 128          # positions per split at least, so a split's fixed cost stays small
+TARGET_WORKGROUPS = 1024  # enough workgroups to keep a large GPU's loads in flight in decode
 MERGE_THREADS = 64
 
 
@@ -26,7 +27,7 @@ def kv_store(rec: Recording, src: Buffer, cache: Buffer, step: Buffer, n_tokens:
 
 
 def attention_threads(ctx) -> int:
-    """Invocations per attention workgroup, which is also the tile of positions scored at once."""
+    """Invocations per attention workgroup: whole subgroups, 4 to 16 positions in flight."""
     return max(32, min(128, 4 * ctx.info.subgroup_size))
 
 
@@ -39,7 +40,8 @@ def attention(rec: Recording, q: Buffer, k_cache: Buffer, v_cache: Buffer, out: 
     ctx = rec.ctx
     size = attention_threads(ctx)
     group = n_head // n_head_kv
-    row_groups = -(-group // MAX_ROWS)
+    max_rows = max(1, ACCUMULATORS * LANES // head_dim)
+    row_groups = -(-group // max_rows)
     rows = -(-group // row_groups)
     n_ctx = k_cache.size // (n_head_kv * head_dim * 2)
     base_groups = n_tokens * n_head_kv * row_groups
