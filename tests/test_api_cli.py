@@ -1,0 +1,83 @@
+"""The terminal side: `vkllm up` runs redis, a worker and the web app and prints the URL and a
+generated key; `vkllm submit/jobs/follow` talk to it; Ctrl-C stops all three."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import VKLLM
+
+
+def vkllm(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-c", VKLLM, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+@pytest.fixture(scope="module")
+def appliance(tmp_path_factory, tiny_model):
+    data = tmp_path_factory.mktemp("up")
+    env = {k: v for k, v in os.environ.items() if k != "VKLLM_API_KEY"} | {
+        "VKLLM_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "vkcache-workers")}
+    proc = subprocess.Popen([sys.executable, "-c", VKLLM, "up", "--port", "0", "--data-dir", str(data),
+                             "--models-dir", str(tiny_model.parent), "-m", tiny_model.name],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = [proc.stdout.readline() for _ in range(3)]
+    url = re.search(r"vkllm is up: (http://\S+)/", lines[0]).group(1)
+    key = re.search(r"API key .*: (\S+)$", lines[1]).group(1)
+    yield proc, url, key, data
+    if proc.poll() is None:
+        proc.kill()
+
+
+def test_up_submit_follow_jobs_then_ctrl_c(appliance):
+    proc, url, key, data = appliance
+    env = os.environ | {"VKLLM_URL": url, "VKLLM_API_KEY": key}
+    deadline = time.monotonic() + 300
+    while "tiny-llama" not in _models(url, key):
+        assert time.monotonic() < deadline, (data / "worker.log").read_text()[-2000:]
+        time.sleep(0.5)
+    run = vkllm("submit", "-m", "tiny-llama", "-n", "5", "--temperature", "0", "Hello", "--follow", env=env)
+    assert run.returncode == 0, run.stderr
+    job_id = re.search(r"^(\S+) queued at position \d+", run.stderr, re.M).group(1)
+    assert "[length]" in run.stderr
+    listed = vkllm("jobs", env=env)
+    assert re.search(rf"^{job_id}\s+finished\s+tiny-llama\s+5/5 tokens$", listed.stdout, re.M)
+    again = vkllm("follow", job_id, env=env)
+    assert again.returncode == 0 and again.stdout == run.stdout and run.stdout
+    wrong = vkllm("jobs", env=env | {"VKLLM_API_KEY": "nope"})
+    assert wrong.returncode == 2 and "401" in wrong.stderr
+
+    children = _children(proc.pid)
+    assert len(children) == 2   # redis-server and the worker
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 0
+    assert not any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in children)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _models(url, key):
+    req = urllib.request.Request(f"{url}/api/v1/models", headers={"Authorization": f"Bearer {key}"})
+    return json.dumps(json.load(urllib.request.urlopen(req, timeout=10)))
