@@ -26,13 +26,13 @@ void main() {
     const uint out_base = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * p.k;
     float v[PER_THREAD];
     uint id[PER_THREAD];
-    uint live = 0;  // bit e: element e of this invocation is still in play
+    uint64_t live = 0;  // bit e: element e of this invocation is still in play (PER_THREAD <= 64)
     for (uint e = 0; e < PER_THREAD; e++) {
         const uint slot = first + e * WG;
         const bool here = slot < p.n;
         v[e] = here ? in_vals[in_base + slot] : NEG_INF;
         id[e] = here && p.has_ids != 0 ? in_ids[in_base + slot] : slot;
-        live |= here ? 1u << e : 0u;
+        live |= here ? uint64_t(1) << e : uint64_t(0);
     }
     // This invocation's best element still in play (value, id, element), found by scans with
     // constant indices only: a register array indexed at run time would spill to memory.
@@ -41,7 +41,7 @@ void main() {
     for (uint r = 0; r < p.k; r++) {
         if (mine == NONE) {
             for (uint e = 0; e < PER_THREAD; e++) {  // ascending e is ascending slot: strictly greater keeps the lower
-                if ((live & (1u << e)) != 0 && (mine == NONE || v[e] > mine_v)) {
+                if ((live & (uint64_t(1) << e)) != 0 && (mine == NONE || v[e] > mine_v)) {
                     mine = e;
                     mine_v = v[e];
                     mine_id = id[e];
@@ -54,7 +54,7 @@ void main() {
         if (mine != NONE && best_slot == first + mine * WG) {
             out_vals[out_base + r] = mine_v;
             out_ids[out_base + r] = mine_id;
-            live &= ~(1u << mine);
+            live &= ~(uint64_t(1) << mine);
             mine = NONE;
         } else if (best_slot == NONE && gl_LocalInvocationID.x == 0) {  // fewer than k in this chunk
             out_vals[out_base + r] = NEG_INF;

@@ -10,8 +10,9 @@ MAX_K = 64
 
 
 def per_thread(ctx) -> int:
-    """Values each invocation holds in registers (a chunk is threads x this). GPUs want many
-    small workgroups; lavapipe pays per workgroup, so it takes bigger chunks."""
+    """Values each invocation holds in registers (a chunk is threads x this; topk.comp's
+    in-play mask allows 64). GPUs want many small workgroups; lavapipe pays per workgroup, so it
+    takes bigger chunks."""
     return 64 if ctx.info.kind == "cpu" else 16
 
 
