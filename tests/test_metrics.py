@@ -1,7 +1,12 @@
 """/metrics of a worker and of the web app after real jobs; the Grafana dashboard asks only for
 series that exist."""
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -82,3 +87,31 @@ def test_metrics_need_no_key_but_api_does(client_module):
     assert client_module.get("/metrics").status_code == 200
     assert client_module.get("/api/v1/models").status_code == 401
     assert client_module.get("/api/v1/models", headers=AUTH).status_code == 200
+
+
+def test_gunicorn_processes_share_one_metrics_view(redis_url, tmp_path):
+    """Two gunicorn processes: /metrics, whichever answers, counts the requests both served."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom"), "VKLLM_REDIS_URL": redis_url,
+                        "VKLLM_API_KEY": "gunicorn-key", "VKLLM_PORT": str(port), "VKLLM_WEB_PROCESSES": "2"}
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--config", "python:appliance.gunicorn_conf",
+                             "appliance.app:create_app()"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"{base}/healthz", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        for _ in range(19):
+            urllib.request.urlopen(f"{base}/healthz", timeout=10)
+        found = samples(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())
+        assert value(found, "vkllm_http_requests_total", route="/healthz", method="GET", status="200") == 20
+        assert any(name.endswith(".db") for name in os.listdir(tmp_path / "prom"))
+    finally:
+        proc.terminate()
+        proc.wait(30)
