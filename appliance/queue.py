@@ -10,7 +10,8 @@ from rq.job import Job, JobStatus
 
 from appliance import protocol
 
-# RQ's statuses as users see them; a finished job whose generation was cancelled says cancelled.
+# RQ's statuses as users see them. The worker files a generation stopped by cancellation as
+# CANCELED right after RQ marks it FINISHED; describe() goes by the stream's end record meanwhile.
 STATES = {
     JobStatus.QUEUED: "queued", JobStatus.DEFERRED: "queued", JobStatus.SCHEDULED: "queued",
     JobStatus.STARTED: "running", JobStatus.FINISHED: "finished", JobStatus.FAILED: "failed",
@@ -125,11 +126,9 @@ def describe(job: Job) -> dict:
     text = "".join(d["text"] for _, kind, d in records if kind == protocol.TOKEN)
     end = next((d for _, k, d in records if k == protocol.END), None)
     error = next((d["error"] for _, k, d in records if k == protocol.ERROR), None)
-    st = state(job)
-    if end and end.get("finish_reason") == "cancelled":
-        st = "cancelled"
+    st = "cancelled" if end and end.get("finish_reason") == "cancelled" else state(job)
     if st == "failed" and error is None:
-        error = (job.latest_result().exc_string if job.latest_result() else "failed").strip().splitlines()[-1]
+        error = _failure_reason(job)
     return {
         "id": job.id, "object": "job", "state": st, "model": job.meta.get("model"),
         "kind": job.meta.get("kind"), "priority": job.meta.get("priority"), "metadata": job.meta.get("metadata"),
@@ -144,6 +143,15 @@ def describe(job: Job) -> dict:
     }
 
 
+def _failure_reason(job: Job) -> str:
+    """The last line of the failure, in words when RQ failed it because its worker vanished."""
+    result = job.latest_result()
+    text = result.exc_string.strip() if result and result.exc_string else "failed"
+    if "AbandonedJobError" in text:
+        return "the worker running this job stopped; the text generated before that is kept"
+    return text.splitlines()[-1]
+
+
 def list_jobs(state_filter: str | None, offset: int, limit: int) -> tuple[list[dict], int]:
     """Newest first; jobs whose records expired are dropped from the index on the way."""
     r = get_redis()
@@ -152,10 +160,8 @@ def list_jobs(state_filter: str | None, offset: int, limit: int) -> tuple[list[d
     gone = [i for i, j in zip(ids, jobs) if j is None]
     if gone:
         r.zrem(protocol.JOBS, *gone)
-    views = [describe(j) for j in jobs if j is not None]
-    if state_filter:
-        views = [v for v in views if v["state"] == state_filter]
-    return views[offset:offset + limit], len(views)
+    matching = [j for j in jobs if j is not None and (state_filter is None or state(j) == state_filter)]
+    return [describe(j) for j in matching[offset:offset + limit]], len(matching)
 
 
 def cancel(job: Job) -> str:

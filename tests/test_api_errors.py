@@ -73,3 +73,8 @@ def test_openapi_document_validates(client):
 
 def test_health(client):
     assert client.get("/healthz").json == {"status": "ok"}
+
+
+def test_ready_when_a_worker_serves(client, worker):
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and "tiny-llama" in ready.json["models"]

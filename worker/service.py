@@ -49,8 +49,10 @@ class GPUWorker(SimpleWorker):
         self._cancelled: str | None = None   # id of the last job that ended by cancellation
 
     # RQ's own heartbeat would only come between jobs; ours comes from a thread every interval.
+    # RQ gives up on a job well after our liveness key expires, so that fail_orphans, which
+    # says why and marks the stream, normally gets there first.
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
-        return self.liveness_ttl + int(self.interval)
+        return 2 * self.liveness_ttl + int(self.interval)
 
     def work(self, *args, **kwargs) -> bool:
         self.publish()
