@@ -120,17 +120,24 @@ class GPUWorker(SimpleWorker):
         Their registry entry is expired at once and RQ's own abandoned-job cleanup fails them;
         the stream gets an error record first, so readers see why and keep the partial text."""
         for queue in self.queues:
-            registry = queue.started_job_registry
-            for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
-                job = Job.fetch(job_id, connection=self.connection) if Job.exists(job_id, self.connection) else None
-                owner = job.worker_name if job else None
-                if not owner or owner == self.name or self.connection.exists(protocol.worker_key(owner)):
-                    continue
-                self._end_stream(job_id, protocol.record(
-                    protocol.ERROR, kind="server_error", error=f"the worker running this job ({owner}) stopped; "
-                                                               "the text generated before that is kept"))
-                self.connection.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)
-            registry.cleanup()
+            if not queue.acquire_maintenance_lock():   # another worker is at it
+                continue
+            try:
+                self._fail_orphans_of(queue.started_job_registry)
+            finally:
+                queue.release_maintenance_lock()
+
+    def _fail_orphans_of(self, registry) -> None:
+        for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
+            job = Job.fetch(job_id, connection=self.connection) if Job.exists(job_id, self.connection) else None
+            owner = job.worker_name if job else None
+            if not owner or owner == self.name or self.connection.exists(protocol.worker_key(owner)):
+                continue
+            self._end_stream(job_id, protocol.record(
+                protocol.ERROR, kind="server_error",
+                error=f"the worker running this job ({owner}) stopped; the text generated before that is kept"))
+            self.connection.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)
+        registry.cleanup()
 
     def _end_stream(self, job_id: str, fields: dict) -> None:
         key = protocol.stream_key(job_id)
@@ -167,9 +174,10 @@ class GPUWorker(SimpleWorker):
                     self._progress(job, count, params.max_tokens)
                     last_meta = time.monotonic()
             self._progress(job, count, params.max_tokens)
-        except Exception as e:
+        except BaseException as e:   # also a shutdown (SystemExit) in the middle of a job
             kind = "invalid_request" if isinstance(e, VkllmError) else "server_error"
-            self._end_stream(job.id, protocol.record(protocol.ERROR, error=str(e) or type(e).__name__, kind=kind))
+            reason = (str(e) or type(e).__name__) if isinstance(e, Exception) else "the worker was shut down"
+            self._end_stream(job.id, protocol.record(protocol.ERROR, error=reason, kind=kind))
             raise
         finally:
             self.metrics.job_done(model, timings, time.monotonic() - started)
