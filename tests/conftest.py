@@ -1,5 +1,8 @@
 """Shared fixtures. Vulkan runs on whatever device is present (lavapipe in CI) with the
-validation layer on: any validation error fails the test that caused it."""
+validation layer on: any validation error fails the test that caused it. VKLLM_TEST_NO_VALIDATION=1
+runs the same tests on a machine without the layer (the GPU machine)."""
+import os
+
 import pytest
 
 from worker.config import Settings
@@ -7,7 +10,8 @@ from worker.config import Settings
 
 @pytest.fixture(scope="session")
 def vk_settings(tmp_path_factory):
-    return Settings(validation=True, cache_dir=tmp_path_factory.getbasetemp() / "vkcache")
+    validation = os.environ.get("VKLLM_TEST_NO_VALIDATION") != "1"
+    return Settings(validation=validation, cache_dir=tmp_path_factory.getbasetemp() / "vkcache")
 
 
 @pytest.fixture(scope="session")
@@ -22,9 +26,9 @@ def vk_session(vk_settings):
 def vk_ctx(vk_session):
     """The session's Vulkan context; fails the test on any validation error it caused."""
     log = vk_session.validation
-    before = len(log.errors)
+    before = len(log.errors) if log else 0
     yield vk_session
-    assert log.errors[before:] == [], "Vulkan validation errors"
+    assert log is None or log.errors[before:] == [], "Vulkan validation errors"
 
 
 # --- the appliance: a real redis-server, real `vkllm worker` processes, the app served for real ---

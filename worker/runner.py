@@ -19,14 +19,16 @@ class Runner:
         self.decode_recording = self._record(1)
         self._prefill: OrderedDict[int, object] = OrderedDict()
 
-    def _record(self, n: int, logits=None):
-        rec = self.ctx.recording(max_timestamps=2)
-        rec.timestamp("start")
+    def _record(self, n: int, logits=None, profile: bool = False):
+        rec = self.ctx.recording(max_timestamps=2, profile=profile)
+        if not profile:
+            rec.timestamp("start")
         self.model.record_forward(rec, n, logits or self.logits, all_logits=logits is not None)
         if logits is None:
             rec.barrier()
             argmax(rec, self.logits, self.best, 1, self.model.config.vocab_size)
-        rec.timestamp("forward")
+        if not profile:
+            rec.timestamp("forward")
         return rec.finish()
 
     def _run(self, rec, ids, pos0: int):
@@ -73,6 +75,17 @@ class Runner:
         rec.destroy()
         self.ctx.free(out)
         return result
+
+    def profile(self, n: int, pos0: int = 0) -> dict[str, tuple[int, float]]:
+        """GPU time of one forward pass over n tokens by kernel: name -> (dispatches, ns)."""
+        rec = self._record(n, profile=True)
+        self._run(rec, [0] * n, pos0)
+        table: dict[str, tuple[int, float]] = {}
+        for label, ns in rec.timings_ns():
+            count, total = table.get(label, (0, 0.0))
+            table[label] = (count + 1, total + ns)
+        rec.destroy()
+        return table
 
     def close(self):
         self.decode_recording.destroy()

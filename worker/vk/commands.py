@@ -25,7 +25,8 @@ def pack_push(*values) -> bytes:
 class Recording:
     """Record with dispatch/barrier/copy/timestamp, then `finish()`; submit through the Context."""
 
-    def __init__(self, ctx, max_sets: int = 4096, max_timestamps: int = 0):
+    def __init__(self, ctx, max_sets: int = 4096, max_timestamps: int = 0, profile: bool = False):
+        """`profile` writes a timestamp after every dispatch, labelled with the kernel's name."""
         self.ctx, self.device = ctx, ctx.device
         self.max_sets = max_sets
         sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max_sets * 8)]
@@ -36,11 +37,15 @@ class Recording:
         self.command_buffer = vk.vkAllocateCommandBuffers(self.device, alloc)[0]
         vk.vkBeginCommandBuffer(self.command_buffer, vk.VkCommandBufferBeginInfo())
         self.query_pool, self.labels = None, []
-        if max_timestamps:
+        if max_timestamps or profile:
+            max_timestamps = max(max_timestamps, max_sets + 1) if profile else max_timestamps
             query_info = vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=max_timestamps)
             self.query_pool = vk.vkCreateQueryPool(self.device, query_info, None)
             vk.vkCmdResetQueryPool(self.command_buffer, self.query_pool, 0, max_timestamps)
         self.sets_used, self.dispatches = 0, 0
+        self.profile = profile
+        if profile:
+            self.timestamp("start")
 
     def dispatch(self, kernel: Kernel, buffers: list[Buffer], groups: tuple[int, int, int], push: bytes = b""):
         assert len(buffers) == kernel.bindings, f"{kernel.name} takes {kernel.bindings} buffers"
@@ -65,6 +70,8 @@ class Recording:
                                   vk.ffi.from_buffer(data))
         vk.vkCmdDispatch(cb, *groups)
         self.dispatches += 1
+        if self.profile:
+            self.timestamp(kernel.name)
 
     def barrier(self):
         """Shader and transfer work before is finished and visible to all that comes after."""

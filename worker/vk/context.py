@@ -103,8 +103,8 @@ class Context:
             self._kernels[key] = Kernel(self.device, name, spirv, variant.bindings, dict(spec or {}))
         return self._kernels[key]
 
-    def recording(self, max_sets: int = 4096, max_timestamps: int = 0) -> Recording:
-        return Recording(self, max_sets, max_timestamps)
+    def recording(self, max_sets: int = 4096, max_timestamps: int = 0, profile: bool = False) -> Recording:
+        return Recording(self, max_sets, max_timestamps, profile)
 
     def run(self, recording: Recording):
         """Submit a finished recording and wait for it."""
