@@ -1,6 +1,8 @@
 """The tokenizer against llama.cpp. The goldens (ids, decoded bytes, special tokens) come from
-llama-cpp-python through tests/tools/make_tokenizer_goldens.py, for SmolLM2 and for small
-vocabulary-only GGUFs (SentencePiece, and byte-level BPE with other pre-tokenizers)."""
+llama-cpp-python through tests/tools/make_tokenizer_goldens.py, for SmolLM2, for llama.cpp's own
+test vocabularies (Llama 3, Qwen2, Llama 2, GPT-2, StarCoder) and for small vocabulary-only
+GGUFs (SentencePiece, and byte-level BPE with other pre-tokenizers). llama.cpp's vocabularies
+also come with texts and Hugging Face tokenizers' ids for them, a second reference."""
 import hashlib
 import json
 from pathlib import Path
@@ -12,7 +14,8 @@ from worker.errors import VkllmError
 from worker.tokenizer import StreamDecoder, Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden" / "tokenizer"
-MODELS = ["smollm2", *sorted(p.stem for p in GOLDEN.glob("*_tiny.gguf"))]
+LLAMA_CPP_VOCABS = sorted(p.stem.removeprefix("vocab-") for p in GOLDEN.glob("vocab-*.json"))
+MODELS = ["smollm2", *(f"vocab-{v}" for v in LLAMA_CPP_VOCABS), *sorted(p.stem for p in GOLDEN.glob("*_tiny.gguf"))]
 
 
 def gguf_metadata(path) -> dict:
@@ -20,13 +23,41 @@ def gguf_metadata(path) -> dict:
     return {key: field.contents() for key, field in reader.fields.items() if key.startswith("tokenizer.")}
 
 
+@pytest.fixture(scope="module")
+def load_tokenizer(request):
+    """name -> Tokenizer, each GGUF read once (reading a 128k vocabulary takes seconds)."""
+    loaded = {}
+
+    def load(name: str) -> Tokenizer:
+        if name not in loaded:
+            if name == "smollm2":
+                path = request.getfixturevalue("smollm2_path")
+            elif name.startswith("vocab-"):
+                path = request.getfixturevalue("llama_cpp_vocabs") / f"ggml-{name}.gguf"
+            else:
+                path = GOLDEN / f"{name}.gguf"
+            loaded[name] = Tokenizer.from_metadata(gguf_metadata(path))
+        return loaded[name]
+    return load
+
+
 @pytest.fixture(scope="module", params=MODELS)
-def model(request):
+def model(request, load_tokenizer):
     """(tokenizer, golden) for one vocabulary."""
-    name = request.param
-    path = request.getfixturevalue("smollm2_path") if name == "smollm2" else GOLDEN / f"{name}.gguf"
-    golden = json.loads((GOLDEN / f"{name}.json").read_text())
-    return Tokenizer.from_metadata(gguf_metadata(path)), golden
+    return load_tokenizer(request.param), json.loads((GOLDEN / f"{request.param}.json").read_text())
+
+
+@pytest.mark.parametrize("vocab", LLAMA_CPP_VOCABS)
+def test_llama_cpp_test_texts_match_hugging_face(vocab, load_tokenizer, llama_cpp_vocabs):
+    """llama.cpp's test-tokenizer-0 inputs: ids as Hugging Face tokenizers gives them
+    (no BOS, special tokens not parsed)."""
+    tok = load_tokenizer(f"vocab-{vocab}")
+    texts = (llama_cpp_vocabs / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
+    texts = texts.split("\n__ggml_vocab_test__\n")[:-1]
+    expected = (llama_cpp_vocabs / f"ggml-vocab-{vocab}.gguf.out").read_text().split("\n")[:len(texts)]
+    assert len(texts) > 30
+    for text, ids in zip(texts, expected):
+        assert tok.encode(text, add_special=False, parse_special=False) == [int(i) for i in ids.split()], text
 
 
 def test_encode_matches_llama_cpp(model):
@@ -81,19 +112,20 @@ def test_smollm2_chat_markup_becomes_control_tokens(smollm2_path):
     assert 2 in tok.eog_ids and 0 in tok.eog_ids
 
 
-STREAM_TEXTS = ["😀👍🏽👨‍👩‍👧‍👦🇫🇷 ❤️", "日本語の世界と本。中文测试", "mixed: é 😀 本 ok"]
+STREAM_TEXTS = ["😀👍🏽👨‍👩‍👧‍👦🇫🇷 ❤️", "日本語の世界と本。中文测试", "mixed: é 😀 本 ok", "rare: 𠜎𠜱 𝔘𝔫𝔦 🦩"]
 
 
-@pytest.mark.parametrize("text", STREAM_TEXTS)
-def test_stream_decoder_never_splits_characters(model, text):
+def test_stream_decoder_never_splits_characters(model):
     tok, _ = model
-    ids = tok.encode(text, add_special=True, parse_special=False)
-    # the case is only meaningful if some token ends inside a character
-    assert any(_is_cut(tok.token_bytes(i)) for i in ids)
-    stream = StreamDecoder(tok)
-    pieces = [stream.push(i) for i in ids] + [stream.flush()]
-    assert all("\ufffd" not in p for p in pieces)
-    assert "".join(pieces) == tok.decode(ids) == text
+    cut = False
+    for text in STREAM_TEXTS:
+        ids = tok.encode(text, add_special=True, parse_special=False)
+        cut = cut or any(_is_cut(tok.token_bytes(i)) for i in ids)
+        stream = StreamDecoder(tok)
+        pieces = [stream.push(i) for i in ids] + [stream.flush()]
+        assert all("\ufffd" not in p for p in pieces)
+        assert "".join(pieces) == tok.decode(ids) == text
+    assert cut, "no token ended inside a character: the texts do not exercise the decoder"
 
 
 def _is_cut(piece: bytes) -> bool:

@@ -23,9 +23,14 @@ _FIM_TEXTS = ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin
 _FIM_EOG_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
                   "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
                   "<|file_sep|>")
-_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-              "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>",
-              "<｜end▁of▁sentence｜>")
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+              "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+              "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+              "<｜end▁of▁sentence｜>", "[e~[")
+# llama.cpp's exceptions: (token that is not EOG after all, its new type, tokens that say so)
+_NOT_EOG = (("<|end|>", USER_DEFINED, ("<|return|>", "<|call|>")),  # gpt-oss
+            ("<|end|>", USER_DEFINED, ("<|calls|>", "<|flush|>")),  # solar-open
+            ("</s>", NORMAL, ("<|tool_response>",)))                 # gemma 4
 _EOG_ID_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
 
 # Per tokenizer model: default special ids and whether BOS/EOS/space prefix are added.
@@ -85,6 +90,11 @@ class Vocab:
                 types[token_to_id[text]] = CONTROL
         eog = {token_to_id[t] for t in (*_FIM_EOG_TEXTS, *_EOG_TEXTS) if t in token_to_id}
         eog.update(ids[k] for k in _EOG_ID_KEYS if ids[k] is not None)
+        for text, kind, signs in _NOT_EOG:
+            tid = token_to_id.get(text)
+            if tid in eog and all(token_to_id.get(t) in eog for t in signs):
+                eog.discard(tid)
+                types[tid] = kind
         return cls(model=model, pre=pre, tokens=tuple(tokens), types=tuple(types[:n]), scores=scores[:n],
                    merges=merges, token_to_id=token_to_id, bos_id=ids["bos"], eos_id=ids["eos"],
                    eog_ids=frozenset(eog), add_bos=add_bos, add_eos=add_eos,
