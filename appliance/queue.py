@@ -168,26 +168,33 @@ def cancel(job: Job) -> str:
     """Queued jobs leave the queue at once; running ones stop at the worker's next token."""
     r = get_redis()
     st = state(job)
+    if st in TERMINAL:
+        return st
+    # set in both cases: a worker may take a queued job between this check and the cancel
+    r.set(protocol.cancel_key(job.id), 1, ex=current_app.config["RESULT_TTL"])
     if st == "queued":
         job.cancel()
         key = protocol.stream_key(job.id)
         r.xadd(key, protocol.record(protocol.END, finish_reason="cancelled", usage=None, timings=None))
         r.expire(key, current_app.config["RESULT_TTL"])
         return "cancelled"
-    if st == "running":
-        r.set(protocol.cancel_key(job.id), 1, ex=current_app.config["RESULT_TTL"])
     return st
 
 
+def _model_queues() -> dict[str, Queue]:
+    """Every model queue RQ knows, served now or not (jobs may wait for a worker to come back)."""
+    prefix = protocol.queue_name("")
+    return {q.name.removeprefix(prefix): q for q in Queue.all(connection=get_redis()) if q.name.startswith(prefix)}
+
+
 def queue_depths() -> dict[str, int]:
-    return {name: _queue(name).count for name in models()}
+    return {name: q.count for name, q in _model_queues().items()}
 
 
 def job_counts() -> dict[str, int]:
-    """Jobs by state across the queues of the models served now, from RQ's registries."""
+    """Jobs by state across the model queues, from RQ's registries."""
     counts = dict.fromkeys(("queued", "running", "finished", "failed", "cancelled"), 0)
-    for name in models():
-        q = _queue(name)
+    for q in _model_queues().values():
         counts["queued"] += q.count
         counts["running"] += q.started_job_registry.count
         counts["finished"] += q.finished_job_registry.count
