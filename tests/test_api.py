@@ -117,3 +117,16 @@ def test_models(client, worker):
     tiny = next(m for m in models if m["name"] == "tiny-llama")
     assert tiny["n_ctx"] == 256 and tiny["workers"] == ["api-w1"]
     assert tiny["info"]["architecture"] == "llama"
+
+
+def test_high_priority_goes_to_the_front(client, worker):
+    blocker = submit(client, max_tokens=100)
+    wait(client, blocker["id"], states=("running",))
+    normal = [submit(client, max_tokens=1) for _ in range(2)]
+    assert [j["queue_position"] for j in normal] == [0, 1]
+    urgent = submit(client, max_tokens=1, priority="high")
+    assert urgent["queue_position"] == 0
+    assert client.get(f"/api/v1/jobs/{normal[1]['id']}", headers=AUTH).json["queue_position"] == 2
+    client.post(f"/api/v1/jobs/{blocker['id']}/cancel", headers=AUTH)
+    ended = [wait(client, j["id"]) for j in (urgent, *normal)]
+    assert ended[0]["started_at"] <= ended[1]["started_at"] <= ended[2]["started_at"]
