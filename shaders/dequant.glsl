@@ -1,39 +1,45 @@
-// Weights as stored in the GGUF file, bound at binding 0 (byte struct view plus word views of the
-// same memory), and one dequantize signature for every type:
+// Weights as stored in the GGUF file, bound at binding 0, and one dequantize signature for
+// every type:
 //   mat4 dequantize16(uint ib, uint s)
 // gives the 16 consecutive values s*16 .. s*16+15 of block ib (column c holds values 4c .. 4c+3).
 // Every type's scales are constant over such a slice, so each call decodes its scales once.
-// Float types (QUANT_K 1): ib is the index of the first value, s is 0, and
-//   float dequantize1(uint ib)
-// reads single values for the tail of rows whose length is not a multiple of 16.
+// Float types (QUANT_K 1): ib is the index of the first value and s is 0; also
+//   float dequantize1(uint i)   value i, for rows whose length is not a multiple of 4 or 16
+//   vec4 dequantize4(uint i4)   values 4*i4 .. 4*i4+3 in one load
 // Layouts and formulas follow ggml's dequantize_row_* (gguf-py's gguf/quants.py is the check).
 #include "types.glsl"
 
 layout(std430, binding = 0) readonly buffer A { A_TYPE data_a[]; };
-#if defined(A_TYPE_PACKED16)
-layout(std430, binding = 0) readonly buffer A16 { A_TYPE_PACKED16 data_a16[]; };
-#endif
-#if defined(A_TYPE_PACKED32)
-layout(std430, binding = 0) readonly buffer A32 { A_TYPE_PACKED32 data_a32[]; };
-#endif
 
 // Four bytes of a little-endian word, each as a float.
 vec4 bytes4(uint w) { return vec4(unpack8(w)); }
 vec4 sbytes4(uint w) { return vec4(unpack8(int32_t(w))); }
 uint word16(uint16_t lo, uint16_t hi) { return uint(lo) | (uint(hi) << 16); }
+uint byte_of(uint w, uint i) { return (w >> (8 * i)) & 255u; }
 // Bits 0..3 of `h` spread to bit 0 of bytes 0..3.
 uint spread4(uint h) { return (h & 1u) | ((h & 2u) << 7) | ((h & 4u) << 14) | ((h & 8u) << 21); }
 
 #if QUANT_K == 1
-float dequantize1(uint ib) {
+vec4 dequantize4(uint i4) {
 #if defined(DATA_A_BF16)
-    return uintBitsToFloat(uint(data_a[ib]) << 16);
+    return uintBitsToFloat(uvec4(data_a[i4]) << 16);
 #else
-    return float(data_a[ib]);
+    return vec4(data_a[i4]);
+#endif
+}
+
+float dequantize1(uint i) {
+#if defined(DATA_A_BF16)
+    return uintBitsToFloat(uint(data_a[i / 4][i % 4]) << 16);
+#else
+    return float(data_a[i / 4][i % 4]);
 #endif
 }
 
 mat4 dequantize16(uint ib, uint s) {
+    if (ib % 4 == 0) {
+        return mat4(dequantize4(ib / 4), dequantize4(ib / 4 + 1), dequantize4(ib / 4 + 2), dequantize4(ib / 4 + 3));
+    }
     mat4 v;
     for (uint c = 0; c < 4; c++) {
         v[c] = vec4(dequantize1(ib + 4 * c), dequantize1(ib + 4 * c + 1),
@@ -45,10 +51,10 @@ mat4 dequantize16(uint ib, uint s) {
 #elif defined(DATA_A_Q4_0)
 // Value j < 16 is the low nibble of qs[j], value j + 16 its high nibble: d * (q - 8).
 mat4 dequantize16(uint ib, uint s) {
-    const float d = float(data_a16[ib].d);
+    const float d = float(data_a[ib].d);
     mat4 v;
     for (uint c = 0; c < 4; c++) {
-        const uint w = word16(data_a16[ib].qs[2 * c], data_a16[ib].qs[2 * c + 1]);
+        const uint w = word16(data_a[ib].qs[2 * c], data_a[ib].qs[2 * c + 1]);
         v[c] = (bytes4((w >> (4 * s)) & 0x0F0F0F0Fu) - 8.0) * d;
     }
     return v;
@@ -57,10 +63,10 @@ mat4 dequantize16(uint ib, uint s) {
 #elif defined(DATA_A_Q4_1)
 // As Q4_0 without the offset: d * q + m.
 mat4 dequantize16(uint ib, uint s) {
-    const vec2 dm = vec2(data_a32[ib].dm);
+    const vec2 dm = vec2(data_a[ib].dm);
     mat4 v;
     for (uint c = 0; c < 4; c++) {
-        v[c] = bytes4((data_a32[ib].qs[c] >> (4 * s)) & 0x0F0F0F0Fu) * dm.x + dm.y;
+        v[c] = bytes4((data_a[ib].qs[c] >> (4 * s)) & 0x0F0F0F0Fu) * dm.x + dm.y;
     }
     return v;
 }
@@ -68,11 +74,11 @@ mat4 dequantize16(uint ib, uint s) {
 #elif defined(DATA_A_Q5_0)
 // Q4_0's nibbles plus a fifth bit from qh (bit j for value j): d * (q - 16).
 mat4 dequantize16(uint ib, uint s) {
-    const float d = float(data_a16[ib].d);
-    const uint qh = word16(data_a16[ib].qh[0], data_a16[ib].qh[1]) >> (16 * s);
+    const float d = float(data_a[ib].d);
+    const uint qh = word16(data_a[ib].qh[0], data_a[ib].qh[1]) >> (16 * s);
     mat4 v;
     for (uint c = 0; c < 4; c++) {
-        const uint w = word16(data_a16[ib].qs[2 * c], data_a16[ib].qs[2 * c + 1]);
+        const uint w = word16(data_a[ib].qs[2 * c], data_a[ib].qs[2 * c + 1]);
         const uint q = ((w >> (4 * s)) & 0x0F0F0F0Fu) | (spread4(qh >> (4 * c)) << 4);
         v[c] = (bytes4(q) - 16.0) * d;
     }
@@ -81,11 +87,13 @@ mat4 dequantize16(uint ib, uint s) {
 
 #elif defined(DATA_A_Q5_1)
 mat4 dequantize16(uint ib, uint s) {
-    const vec2 dm = vec2(data_a32[ib].dm);
-    const uint qh = data_a32[ib].qh >> (16 * s);
+    const vec2 dm = vec2(data_a[ib].dm);
+    const uint qh = data_a[ib].qh >> (16 * s);
+    const uvec2 qs[2] = data_a[ib].qs;
+    const uint words[4] = uint[4](qs[0].x, qs[0].y, qs[1].x, qs[1].y);
     mat4 v;
     for (uint c = 0; c < 4; c++) {
-        const uint q = ((data_a32[ib].qs[c] >> (4 * s)) & 0x0F0F0F0Fu) | (spread4(qh >> (4 * c)) << 4);
+        const uint q = ((words[c] >> (4 * s)) & 0x0F0F0F0Fu) | (spread4(qh >> (4 * c)) << 4);
         v[c] = bytes4(q) * dm.x + dm.y;
     }
     return v;
@@ -93,11 +101,11 @@ mat4 dequantize16(uint ib, uint s) {
 
 #elif defined(DATA_A_Q8_0)
 mat4 dequantize16(uint ib, uint s) {
-    const float d = float(data_a16[ib].d);
+    const float d = float(data_a[ib].d);
     mat4 v;
     for (uint c = 0; c < 4; c++) {
         const uint i = 8 * s + 2 * c;
-        v[c] = sbytes4(word16(data_a16[ib].qs[i], data_a16[ib].qs[i + 1])) * d;
+        v[c] = sbytes4(word16(data_a[ib].qs[i], data_a[ib].qs[i + 1])) * d;
     }
     return v;
 }
@@ -118,16 +126,16 @@ mat4 dequantize16(uint ib, uint s) {
 }
 
 #elif defined(DATA_A_Q2_K)
-// Slice s: 2-bit codes at shift 2*((s%8)/2) of qs[32*(s/8) + 16*(s%2) ...]; scales[s] holds
+// Slice s: 2-bit codes at shift 2*((s%8)/2) of qs[32*(s/8) + 16*(s%2) ...]; scale byte s holds
 // the 4-bit scale (low) and min (high): d * sc * q - dmin * m.
 mat4 dequantize16(uint ib, uint s) {
-    const vec2 dm = vec2(data_a32[ib].dm);
-    const uint sc = uint(data_a[ib].scales[s]);
+    const vec2 dm = vec2(data_a[ib].dm);
+    const uint sc = byte_of(data_a[ib].scales[s / 4], s % 4);
     const float dl = dm.x * float(sc & 15u), ml = dm.y * float(sc >> 4);
     const uint base = 8 * (s >> 3) + 4 * (s & 1u), shift = 2 * ((s & 7u) >> 1);
     mat4 v;
     for (uint c = 0; c < 4; c++) {
-        v[c] = bytes4((data_a32[ib].qs[base + c] >> shift) & 0x03030303u) * dl - ml;
+        v[c] = bytes4((data_a[ib].qs[base + c] >> shift) & 0x03030303u) * dl - ml;
     }
     return v;
 }
@@ -135,63 +143,63 @@ mat4 dequantize16(uint ib, uint s) {
 #elif defined(DATA_A_Q3_K)
 // 2 low bits as Q2_K, the third from hmask (bit 4*(s/8) + (s%8)/2 of hmask[16*(s%2) + l]),
 // q - 4 when that bit is clear; 6-bit signed scales packed in 12 bytes (offset 32).
+uint q3_k_scale_byte(uint ib, uint i) { return byte_of(uint(data_a[ib].scales[i / 2]), i % 2); }
+
 mat4 dequantize16(uint ib, uint s) {
-    const uint lo = (s < 8 ? uint(data_a[ib].scales[s]) : uint(data_a[ib].scales[s - 8]) >> 4) & 15u;
-    const uint hi = (uint(data_a[ib].scales[8 + (s & 3u)]) >> (2 * (s >> 2))) & 3u;
-    const float dl = float(data_a16[ib].d) * float(int(lo | (hi << 4)) - 32);
+    const uint lo = (q3_k_scale_byte(ib, s % 8) >> (4 * (s / 8))) & 15u;
+    const uint hi = (q3_k_scale_byte(ib, 8 + s % 4) >> (2 * (s / 4))) & 3u;
+    const float dl = float(data_a[ib].d) * float(int(lo | (hi << 4)) - 32);
     const uint j = (s & 7u) >> 1, shift = 2 * j, hbit = 4 * (s >> 3) + j;
     const uint qbase = 16 * (s >> 3) + 8 * (s & 1u), hbase = 8 * (s & 1u);
     mat4 v;
     for (uint c = 0; c < 4; c++) {
-        const uint q = word16(data_a16[ib].qs[qbase + 2 * c], data_a16[ib].qs[qbase + 2 * c + 1]);
-        const uint h = word16(data_a16[ib].hmask[hbase + 2 * c], data_a16[ib].hmask[hbase + 2 * c + 1]);
+        const uint q = word16(data_a[ib].qs[qbase + 2 * c], data_a[ib].qs[qbase + 2 * c + 1]);
+        const uint h = word16(data_a[ib].hmask[hbase + 2 * c], data_a[ib].hmask[hbase + 2 * c + 1]);
         v[c] = (bytes4((q >> shift) & 0x03030303u) + 4.0 * bytes4((h >> hbit) & 0x01010101u) - 4.0) * dl;
     }
     return v;
 }
 
 #elif defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K)
-// 6-bit scale and min of sub-block j (0..7) of 32 values: ggml's get_scale_min_k4.
+// 6-bit scale and min of sub-block j (0..7) of 32 values (ggml's get_scale_min_k4), from the
+// three scale words without branches.
 vec2 scale_min_k4(uint ib, uint j) {
-    if (j < 4) {
-        return vec2(uint(data_a[ib].scales[j]) & 63u, uint(data_a[ib].scales[j + 4]) & 63u);
-    }
-    const uint b = uint(data_a[ib].scales[j + 4]);
-    return vec2((b & 15u) | ((uint(data_a[ib].scales[j - 4]) >> 6) << 4),
-                (b >> 4) | ((uint(data_a[ib].scales[j]) >> 6) << 4));
+    const uint w0 = data_a[ib].scales[0], w1 = data_a[ib].scales[1], w2 = data_a[ib].scales[2];
+    const uint i = j % 4;
+    const uint b0 = byte_of(w0, i), b1 = byte_of(w1, i), b2 = byte_of(w2, i);
+    return j < 4 ? vec2(b0 & 63u, b1 & 63u)
+                 : vec2((b2 & 15u) | ((b0 >> 6) << 4), (b2 >> 4) | ((b1 >> 6) << 4));
 }
 
 // Sub-block j = s/2 takes the low (j even) or high nibbles of qs[32*(j/2) + 16*(s%2) ...];
 // Q5_K adds bit j of qh[16*(s%2) + l] as the fifth bit: d * sc * q - dmin * m.
 mat4 dequantize16(uint ib, uint s) {
-    const vec2 dm = vec2(data_a32[ib].dm);
+    const vec2 dm = vec2(data_a[ib].dm);
     const uint j = s >> 1;
     const vec2 sm = scale_min_k4(ib, j);
     const float dl = dm.x * sm.x, ml = dm.y * sm.y;
-    const uint base = 8 * (j >> 1) + 4 * (s & 1u), shift = 4 * (j & 1u);
-    mat4 v;
-    for (uint c = 0; c < 4; c++) {
-        uint q = (data_a32[ib].qs[base + c] >> shift) & 0x0F0F0F0Fu;
+    const uvec4 qs = (data_a[ib].qs[2 * (j >> 1) + (s & 1u)] >> (4 * (j & 1u))) & 0x0F0F0F0Fu;
 #if defined(DATA_A_Q5_K)
-        q |= ((data_a32[ib].qh[4 * (s & 1u) + c] >> j) & 0x01010101u) << 4;
+    const uvec4 q = qs | (((data_a[ib].qh[s & 1u] >> j) & 0x01010101u) << 4);
+#else
+    const uvec4 q = qs;
 #endif
-        v[c] = bytes4(q) * dl - ml;
-    }
-    return v;
+    return mat4(bytes4(q.x) * dl - ml, bytes4(q.y) * dl - ml, bytes4(q.z) * dl - ml, bytes4(q.w) * dl - ml);
 }
 
 #elif defined(DATA_A_Q6_K)
 // Half n = s/8 of the superblock; quarter t = (s%8)/2 takes the low (t < 2) or high nibbles of
 // ql[64n + 32*(t%2) + 16*(s%2) ...] and bits 2t..2t+1 of qh[32n + 16*(s%2) ...]: d * sc * (q - 32).
 mat4 dequantize16(uint ib, uint s) {
-    const float dl = float(data_a16[ib].d) * float(data_a[ib].scales[s]);
+    const int sc = bitfieldExtract(int(uint(data_a[ib].scales[s / 2])), int(8 * (s % 2)), 8);
+    const float dl = float(data_a[ib].d) * float(sc);
     const uint n = s >> 3, t = (s & 7u) >> 1, half_ = s & 1u;
     const uint lbase = 32 * n + 16 * (t & 1u) + 8 * half_, hbase = 16 * n + 8 * half_;
     const uint lshift = 4 * (t >> 1), hshift = 2 * t;
     mat4 v;
     for (uint c = 0; c < 4; c++) {
-        const uint l = word16(data_a16[ib].ql[lbase + 2 * c], data_a16[ib].ql[lbase + 2 * c + 1]);
-        const uint h = word16(data_a16[ib].qh[hbase + 2 * c], data_a16[ib].qh[hbase + 2 * c + 1]);
+        const uint l = word16(data_a[ib].ql[lbase + 2 * c], data_a[ib].ql[lbase + 2 * c + 1]);
+        const uint h = word16(data_a[ib].qh[hbase + 2 * c], data_a[ib].qh[hbase + 2 * c + 1]);
         const uint q = ((l >> lshift) & 0x0F0F0F0Fu) | (((h >> hshift) & 0x03030303u) << 4);
         v[c] = (bytes4(q) - 32.0) * dl;
     }

@@ -9,6 +9,7 @@ layout(constant_id = 0) const uint BLOCK_SIZE = 32;
 layout(constant_id = 1) const uint NUM_ROWS = 2;
 
 layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 
 layout(push_constant) uniform Push {
@@ -27,9 +28,9 @@ uint first_row() {
 // Rows past the end are computed on a clamped row (no branch in the loop) and never stored.
 uint clamped_row(uint row) { return min(row, p.rows - 1); }
 
+// x[k .. k+15], k a multiple of 16.
 mat4 load_x16(uint k) {
-    return mat4(x[k], x[k + 1], x[k + 2], x[k + 3], x[k + 4], x[k + 5], x[k + 6], x[k + 7],
-                x[k + 8], x[k + 9], x[k + 10], x[k + 11], x[k + 12], x[k + 13], x[k + 14], x[k + 15]);
+    return mat4(x4[k / 4], x4[k / 4 + 1], x4[k / 4 + 2], x4[k / 4 + 3]);
 }
 
 float dot16(mat4 a, mat4 b) {

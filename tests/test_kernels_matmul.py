@@ -122,6 +122,8 @@ def test_rows_split_into_parts(small_binding_ctx, qtype):
 
 def test_more_row_groups_than_dispatch_limit(vk_ctx):
     """An output head taller than maxComputeWorkGroupCount[0] x rows per workgroup."""
+    if vk_ctx.info.max_workgroup_count > 1 << 16:
+        pytest.skip("the device dispatches this many workgroups in one dimension")
     rows = vk_ctx.info.max_workgroup_count * mat_vec_shape(vk_ctx)[1] + 77
     raw, w = random_weights(T.Q4_0, rows, 32, seed=9)
     x = np.random.default_rng(0).standard_normal((1, 32)).astype(np.float32)

@@ -47,13 +47,13 @@ def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_u
     stride = row_bytes(ggml_type, cols)
     if data.nbytes != rows * stride:
         raise VkllmError(f"tensor {name}: {data.nbytes} bytes for {rows} rows of {stride} bytes")
-    per_part = ctx.max_binding_range // stride
+    per_part = (ctx.max_binding_range & ~15) // stride  # parts are padded to 16 bytes
     if per_part == 0:
         raise VkllmError(f"tensor {name}: one row ({stride} bytes) exceeds the binding range")
     tensor = DeviceTensor(ggml_type, rows, cols)
     for first in range(0, rows, per_part):
         count = min(per_part, rows - first)
-        buffer = ctx.alloc(count * stride)
+        buffer = ctx.alloc(-(-count * stride // 16) * 16)  # float kernels read 4-vectors
         ctx.upload(buffer, data[first * stride:(first + count) * stride])
         tensor.parts.append((buffer, first, count))
     return tensor
