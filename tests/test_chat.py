@@ -6,11 +6,18 @@ from pathlib import Path
 import gguf
 import pytest
 
-from worker.chat import render_chat
+from worker.chat import encode_chat, render_chat
 from worker.errors import VkllmError
+from worker.tokenizer import Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden" / "tokenizer" / "smollm2_chat.json"
+LLAMA3_STYLE = Path(__file__).parent / "golden" / "tokenizer" / "bpe_llama-bpe_tiny.gguf"  # adds BOS
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def tokenizer_of(path) -> Tokenizer:
+    fields = gguf.GGUFReader(path).fields
+    return Tokenizer.from_metadata({k: f.contents() for k, f in fields.items() if k.startswith("tokenizer.")})
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +96,20 @@ def test_unsafe_or_broken_templates_are_rejected(template):
 def test_bad_messages_are_rejected(messages, message):
     with pytest.raises(VkllmError, match=message):
         render_chat(None, messages)
+
+
+def test_encode_chat_turns_markup_into_control_tokens(smollm2_path, smol_template):
+    tok = tokenizer_of(smollm2_path)
+    ids = encode_chat(tok, smol_template, [{"role": "user", "content": "Hi!"}])
+    assert ids == tok.encode(render_chat(smol_template, [{"role": "user", "content": "Hi!"}]))
+    assert ids[0] == 1 and ids.count(2) == 2          # <|im_start|> ... <|im_end|> twice
+    assert ids[-4:] == [1] + tok.encode("assistant\n", add_special=False)
+
+
+def test_encode_chat_writes_bos_once_when_the_tokenizer_adds_it():
+    tok = tokenizer_of(LLAMA3_STYLE)
+    assert tok.vocab.add_bos and tok.token_text(tok.bos_id) == "<|im_start|>"
+    template = "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{{ eos_token }}{% endfor %}"
+    ids = encode_chat(tok, template, [{"role": "user", "content": "hello"}])
+    eos = tok.eos_id
+    assert ids == [tok.bos_id] + tok.encode("[hello]", add_special=False) + [eos]

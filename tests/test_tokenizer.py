@@ -110,6 +110,7 @@ def test_smollm2_chat_markup_becomes_control_tokens(smollm2_path):
     assert ids[0] == 1 and 2 in ids
     assert tok.decode(ids) == "user\nHi\n"
     assert 2 in tok.eog_ids and 0 in tok.eog_ids
+    assert [tok.token_text(i) for i in ids[:3]] == ["<|im_start|>", "user", "\n"]
 
 
 STREAM_TEXTS = ["😀👍🏽👨‍👩‍👧‍👦🇫🇷 ❤️", "日本語の世界と本。中文测试", "mixed: é 😀 本 ok", "rare: 𠜎𠜱 𝔘𝔫𝔦 🦩"]

@@ -9,6 +9,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from worker.errors import VkllmError
+from worker.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -29,6 +30,21 @@ def render_chat(template: str | None, messages: list[dict], add_generation_promp
             bos_token=bos_token, eos_token=eos_token)
     except TemplateError as e:
         raise VkllmError(f"chat template failed: {e}") from None
+
+
+def encode_chat(tokenizer: Tokenizer, template: str | None, messages: list[dict],
+                add_generation_prompt: bool = True) -> list[int]:
+    """Prompt ids for a chat, built as llama.cpp's server builds them: the template gets the
+    BOS/EOS token texts, and a BOS it writes first (or an EOS it writes last) is dropped when
+    the tokenizer adds that token itself, so it is not there twice."""
+    bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
+    eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
+    text = render_chat(template, messages, add_generation_prompt, bos_token=bos, eos_token=eos)
+    if tokenizer.vocab.add_bos and bos and text.startswith(bos):
+        text = text[len(bos):]
+    if tokenizer.vocab.add_eos and eos and text.endswith(eos):
+        text = text[:-len(eos)]
+    return tokenizer.encode(text, add_special=True, parse_special=True)
 
 
 def _validate(messages: list[dict]) -> None:

@@ -104,6 +104,14 @@ class Tokenizer:
             return bytes((int(text[3:5], 16),))
         return b""  # control, unknown, unused
 
+    def token_text(self, token_id: int) -> str:
+        """The token as a prompt would spell it: control tokens give their text ('<|im_end|>'),
+        like llama.cpp's token_to_piece(special=True). For chat templates' bos/eos_token."""
+        piece = self.token_bytes(token_id)
+        if self.vocab.types[token_id] in (CONTROL, UNKNOWN):
+            return self.vocab.tokens[token_id]
+        return piece.decode("utf-8", errors="replace")
+
     def decode_bytes(self, ids: list[int]) -> bytes:
         out = b"".join(self.token_bytes(i) for i in ids)
         if ids and ids[0] == self.vocab.bos_id and out[:1] == b" ":

@@ -85,20 +85,26 @@ class Vocab:
             if flag and ids[name] is None:
                 raise VkllmError(f"tokenizer metadata: add_{name}_token is true but {name}_token_id is not set")
 
-        for text in (*_EOT_TEXTS, *_FIM_TEXTS, *_FIM_EOG_TEXTS, *_EOG_TEXTS):
-            if text in token_to_id:
-                types[token_to_id[text]] = CONTROL
-        eog = {token_to_id[t] for t in (*_FIM_EOG_TEXTS, *_EOG_TEXTS) if t in token_to_id}
-        eog.update(ids[k] for k in _EOG_ID_KEYS if ids[k] is not None)
-        for text, kind, signs in _NOT_EOG:
-            tid = token_to_id.get(text)
-            if tid in eog and all(token_to_id.get(t) in eog for t in signs):
-                eog.discard(tid)
-                types[tid] = kind
+        eog = _end_of_generation(types, token_to_id, [ids[k] for k in _EOG_ID_KEYS])
         return cls(model=model, pre=pre, tokens=tuple(tokens), types=tuple(types[:n]), scores=scores[:n],
                    merges=merges, token_to_id=token_to_id, bos_id=ids["bos"], eos_id=ids["eos"],
-                   eog_ids=frozenset(eog), add_bos=add_bos, add_eos=add_eos,
-                   add_space_prefix=add_space_prefix)
+                   eog_ids=eog, add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix)
+
+
+def _end_of_generation(types: list[int], token_to_id: dict[str, int], eog_ids: list[int | None]) -> frozenset[int]:
+    """The EOG set; also turns every token llama.cpp recognises by its text into a control token
+    (types is updated in place)."""
+    for text in (*_EOT_TEXTS, *_FIM_TEXTS, *_FIM_EOG_TEXTS, *_EOG_TEXTS):
+        if text in token_to_id:
+            types[token_to_id[text]] = CONTROL
+    eog = {token_to_id[t] for t in (*_FIM_EOG_TEXTS, *_EOG_TEXTS) if t in token_to_id}
+    eog.update(i for i in eog_ids if i is not None)
+    for text, kind, signs in _NOT_EOG:
+        tid = token_to_id.get(text)
+        if tid in eog and all(token_to_id.get(t) in eog for t in signs):
+            eog.discard(tid)
+            types[tid] = kind
+    return frozenset(eog)
 
 
 def _pre_tokenizer(model: str, pre: str | None) -> str:
