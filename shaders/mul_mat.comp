@@ -4,14 +4,17 @@
 
 // Matrix x matrix (prefill): y[t, y_offset + r] (+)= sum_k W[r, k] * x[t, k] for the rows of one
 // part and n token columns. Tiles of BM rows x BN columns per workgroup of 256 threads, K in
-// steps of BK through shared memory: half the threads dequantize a BM x BK weight tile (one
-// 16-value slice each), the other half load the BN x BK activation tile; then each thread
-// accumulates a 4 x 4 block of outputs in fp32.
+// steps of BK through shared memory: half the threads dequantize the BM x BK weight tile (one
+// 16-value slice each), the other half load the BN x BK activation tile as 4-vectors along K
+// (neighbouring threads read neighbouring memory); then each thread accumulates the 4 x 4
+// outputs of 4 consecutive rows and 4 consecutive columns in fp32, from two 4-vector loads of
+// shared memory per step of k.
 #define BM 64
 #define BN 64
 #define BK 32
 
 layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 
 layout(push_constant) uniform Push {
@@ -23,8 +26,8 @@ layout(push_constant) uniform Push {
     uint accumulate;  // 1: add to what y holds (residual), 0: overwrite
 } p;
 
-shared float tile_a[BK][BM];
-shared float tile_x[BK][BN];
+shared vec4 tile_a[BK][BM / 4];
+shared vec4 tile_x[BK][BN / 4];
 
 mat4 load_a16(uint row, uint k) {
 #if QUANT_K == 1
@@ -39,52 +42,55 @@ mat4 load_a16(uint row, uint k) {
     return dequantize16(row * (p.ncols / QUANT_K) + k / QUANT_K, (k % QUANT_K) / 16);
 }
 
+void load_tiles(uint tid, uint row0, uint col0, uint k0) {
+    if (tid < 128) {
+        const uint row = tid / 2, k = k0 + 16 * (tid % 2);
+        const mat4 v = row0 + row < p.rows && k < p.ncols ? load_a16(row0 + row, k) : mat4(0.0);
+        for (uint j = 0; j < 16; j++) {
+            tile_a[16 * (tid % 2) + j][row / 4][row % 4] = v[j / 4][j % 4];
+        }
+        return;
+    }
+    for (uint v = tid - 128; v < BN * BK / 4; v += 128) {
+        const uint col = v / (BK / 4), k = k0 + 4 * (v % (BK / 4));
+        vec4 xv = vec4(0.0);
+        if (col0 + col < p.n && k < p.ncols) {
+            const uint i = (col0 + col) * p.ncols + k;
+            if (p.ncols % 4 == 0) {
+                xv = x4[i / 4];
+            } else {
+                for (uint j = 0; j < 4 && k + j < p.ncols; j++) {
+                    xv[j] = x[i + j];
+                }
+            }
+        }
+        for (uint j = 0; j < 4; j++) {
+            tile_x[4 * (v % (BK / 4)) + j][col / 4][col % 4] = xv[j];
+        }
+    }
+}
+
 void main() {
     const uint tid = gl_LocalInvocationID.x;
     const uint row0 = gl_WorkGroupID.x * BM, col0 = gl_WorkGroupID.y * BN;
     const uint tr = tid % 16, tc = tid / 16;
-    const uint lt = tid % 128, lrc = lt / 2, lk = 16 * (lt % 2);
-    float acc[4][4];
-    for (uint i = 0; i < 4; i++) {
-        for (uint j = 0; j < 4; j++) {
-            acc[i][j] = 0.0;
-        }
-    }
+    mat4 acc = mat4(0.0);  // acc[j][i]: column 4 tc + j, row 4 tr + i
     for (uint k0 = 0; k0 < p.ncols; k0 += BK) {
-        const uint k = k0 + lk;
-        if (tid < 128) {
-            const uint row = row0 + lrc;
-            const mat4 v = row < p.rows && k < p.ncols ? load_a16(row, k) : mat4(0.0);
-            for (uint j = 0; j < 16; j++) {
-                tile_a[lk + j][lrc] = v[j / 4][j % 4];
-            }
-        } else {
-            const uint col = col0 + lrc;
-            for (uint j = 0; j < 16; j++) {
-                tile_x[lk + j][lrc] = col < p.n && k + j < p.ncols ? x[col * p.ncols + k + j] : 0.0;
-            }
-        }
+        load_tiles(tid, row0, col0, k0);
         barrier();
         for (uint kk = 0; kk < BK; kk++) {
-            float a[4], b[4];
-            for (uint i = 0; i < 4; i++) {
-                a[i] = tile_a[kk][tr + 16 * i];
-                b[i] = tile_x[kk][tc + 16 * i];
-            }
-            for (uint i = 0; i < 4; i++) {
-                for (uint j = 0; j < 4; j++) {
-                    acc[i][j] += a[i] * b[j];
-                }
-            }
+            const vec4 a = tile_a[kk][tr], b = tile_x[kk][tc];
+            acc += outerProduct(a, b);
         }
         barrier();
     }
-    for (uint i = 0; i < 4; i++) {
-        for (uint j = 0; j < 4; j++) {
-            const uint row = row0 + tr + 16 * i, col = col0 + tc + 16 * j;
+    for (uint j = 0; j < 4; j++) {
+        const uint col = col0 + 4 * tc + j;
+        for (uint i = 0; i < 4; i++) {
+            const uint row = row0 + 4 * tr + i;
             if (row < p.rows && col < p.n) {
                 const uint idx = col * p.y_stride + p.y_offset + row;
-                y[idx] = p.accumulate != 0 ? y[idx] + acc[i][j] : acc[i][j];
+                y[idx] = p.accumulate != 0 ? y[idx] + acc[j][i] : acc[j][i];
             }
         }
     }

@@ -20,7 +20,7 @@ ROOFLINE_BYTES_PER_S = 4.35e12
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
 QUICK_SHAPES = ((256, 1024), (1024, 256), (20000, 256))
 ROTATION_BYTES = 512 << 20   # bytes cycled through per shape: many times the L2
-QUICK_ROTATION_BYTES = 16 << 20
+QUICK_ROTATION_BYTES = 2 << 20
 DEFAULT_TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F32")
 
@@ -31,11 +31,14 @@ def add_arguments(parser):
                         help="weight types to time (default: all)")
     parser.add_argument("--quick", action="store_true", help="small shapes (for CPU drivers / a smoke test)")
     parser.add_argument("--runs", type=int, default=5, help="timed submissions after one warm-up")
+    parser.add_argument("--prefill", type=int, default=0, metavar="N",
+                        help="also time the mat-mat kernel on N token columns (TFLOP/s)")
 
 
-def time_mat_vec(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, rotation_bytes: int,
-                 runs: int) -> tuple[float, int]:
-    """(median seconds per mat-vec, copies rotated) for a rows x cols weight of `qtype`."""
+def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, rotation_bytes: int,
+                runs: int) -> tuple[float, int]:
+    """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
+    token columns (1: the mat-vec kernel)."""
     nbytes = rows * row_bytes(qtype, cols)
     copies = max(2, -(-rotation_bytes // nbytes))
     data = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
@@ -45,12 +48,12 @@ def time_mat_vec(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, rotatio
                 GGMLQuantizationType.BF16: (data.view(np.uint32) >> 16).astype(np.uint16)}[qtype]
     # Random bytes are valid blocks except for NaN/inf scales, which cost no extra time.
     weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
-    x, y = ctx.alloc(4 * cols), ctx.alloc(4 * rows)
-    ctx.upload(x, np.ones(cols, np.float32))
+    x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
+    ctx.upload(x, np.ones(cols * n, np.float32))
     rec = ctx.recording(max_sets=copies * len(weights[0].parts) + 1, max_timestamps=copies + 1)
     rec.timestamp("start")
     for i, w in enumerate(weights):
-        matmul(rec, w, x, y, 1)
+        matmul(rec, w, x, y, n)
         rec.barrier()
         rec.timestamp(f"copy{i}")
     rec.finish()
@@ -82,10 +85,13 @@ def run(args):
             qtype = GGMLQuantizationType[name]
             for rows, cols in shapes:
                 nbytes = rows * row_bytes(qtype, cols)
-                seconds, copies = time_mat_vec(ctx, qtype, rows, cols, rotation, args.runs)
+                seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs)
                 rate = nbytes / seconds
-                print(f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {seconds * 1e6:9.1f} "
-                      f"{rate / 1e9:8.1f} {100 * rate / ROOFLINE_BYTES_PER_S:9.1f}% {100 * rate / measured:6.1f}%",
-                      flush=True)
+                line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {seconds * 1e6:9.1f} "
+                        f"{rate / 1e9:8.1f} {100 * rate / ROOFLINE_BYTES_PER_S:9.1f}% {100 * rate / measured:6.1f}%")
+                if args.prefill:
+                    seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs)
+                    line += f"   n={args.prefill}: {seconds * 1e6:9.1f} us {2 * rows * cols * args.prefill / seconds / 1e12:6.2f} TFLOP/s"
+                print(line, flush=True)
     finally:
         ctx.close()
