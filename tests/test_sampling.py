@@ -74,6 +74,13 @@ def test_candidates_match_reference(params):
         assert np.allclose(list(ours.values()), list(ref.values()), rtol=1e-6)
 
 
+def test_ties_at_the_top_k_boundary_keep_the_lowest_ids():
+    logits = np.random.default_rng(5).integers(0, 4, size=VOCAB).astype(np.float32)  # many ties
+    params = SamplingParams(top_k=50, top_p=1.0, min_p=0.0, temperature=1.0)
+    ours = candidates(Sampler(params, VOCAB), logits, [])
+    assert list(ours) == list(reference(logits, params, []))
+
+
 def test_greedy_is_argmax():
     for seed in range(20):
         logits = random_logits(seed)

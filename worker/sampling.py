@@ -107,9 +107,7 @@ class Sampler:
         if p.is_greedy:
             best = int(np.argmax(logits))
             return ids[best:best + 1], np.ones(1)
-        order = np.argsort(-logits, kind="stable")
-        if p.top_k > 0:
-            order = order[:p.top_k]
+        order = _top(logits, p.top_k if 0 < p.top_k < len(logits) else len(logits))
         ids, logits = ids[order], logits[order]
         if p.top_p < 1.0:
             # keep the smallest head whose probability reaches top_p
@@ -131,6 +129,19 @@ class Sampler:
         scaled = np.where(logits <= 0, logits * p.repeat_penalty, logits / p.repeat_penalty)
         logits = np.where(seen, scaled, logits)
         return logits - counts * p.frequency_penalty - seen * p.presence_penalty
+
+
+def _top(logits: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest, largest first, ties by position (a stable full sort's first k)
+    without sorting the whole vocabulary."""
+    if k < len(logits):
+        threshold = np.partition(logits, len(logits) - k)[len(logits) - k]
+        above = np.flatnonzero(logits > threshold)
+        tied = np.flatnonzero(logits == threshold)[:k - len(above)]
+        picked = np.concatenate([above, tied])
+    else:
+        picked = np.arange(len(logits))
+    return picked[np.argsort(-logits[picked], kind="stable")]
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
