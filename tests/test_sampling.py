@@ -164,6 +164,8 @@ def test_bad_params_name_the_field_and_range(field, value, message):
 
 def test_stop_list_becomes_a_tuple():
     assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert SamplingParams(stop="END").stop == ("END",)
+    assert SamplingParams(stop=None).stop == ()
 
 
 def push_all(matcher, chunks):

@@ -2,23 +2,23 @@
 min-p, temperature, then a seeded draw. Greedy decoding without penalties never gets here:
 the engine takes the GPU argmax (see SamplingParams.needs_full_logits)."""
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from worker.errors import VkllmError
 
-# field -> (lowest, highest, whether the lowest is allowed), checked in __post_init__
+# field -> (type, lowest, highest, whether the lowest is allowed), checked in __post_init__
 _RANGES = {
-    "temperature": (0.0, math.inf, True),
-    "top_k": (0, math.inf, True),
-    "top_p": (0.0, 1.0, False),
-    "min_p": (0.0, 1.0, True),
-    "repeat_penalty": (0.0, math.inf, False),
-    "repeat_last_n": (0, math.inf, True),
-    "presence_penalty": (-2.0, 2.0, True),
-    "frequency_penalty": (-2.0, 2.0, True),
-    "max_tokens": (1, math.inf, True),
+    "temperature": (float, 0.0, math.inf, True),
+    "top_k": (int, 0, math.inf, True),
+    "top_p": (float, 0.0, 1.0, False),
+    "min_p": (float, 0.0, 1.0, True),
+    "repeat_penalty": (float, 0.0, math.inf, False),
+    "repeat_last_n": (int, 0, math.inf, True),
+    "presence_penalty": (float, -2.0, 2.0, True),
+    "frequency_penalty": (float, -2.0, 2.0, True),
+    "max_tokens": (int, 1, math.inf, True),
 }
 
 
@@ -38,11 +38,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "stop", tuple(self.stop))
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _RANGES:
-                _check_range(f.name, value, *_RANGES[f.name], integer=f.type in (int, "int"))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        object.__setattr__(self, "stop", stop)
+        for name, limits in _RANGES.items():
+            _check_range(name, getattr(self, name), *limits)
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
             raise VkllmError(f"seed must be an integer in [0, 2^64) or null (got {self.seed!r})")
         if not all(isinstance(s, str) and s for s in self.stop):
@@ -67,14 +66,14 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _check_range(name, value, low, high, low_ok, integer):
-    kind = "an integer" if integer else "a number"
-    ok_type = _is_int(value) if integer else (isinstance(value, (int, float)) and not isinstance(value, bool))
-    if ok_type and math.isfinite(value) and (value > low or (low_ok and value == low)) and value <= high:
+def _check_range(name, value, kind, low, high, low_ok):
+    number = _is_int(value) or (kind is float and isinstance(value, (float, np.floating)))
+    if number and math.isfinite(value) and (value > low or (low_ok and value == low)) and value <= high:
         return
     bracket = "[" if low_ok else "("
     upper = "inf)" if high == math.inf else f"{high}]"
-    raise VkllmError(f"{name} must be {kind} in {bracket}{low}, {upper} (got {value!r})")
+    what = "an integer" if kind is int else "a number"
+    raise VkllmError(f"{name} must be {what} in {bracket}{low}, {upper} (got {value!r})")
 
 
 class Sampler:
