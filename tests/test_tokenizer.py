@@ -160,3 +160,10 @@ def test_unknown_token_id_is_a_clear_error():
     tok = Tokenizer.from_metadata(gguf_metadata(GOLDEN / "spm_tiny.gguf"))
     with pytest.raises(VkllmError, match="outside the vocabulary"):
         tok.token_bytes(tok.vocab_size)
+
+
+def test_lone_surrogates_are_tokenized_as_their_bytes(model):
+    """JSON can carry them; llama.cpp sees the bytes Python's surrogatepass gives."""
+    tok, _ = model
+    ids = tok.encode("a\ud800b", add_special=False)
+    assert tok.decode_bytes(ids).lstrip(b" ") == "a\ud800b".encode("utf-8", "surrogatepass")

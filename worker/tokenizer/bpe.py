@@ -56,7 +56,7 @@ class ByteLevelBPE:
         return ids
 
     def _encode_word(self, word: str) -> list[int]:
-        encoded = word.encode().decode("latin-1").translate(_ENCODE)
+        encoded = word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_ENCODE)
         if self._ignore_merges and encoded in self._token_to_id:
             return [self._token_to_id[encoded]]
         ids = []

@@ -19,7 +19,7 @@ class SentencePiece:
             if tid is not None:
                 ids.append(tid)
             else:
-                ids.extend(self._byte_token(b) for b in sym.encode())
+                ids.extend(self._byte_token(b) for b in sym.encode("utf-8", "surrogatepass"))
         return ids
 
     def _priority(self, left: str, right: str) -> float | None:
