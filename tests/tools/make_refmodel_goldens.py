@@ -1,0 +1,135 @@
+"""Write tests/golden/refmodel/*.npz from llama-cpp-python (CPU, default f16 KV cache).
+
+    python tests/tools/make_refmodel_goldens.py [MODELS_DIR]
+
+Two llama.cpp runs per model:
+- as shipped (`last`, `greedy`, `top2`): the quantized file with llama.cpp's defaults. Its CPU
+  matmuls quantize activations to 8 bits, which moves logits by up to ~0.4 on the tiny models
+  and ~1.5 on SmolLM2 against exact maths.
+- exact (`exact_*`): a copy of the file with every tensor dequantized to F32 (by gguf.quants)
+  and an F32 KV cache, so llama.cpp computes in float32 throughout: this checks a float
+  forward pass over the dequantized weights to ~1e-4.
+smollm2.npz: per prompt of SMOLLM2_PROMPTS: token ids (llama.cpp's tokenizer), last-position
+logits (float16; exact ones float32 for prompts 0 and 2), 16-token greedy continuations with the
+top-2 logits at each step (so a test can accept a divergence where the best two nearly tie).
+tiny.npz: per tiny preset and mix (seed 0): the file's sha256 (the generator must reproduce
+it), prompt tokens, last-position logits and 8-token greedy continuations.
+Needs llama-cpp-python; tests only read the .npz files.
+"""
+import hashlib
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from llama_cpp import Llama
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from worker.demo import fetch_demo  # noqa: E402
+from worker.modelfile import ModelFile  # noqa: E402
+from worker.synth import write_model  # noqa: E402
+
+GOLDEN = ROOT / "tests" / "golden" / "refmodel"
+SMOL_SYSTEM = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+               "Hugging Face<|im_end|>\n")
+SMOLLM2_PROMPTS = [
+    SMOL_SYSTEM + "<|im_start|>user\nWhat is the largest planet in our solar system?<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    SMOL_SYSTEM + "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+    "The quick brown fox",
+    "def fibonacci(n):\n",
+    "Once upon a time, in a small village,",
+]
+TINY_PRESETS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
+TINY_MIXES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+              "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q4_K_M", "Q5_K_M", "Q3_K_L")
+TINY_PROMPT = b"The weather is nice, so we will go for a walk in the park."
+
+
+def greedy(llm: Llama, tokens: list[int], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(last prompt logits, n greedy tokens, their top-2 logits)."""
+    llm.reset()
+    llm.eval(tokens)
+    first = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    out, top2 = [], []
+    for _ in range(n):
+        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        out.append(int(logits.argmax()))
+        top2.append(np.sort(logits)[::-1][:2])
+        llm.eval([out[-1]])
+    return first, np.array(out, dtype=np.int32), np.array(top2, dtype=np.float32)
+
+
+def dequantized_copy(src: Path, dst: Path) -> Path:
+    """src with the same metadata and every tensor as F32."""
+    reader, model = GGUFReader(src), ModelFile.open(src)
+    writer = GGUFWriter(dst, model.architecture)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type)
+    for name in model.tensors:
+        writer.add_tensor(name, model.dequantize(name))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def runs(path: Path, tmp: str, n_ctx: int):
+    """(as shipped, exact) llama.cpp instances for the file."""
+    exact = dequantized_copy(path, Path(tmp) / f"{path.stem}-f32.gguf")
+    return (Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, seed=0),
+            Llama(str(exact), n_ctx=n_ctx, logits_all=True, verbose=False, seed=0, type_k=0, type_v=0))
+
+
+def smollm2(models_dir: Path) -> dict:
+    data = {"prompts": np.array(SMOLLM2_PROMPTS)}
+    with tempfile.TemporaryDirectory() as tmp:
+        shipped, exact = runs(fetch_demo(models_dir), tmp, 512)
+        for i, prompt in enumerate(SMOLLM2_PROMPTS):
+            tokens = shipped.tokenize(prompt.encode(), add_bos=False, special=True)
+            last, cont, top2 = greedy(shipped, tokens, 16)
+            e_last, e_cont, e_top2 = greedy(exact, tokens, 16)
+            data |= {f"p{i}_tokens": np.array(tokens, dtype=np.int32),
+                     f"p{i}_last": last.astype(np.float16), f"p{i}_greedy": cont, f"p{i}_top2": top2,
+                     f"p{i}_exact_greedy": e_cont, f"p{i}_exact_top2": e_top2}
+            if i in (0, 2):
+                data[f"p{i}_exact_last"] = e_last
+        del shipped, exact
+    return data
+
+
+def tiny() -> dict:
+    data = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in TINY_PRESETS:
+            for mix in TINY_MIXES:
+                path = write_model(preset, Path(tmp) / f"{preset}-{mix}.gguf", mix, seed=0)
+                shipped, exact = runs(path, tmp, 128)
+                tokens = shipped.tokenize(TINY_PROMPT)
+                last, cont, top2 = greedy(shipped, tokens, 8)
+                e_last, e_cont, e_top2 = greedy(exact, tokens, 8)
+                key = f"{preset}__{mix}__"
+                data |= {key + "sha256": np.array(hashlib.sha256(path.read_bytes()).hexdigest()),
+                         key + "tokens": np.array(tokens, dtype=np.int32), key + "last": last,
+                         key + "greedy": cont, key + "top2": top2, key + "exact_last": e_last,
+                         key + "exact_greedy": e_cont, key + "exact_top2": e_top2}
+                del shipped, exact
+    return data
+
+
+def main() -> None:
+    models_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.gettempdir()) / "vkllm-models"
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(GOLDEN / "smollm2.npz", **smollm2(models_dir))
+    np.savez_compressed(GOLDEN / "tiny.npz", **tiny())
+
+
+if __name__ == "__main__":
+    main()
