@@ -1,0 +1,109 @@
+"""ModelConfig from GGUF metadata: SmolLM2's published hyperparameters, the tiny synthetic
+families, and Llama 3.1 rope factors against transformers' formula (re-implemented here)."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from worker.modelfile import GGUFError, ModelFile
+from worker.models.config import (LlamaConfig, ModelConfig, Qwen2Config, Qwen3Config,
+                                  llama3_rope_factors)
+from worker.synth import write_model
+
+
+def transformers_llama3_factors(dim, base, factor, low, high, old_ctx):
+    """transformers' _compute_llama3_parameters, as the ratio of old to new inverse frequency."""
+    inv_freq = 1.0 / base ** (np.arange(0, dim, 2) / dim)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+    return inv_freq / np.where(medium, smoothed, scaled)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cfg")
+    return lambda preset: ModelFile.open(write_model(preset, folder / f"{preset}.gguf", "Q8_0")).config
+
+
+def test_smollm2(smollm2_path):
+    c = ModelFile.open(smollm2_path).config
+    assert type(c) is LlamaConfig
+    assert (c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim) == (30, 576, 1536, 9, 3, 64)
+    assert (c.rope_dim, c.rope_base, c.context_length, c.vocab_size) == (64, 100000.0, 8192, 49152)
+    assert c.norm_eps == pytest.approx(1e-5)
+    assert c.tied_embeddings and not c.rope_neox and not c.has_qkv_bias and not c.has_qk_norm
+    assert c.rope_freq_factors is None
+
+
+def test_tiny_llama_has_llama3_rope_factors(tiny):
+    c = tiny("tiny-llama")
+    assert type(c) is LlamaConfig and not c.rope_neox and not c.tied_embeddings
+    expected = transformers_llama3_factors(64, 500000.0, 8.0, 1.0, 4.0, 8192)
+    np.testing.assert_allclose(c.rope_freq_factors, expected, rtol=1e-6)
+    assert c.rope_freq_factors[0] == 1.0 and c.rope_freq_factors[-1] == 8.0
+
+
+def test_llama3_factors_of_llama_3_1_8b():
+    ours = llama3_rope_factors(128, 500000.0, 8.0, 1.0, 4.0, 8192)
+    np.testing.assert_allclose(ours, transformers_llama3_factors(128, 500000.0, 8.0, 1.0, 4.0, 8192),
+                               rtol=1e-12)
+
+
+def test_tiny_qwen2(tiny):
+    c = tiny("tiny-qwen2")
+    assert type(c) is Qwen2Config
+    assert c.rope_neox and c.has_qkv_bias and not c.has_qk_norm and not c.tied_embeddings
+    assert (c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.vocab_size) == (128, 4, 2, 32, 331)
+    assert c.rope_base == 1e6 and c.rope_freq_factors is None
+
+
+def test_tiny_qwen3_head_dim_is_not_embd_over_heads(tiny):
+    c = tiny("tiny-qwen3")
+    assert type(c) is Qwen3Config
+    assert c.rope_neox and c.has_qk_norm and not c.has_qkv_bias and c.tied_embeddings
+    assert (c.n_embd, c.n_head, c.head_dim, c.rope_dim) == (256, 4, 32, 32)
+
+
+def test_required_tensors_follow_the_family(tiny):
+    qwen2 = tiny("tiny-qwen2").required_tensors()
+    qwen3 = tiny("tiny-qwen3").required_tensors()
+    assert "blk.1.attn_v.bias" in qwen2 and "blk.1.attn_k_norm.weight" not in qwen2
+    assert "blk.1.attn_k_norm.weight" in qwen3 and "blk.1.attn_v.bias" not in qwen3
+    assert "output.weight" not in qwen3                 # tied
+
+
+def test_frozen(tiny):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tiny("tiny-qwen2").n_layer = 3
+
+
+META = {"general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64,
+        "llama.feed_forward_length": 128, "llama.attention.head_count": 4,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.context_length": 256,
+        "tokenizer.ggml.tokens": ["a"] * 300}
+
+
+def test_defaults_from_minimal_metadata():
+    c = ModelConfig.from_metadata(META)
+    assert (c.n_head_kv, c.head_dim, c.rope_dim, c.rope_base, c.vocab_size) == (4, 16, 16, 10000.0, 300)
+
+
+def test_linear_rope_scaling_is_a_constant_factor():
+    c = ModelConfig.from_metadata(META | {"llama.rope.scaling.type": "linear",
+                                          "llama.rope.scaling.factor": 4.0})
+    assert c.rope_freq_factors == (4.0,) * 8
+
+
+def test_yarn_is_refused():
+    with pytest.raises(GGUFError, match="unsupported rope scaling type 'yarn'"):
+        ModelConfig.from_metadata(META | {"llama.rope.scaling.type": "yarn",
+                                          "llama.rope.scaling.factor": 4.0})
+
+
+def test_unknown_architecture():
+    with pytest.raises(GGUFError, match="unsupported architecture 'mamba'"):
+        ModelConfig.from_metadata(META | {"general.architecture": "mamba"})

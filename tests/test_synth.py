@@ -1,0 +1,100 @@
+"""Synthetic models: the real presets have the published parameter counts and llama.cpp's
+Q4_K_M tensor-type counts; tiny files load in ModelFile (and in llama.cpp: see the sha256 in
+tests/golden/refmodel/tiny.npz checked by test_refmodel.py); the vocabulary is consistent."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from worker.modelfile import ModelFile
+from worker.synth import PRESETS, tensor_specs, write_model
+from worker.synthmix import MIXES
+from worker.synthvocab import CONTROL_TOKENS, build_vocab, bytes_to_unicode
+
+# Parameter counts published with the models (without llama.cpp's rope_freqs tensor).
+PUBLISHED_PARAMS = {"llama-3.2-1b": 1_235_814_400, "llama-3.1-8b": 8_030_261_248,
+                    "qwen2.5-7b": 7_615_616_512, "qwen2.5-32b": 32_763_876_352,
+                    "llama-3.1-70b": 70_553_706_496}
+
+
+def type_counts(specs):
+    counts = {}
+    for s in specs:
+        counts[s.qtype] = counts.get(s.qtype, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED_PARAMS))
+def test_real_shapes_have_published_parameter_counts(preset):
+    specs = tensor_specs(PRESETS[preset], "Q4_K_M")
+    n = sum(int(np.prod(s.shape)) for s in specs if s.name != "rope_freqs.weight")
+    assert n == PUBLISHED_PARAMS[preset]
+
+
+def test_q4_k_m_matches_llama_cpp_type_counts():
+    """llama.cpp's loader prints these counts for Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf and
+    qwen2.5-7b-instruct-q4_k_m.gguf."""
+    assert type_counts(tensor_specs(PRESETS["llama-3.1-8b"], "Q4_K_M")) == {T.F32: 66, T.Q4_K: 193, T.Q6_K: 33}
+    assert type_counts(tensor_specs(PRESETS["qwen2.5-7b"], "Q4_K_M")) == {T.F32: 141, T.Q4_K: 169, T.Q6_K: 29}
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q5_K_M", "Q3_K_L", "Q8_0", "Q4_0"])
+def test_tiny_files_load(tmp_path, preset, mix):
+    path = write_model(preset, tmp_path / "m.gguf", mix)
+    model = ModelFile.open(path)
+    p = PRESETS[preset]
+    assert model.config.n_layer == p.n_layer and model.config.vocab_size == p.n_vocab
+    assert len(model.metadata["tokenizer.ggml.tokens"]) == p.n_vocab
+    assert model.tensors["token_embd.weight"].shape == (p.n_embd, p.n_vocab)
+    assert all(t.ggml_type == T.F32 for t in model.tensors.values() if len(t.shape) == 1)
+    x = model.dequantize("blk.0.ffn_up.weight")
+    assert x.shape == (p.n_ff, p.n_embd)
+    assert 0.5 < x.std() * np.sqrt(p.n_embd) < 1.5          # std 1/sqrt(row length)
+
+
+def test_tiny_llama_q4_k_m_types(tmp_path):
+    """2 layers: llama.cpp's use_more_bits picks layer 1 only for attn_v and ffn_down."""
+    model = ModelFile.open(write_model("tiny-llama", tmp_path / "m.gguf", "Q4_K_M"))
+    types = {name: t.ggml_type for name, t in model.tensors.items()}
+    assert types["blk.0.attn_v.weight"] == types["blk.0.ffn_down.weight"] == T.Q4_K
+    assert types["blk.1.attn_v.weight"] == types["blk.1.ffn_down.weight"] == T.Q6_K
+    assert types["output.weight"] == T.Q6_K and types["token_embd.weight"] == T.Q4_K
+    assert types["rope_freqs.weight"] == T.F32
+
+
+def test_narrow_rows_fall_back_like_llama_cpp(tmp_path):
+    """tiny-qwen2 is 128 wide: Q4_K -> Q5_0, Q6_K -> Q8_0 (k-quants need rows of 256)."""
+    model = ModelFile.open(write_model("tiny-qwen2", tmp_path / "m.gguf", "Q4_K_M"))
+    assert model.tensors["blk.0.attn_q.weight"].ggml_type == T.Q5_0
+    assert model.tensors["output.weight"].ggml_type == T.Q8_0
+
+
+def test_same_seed_same_bytes(tmp_path):
+    a = write_model("tiny-qwen3", tmp_path / "a.gguf", "Q4_K_M", seed=5).read_bytes()
+    b = write_model("tiny-qwen3", tmp_path / "b.gguf", "Q4_K_M", seed=5).read_bytes()
+    c = write_model("tiny-qwen3", tmp_path / "c.gguf", "Q4_K_M", seed=6).read_bytes()
+    assert a == b and a != c and len(a) == len(c)
+
+
+def test_every_mix_has_a_file_type():
+    from worker.synthmix import file_type
+    assert all(file_type(mix) > 0 or mix == "F32" for mix in MIXES)
+
+
+@pytest.mark.parametrize("size", [259, 400, 152064])
+def test_vocab(size):
+    vocab = build_vocab(size)
+    assert len(vocab.tokens) == len(set(vocab.tokens)) == len(vocab.token_types) == size
+    assert vocab.tokens[:256] == list(bytes_to_unicode().values())
+    assert vocab.tokens[-3:] == list(CONTROL_TOKENS) and vocab.token_types[-3:] == [3, 3, 3]
+    known = set(vocab.tokens)
+    for merge in vocab.merges:
+        a, b = merge.split(" ")
+        assert a in known and b in known and a + b in known
+    assert len(vocab.merges) == size - 256 - 3
+
+
+def test_bytes_to_unicode_is_gpt2s():
+    m = bytes_to_unicode()
+    assert (m[ord("A")], m[ord(" ")], m[ord("\n")], m[0], m[255]) == ("A", "Ġ", "Ċ", "Ā", "ÿ")
+    assert len(set(m.values())) == 256
