@@ -193,19 +193,22 @@ def smollm2_path(download_cache) -> _Path:
 
 
 @pytest.fixture(scope="session")
-def llama_cpp_vocabs(download_cache) -> _Path:
-    """llama.cpp's tokenizer test vocabularies (models/ggml-vocab-NAME.gguf, with .inp texts and
-    .out ids from Hugging Face tokenizers), from the llama-cpp-python 0.3.36 source archive."""
-    target = download_cache / "llama-cpp-vocabs-0.3.36"
+def llama_cpp_models(download_cache) -> _Path:
+    """llama.cpp's models/ folder from the llama-cpp-python 0.3.36 source archive: its tokenizer
+    test vocabularies (ggml-vocab-NAME.gguf, with .inp texts and .out ids from Hugging Face
+    tokenizers) and, in templates/, real models' chat templates."""
+    target = download_cache / "llama-cpp-models-0.3.36"
     if not (target / "complete").exists():
         sdist = _pip_download(download_cache, "llama-cpp-python==0.3.36", "llama_cpp_python-0.3.36.tar.gz",
                               "--no-binary", ":all:")
-        target.mkdir(exist_ok=True)
+        (target / "templates").mkdir(parents=True, exist_ok=True)
+        prefix = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
         with _tarfile.open(sdist) as tar:
             for member in tar:
-                name = member.name.rsplit("/", 1)[-1]
-                if name.startswith("ggml-vocab-") and member.name.endswith(f"/vendor/llama.cpp/models/{name}"):
-                    with tar.extractfile(member) as src, open(target / name, "wb") as dst:
+                rest = member.name.removeprefix(prefix)
+                if member.isfile() and rest != member.name and (
+                        rest.startswith("ggml-vocab-") or (rest.startswith("templates/") and rest.endswith(".jinja"))):
+                    with tar.extractfile(member) as src, open(target / rest, "wb") as dst:
                         _shutil.copyfileobj(src, dst)
         (target / "complete").touch()
     return target

@@ -1,5 +1,6 @@
-"""Chat templates: SmolLM2's own template against the ChatML it spells out and against
-llama-cpp-python's Jinja2 formatter (golden), the fallback, and input validation."""
+"""Chat templates: SmolLM2's own template against the ChatML it spells out, it and real models'
+templates (llama.cpp's models/templates/) against llama-cpp-python's Jinja2 formatter (goldens
+from tests/tools/make_tokenizer_goldens.py), the fallback, and input validation."""
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from worker.errors import VkllmError
 from worker.tokenizer import Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden" / "tokenizer" / "smollm2_chat.json"
+TEMPLATES_GOLDEN = json.loads((GOLDEN.parent / "chat_templates.json").read_text())["renders"]
 LLAMA3_STYLE = Path(__file__).parent / "golden" / "tokenizer" / "bpe_llama-bpe_tiny.gguf"  # adds BOS
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -47,6 +49,22 @@ def test_smollm2_template_matches_llama_cpp_python(smol_template):
         prompt = render_chat(smol_template, case["messages"], case["add_generation_prompt"],
                              bos_token="<|im_start|>", eos_token="<|im_end|>")
         assert prompt == case["prompt"]
+
+
+@pytest.mark.parametrize("case", TEMPLATES_GOLDEN, ids=lambda c: c["template"])
+def test_real_templates_match_llama_cpp_python(case, llama_cpp_models):
+    template = (llama_cpp_models / "templates" / f"{case['template']}.jinja").read_text()
+    args = (template, case["messages"], case["add_generation_prompt"], case["bos_token"], case["eos_token"])
+    if "error" in case:
+        with pytest.raises(VkllmError, match=case["error"]):
+            render_chat(*args, **case["template_vars"])
+    else:
+        assert render_chat(*args, **case["template_vars"]) == case["prompt"]
+
+
+def test_template_variables_reach_the_template():
+    template = "{{ greeting }}{% if enable_thinking is defined and not enable_thinking %} /no_think{% endif %}"
+    assert render_chat(template, [{"role": "user", "content": "x"}], greeting="hi", enable_thinking=False) == "hi /no_think"
 
 
 def test_chatml_fallback_without_template():

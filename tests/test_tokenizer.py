@@ -33,7 +33,7 @@ def load_tokenizer(request):
             if name == "smollm2":
                 path = request.getfixturevalue("smollm2_path")
             elif name.startswith("vocab-"):
-                path = request.getfixturevalue("llama_cpp_vocabs") / f"ggml-{name}.gguf"
+                path = request.getfixturevalue("llama_cpp_models") / f"ggml-{name}.gguf"
             else:
                 path = GOLDEN / f"{name}.gguf"
             loaded[name] = Tokenizer.from_metadata(gguf_metadata(path))
@@ -48,13 +48,13 @@ def model(request, load_tokenizer):
 
 
 @pytest.mark.parametrize("vocab", LLAMA_CPP_VOCABS)
-def test_llama_cpp_test_texts_match_hugging_face(vocab, load_tokenizer, llama_cpp_vocabs):
+def test_llama_cpp_test_texts_match_hugging_face(vocab, load_tokenizer, llama_cpp_models):
     """llama.cpp's test-tokenizer-0 inputs: ids as Hugging Face tokenizers gives them
     (no BOS, special tokens not parsed)."""
     tok = load_tokenizer(f"vocab-{vocab}")
-    texts = (llama_cpp_vocabs / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
+    texts = (llama_cpp_models / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
     texts = texts.split("\n__ggml_vocab_test__\n")[:-1]
-    expected = (llama_cpp_vocabs / f"ggml-vocab-{vocab}.gguf.out").read_text().split("\n")[:len(texts)]
+    expected = (llama_cpp_models / f"ggml-vocab-{vocab}.gguf.out").read_text().split("\n")[:len(texts)]
     assert len(texts) > 30
     for text, ids in zip(texts, expected):
         assert tok.encode(text, add_special=False, parse_special=False) == [int(i) for i in ids.split()], text

@@ -21,25 +21,27 @@ CHATML = ("{% for message in messages %}"
 
 
 def render_chat(template: str | None, messages: list[dict], add_generation_prompt: bool = True,
-                bos_token: str = "", eos_token: str = "") -> str:
-    """The prompt text for `messages`; tokenize it with parse_special=True."""
+                bos_token: str = "", eos_token: str = "", **template_vars) -> str:
+    """The prompt text for `messages`; tokenize it with parse_special=True. template_vars are
+    further variables some templates read, as transformers passes them (enable_thinking for
+    Qwen3, date_string for Llama 3.x, tools)."""
     _validate(messages)
     try:
         return _compile(template or CHATML).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+            **template_vars, messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=bos_token, eos_token=eos_token)
     except TemplateError as e:
         raise VkllmError(f"chat template failed: {e}") from None
 
 
 def encode_chat(tokenizer: Tokenizer, template: str | None, messages: list[dict],
-                add_generation_prompt: bool = True) -> list[int]:
+                add_generation_prompt: bool = True, **template_vars) -> list[int]:
     """Prompt ids for a chat, built as llama.cpp's server builds them: the template gets the
     BOS/EOS token texts, and a BOS it writes first (or an EOS it writes last) is dropped when
     the tokenizer adds that token itself, so it is not there twice."""
     bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
     eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
-    text = render_chat(template, messages, add_generation_prompt, bos_token=bos, eos_token=eos)
+    text = render_chat(template, messages, add_generation_prompt, bos_token=bos, eos_token=eos, **template_vars)
     if tokenizer.vocab.add_bos and bos and text.startswith(bos):
         text = text[len(bos):]
     if tokenizer.vocab.add_eos and eos and text.endswith(eos):

@@ -1,15 +1,19 @@
 """Writes the tokenizer goldens in tests/golden/tokenizer/ from llama-cpp-python.
 
     python tests/tools/make_tokenizer_goldens.py --smollm2 PATH/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --vocabs DIR_WITH_GGML_VOCAB_FILES
+        --llama-cpp-models LLAMA_CPP_SOURCE/models
 
 The vocabularies: SmolLM2 (byte-level BPE, pre-tokenizer "smollm"); real ones from llama.cpp's
 models/ggml-vocab-*.gguf (Llama 3, Qwen2, Llama 2 SentencePiece, GPT-2, StarCoder; the tests
-fetch them the same way, see the llama_cpp_vocabs fixture); and small vocabulary-only GGUFs
+fetch that folder from the llama-cpp-python source archive, see the llama_cpp_models fixture);
+and small vocabulary-only GGUFs
 written here: SentencePiece with byte fallback and user-defined tokens, and byte-level BPE with
 the llama-bpe, qwen2, deepseek-r1-qwen and default pre-tokenizers, their merges learned from
 TRAINING_TEXT. For each vocabulary llama.cpp tokenizes CORPUS (ids and detokenized bytes) and
 reports its special tokens; the tests compare our tokenizer with these files.
+
+Chat templates (SmolLM2's and real models' from llama.cpp's models/templates/) are rendered by
+llama-cpp-python's Jinja2 formatter into smollm2_chat.json and chat_templates.json.
 
 Decoded text is llama-cpp-python's `Llama.detokenize` rule (pieces of
 `llama_token_to_piece(special=False)` joined, one leading space dropped after BOS) computed
@@ -230,14 +234,57 @@ def dump(data: dict) -> str:
     return "{\n" + ",\n".join(lines) + ',\n"cases": [\n' + cases + "\n]}\n"
 
 
+# models/templates/NAME.jinja -> bos, eos token texts of that model family
+TEMPLATES = {
+    "meta-llama-Llama-3.1-8B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
+    "meta-llama-Llama-3.2-3B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
+    "Qwen-Qwen2.5-7B-Instruct": ("", "<|im_end|>"),
+    "Qwen-Qwen3-0.6B": ("", "<|im_end|>"),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("<s>", "</s>"),
+    "microsoft-Phi-3.5-mini-instruct": ("<s>", "<|endoftext|>"),
+    "google-gemma-2-2b-it": ("<bos>", "<eos>"),
+    "HuggingFaceTB-SmolLM3-3B": ("", "<|im_end|>"),
+}
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3? Ünïcödé 😀"}],
+]
+# date_string pins the date Llama 3.x templates would otherwise take from the clock
+TEMPLATE_VARS = [{"date_string": "26 Jul 2024"}, {"date_string": "26 Jul 2024", "enable_thinking": False}]
+
+
+def templates_golden(templates: Path) -> dict:
+    """Real chat templates rendered by llama-cpp-python's formatter; "error" where the template
+    itself refuses the conversation (gemma-2 has no system role)."""
+    renders = []
+    for name, (bos, eos) in TEMPLATES.items():
+        template = (templates / f"{name}.jinja").read_text()
+        for messages in CONVERSATIONS:
+            for add_generation_prompt in (True, False):
+                for template_vars in TEMPLATE_VARS:
+                    formatter = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
+                        template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
+                    case = {"template": name, "bos_token": bos, "eos_token": eos, "messages": messages,
+                            "add_generation_prompt": add_generation_prompt, "template_vars": template_vars}
+                    try:
+                        case["prompt"] = formatter(messages=messages, **template_vars).prompt
+                    except ValueError as e:  # the template's raise_exception
+                        case["error"] = str(e)
+                    renders.append(case)
+    return {"llama_cpp_python": llama_cpp.__version__, "renders": renders}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smollm2", type=Path, required=True, help="SmolLM2-135M-Instruct GGUF")
-    ap.add_argument("--vocabs", type=Path, required=True, help="folder with llama.cpp's ggml-vocab-*.gguf")
+    ap.add_argument("--llama-cpp-models", type=Path, required=True,
+                    help="llama.cpp's models/ folder (ggml-vocab-*.gguf, templates/)")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     models = {"smollm2": args.smollm2}
-    models.update({f"vocab-{name}": args.vocabs / f"ggml-vocab-{name}.gguf" for name in LLAMA_CPP_VOCABS})
+    models.update({f"vocab-{name}": args.llama_cpp_models / f"ggml-vocab-{name}.gguf" for name in LLAMA_CPP_VOCABS})
     write_spm(OUT / "spm_tiny.gguf")
     models["spm_tiny"] = OUT / "spm_tiny.gguf"
     for arch, pre in (("llama", "llama-bpe"), ("qwen2", "qwen2"), ("qwen2", "deepseek-r1-qwen"), ("llama", "default")):
@@ -249,6 +296,8 @@ def main() -> None:
         (OUT / f"{name}.json").write_text(dump(data))
         print(f"{name}: {len(data['cases'])} cases")
     (OUT / "smollm2_chat.json").write_text(json.dumps(chat_golden(args.smollm2), ensure_ascii=False, indent=1) + "\n")
+    (OUT / "chat_templates.json").write_text(
+        json.dumps(templates_golden(args.llama_cpp_models / "templates"), ensure_ascii=False, indent=1) + "\n")
 
 
 if __name__ == "__main__":
