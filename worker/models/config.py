@@ -76,7 +76,10 @@ class ModelConfig:
         family = FAMILIES.get(arch)
         if family is None:
             raise GGUFError(f"unsupported architecture {arch!r} (supported: {', '.join(FAMILIES)})")
-        return family._build(meta, tensors or {})
+        try:
+            return family._build(meta, tensors or {})
+        except (TypeError, ValueError) as e:
+            raise GGUFError(f"bad {arch} metadata: {e}") from None
 
     @classmethod
     def _build(cls, meta, tensors):
