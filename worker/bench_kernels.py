@@ -5,8 +5,14 @@ bandwidth measured on this device.
 Each shape is timed on several distinct copies of the weights, dispatched in turn, so that
 the bytes read between two uses of one copy are well past the GPU's L2 cache (60 MB on the
 H200): a real decode step never finds its weights in cache. GPU timestamps bracket each
-dispatch (with its barrier); the first submissions are warm-up, the figure is the median."""
+dispatch (with its barrier); the figure is the median.
+
+Warm-up matters on the H200: its SM clock falls to 345 MHz about a second after the GPU goes
+idle (here: while the host uploads the next weights) and rises to 1980 MHz only under load,
+which moved compute-heavy kernels by 5x. So each shape's command buffer is replayed for
+`warmup` seconds before it is timed (which also covers the slow first submissions)."""
 import statistics
+import time
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -21,6 +27,8 @@ SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
 QUICK_SHAPES = ((256, 1024), (1024, 256), (20000, 256))
 ROTATION_BYTES = 512 << 20   # bytes cycled through per shape: many times the L2
 QUICK_ROTATION_BYTES = 2 << 20
+WARMUP_SECONDS, QUICK_WARMUP_SECONDS = 0.5, 0.02
+PATTERN_BYTES = 64 << 20     # random bytes repeated to fill the weights: content is irrelevant
 DEFAULT_TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F32")
 
@@ -35,18 +43,24 @@ def add_arguments(parser):
                         help="also time the mat-mat kernel on N token columns (TFLOP/s)")
 
 
+def random_weights(qtype: GGMLQuantizationType, nbytes: int) -> np.ndarray:
+    """Random bytes are valid blocks except for NaN/inf scales, which cost no extra time; float
+    types get normal floats."""
+    rng, size = np.random.default_rng(0), min(nbytes, PATTERN_BYTES)
+    floats = rng.standard_normal(size // 4 + 1).astype(np.float32)
+    pattern = {GGMLQuantizationType.F32: floats, GGMLQuantizationType.F16: floats.astype(np.float16),
+               GGMLQuantizationType.BF16: (floats.view(np.uint32) >> 16).astype(np.uint16)}.get(
+        qtype, rng.integers(0, 256, size, dtype=np.uint8))
+    return np.resize(pattern.view(np.uint8), nbytes)
+
+
 def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, rotation_bytes: int,
-                runs: int) -> tuple[float, int]:
+                runs: int, warmup: float) -> tuple[float, int]:
     """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
     token columns (1: the mat-vec kernel)."""
     nbytes = rows * row_bytes(qtype, cols)
     copies = max(2, -(-rotation_bytes // nbytes))
-    data = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
-    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
-        data = np.random.default_rng(0).standard_normal(rows * cols).astype(np.float32)
-        data = {GGMLQuantizationType.F32: data, GGMLQuantizationType.F16: data.astype(np.float16),
-                GGMLQuantizationType.BF16: (data.view(np.uint32) >> 16).astype(np.uint16)}[qtype]
-    # Random bytes are valid blocks except for NaN/inf scales, which cost no extra time.
+    data = random_weights(qtype, nbytes)
     weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
     x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
     ctx.upload(x, np.ones(cols * n, np.float32))
@@ -57,7 +71,11 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
         rec.barrier()
         rec.timestamp(f"copy{i}")
     rec.finish()
-    ctx.run(rec)  # warm-up: first submissions of a fresh command buffer run slow
+    end = time.perf_counter() + warmup
+    while True:
+        ctx.run(rec)
+        if time.perf_counter() >= end:
+            break
     times = []
     for _ in range(runs):
         ctx.run(rec)
@@ -76,6 +94,7 @@ def run(args):
     ctx = Context(Settings.from_env())
     shapes = QUICK_SHAPES if args.quick else SHAPES
     rotation = QUICK_ROTATION_BYTES if args.quick else ROTATION_BYTES
+    warmup = QUICK_WARMUP_SECONDS if args.quick else WARMUP_SECONDS
     try:
         measured = read_bandwidth(ctx, rotation)
         print(f"device: {ctx.info.describe()}; plain read of {rotation >> 20} MiB: {measured / 1e9:.1f} GB/s")
@@ -85,12 +104,12 @@ def run(args):
             qtype = GGMLQuantizationType[name]
             for rows, cols in shapes:
                 nbytes = rows * row_bytes(qtype, cols)
-                seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs)
+                seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup)
                 rate = nbytes / seconds
                 line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {seconds * 1e6:9.1f} "
                         f"{rate / 1e9:8.1f} {100 * rate / ROOFLINE_BYTES_PER_S:9.1f}% {100 * rate / measured:6.1f}%")
                 if args.prefill:
-                    seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs)
+                    seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs, warmup)
                     line += f"   n={args.prefill}: {seconds * 1e6:9.1f} us {2 * rows * cols * args.prefill / seconds / 1e12:6.2f} TFLOP/s"
                 print(line, flush=True)
     finally:
