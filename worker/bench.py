@@ -87,17 +87,19 @@ def run(args):
         ours = time_engine(engine, args.n_prompt, args.n_gen, args.repetitions)
     finally:
         engine.close()
-    rows = [("vkllm", ours["pp"], ours["tg"], ours["host"])]
-    if args.peer:
-        from worker.bench_peer import time_llama_cpp
-        peer = time_llama_cpp(args.model, args.n_prompt, args.n_gen, args.repetitions)
-        rows.append(("llama.cpp-vulkan", peer["pp"], peer["tg"], None))
     print(f"model {args.model}: {per_token / 1e9:.3f} GB of weights read per token; "
           f"measured read roofline {roofline / 1e12:.3f} TB/s -> at most {roofline / per_token:.0f} tok/s")
     print(f"{'engine':18} {'pp' + str(args.n_prompt):>10} {'tg' + str(args.n_gen):>9} {'ms/tok':>7} "
-          f"{'host us/tok':>11} {'% roofline':>10} {'vs peer tg':>10}")
-    for name, pp, tg, host in rows:
-        vs_peer = f"{tg / rows[1][2]:.2f}x" if len(rows) > 1 else "-"
-        host_us = f"{host * 1e6:.0f}" if host is not None else "-"
-        print(f"{name:18} {pp:10.1f} {tg:9.1f} {1e3 / tg:7.2f} {host_us:>11} "
-              f"{100 * tg * per_token / roofline:9.1f}% {vs_peer:>10}")
+          f"{'host us/tok':>11} {'% roofline':>10}")
+    _print_row("vkllm", ours, per_token, roofline)
+    if args.peer:
+        from worker.bench_peer import time_llama_cpp
+        peer = time_llama_cpp(args.model, engine.config.vocab_size, args.n_prompt, args.n_gen, args.repetitions)
+        _print_row("llama.cpp-vulkan", peer, per_token, roofline)
+        print(f"vkllm / llama.cpp: pp {ours['pp'] / peer['pp']:.2f}x, tg {ours['tg'] / peer['tg']:.2f}x")
+
+
+def _print_row(name, r, per_token, roofline):
+    host_us = f"{r['host'] * 1e6:.0f}" if r.get("host") is not None else "-"
+    print(f"{name:18} {r['pp']:10.1f} {r['tg']:9.1f} {1e3 / r['tg']:7.2f} {host_us:>11} "
+          f"{100 * r['tg'] * per_token / roofline:9.1f}%", flush=True)

@@ -8,7 +8,7 @@ import numpy as np
 from worker.errors import VkllmError
 
 
-def time_llama_cpp(path: str, n_prompt: int, n_gen: int, reps: int) -> dict:
+def time_llama_cpp(path: str, vocab_size: int, n_prompt: int, n_gen: int, reps: int) -> dict:
     try:
         from cyllama.llama import llama_cpp as cy
     except ImportError:
@@ -22,8 +22,7 @@ def time_llama_cpp(path: str, n_prompt: int, n_gen: int, reps: int) -> dict:
     ctx_params.n_ctx = n_prompt + n_gen + 16
     ctx_params.n_batch = ctx_params.n_ubatch = min(512, n_prompt)
     ctx = cy.LlamaContext(model, ctx_params)
-    vocab = model.get_vocab().n_vocab if hasattr(model.get_vocab(), "n_vocab") else 1000
-    tokens = np.random.default_rng(0).integers(0, vocab, n_prompt).tolist()
+    tokens = np.random.default_rng(0).integers(0, vocab_size, n_prompt).tolist()
     pp, tg = [], []
     for _ in range(reps + 1):  # the first is a warm-up
         ctx.kv_cache_clear()

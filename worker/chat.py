@@ -34,9 +34,9 @@ def render_chat(template: str | None, messages: list[dict], add_generation_promp
         raise VkllmError(f"chat template failed: {e}") from None
 
 
-def encode_chat(tokenizer: Tokenizer, template: str | None, messages: list[dict],
-                add_generation_prompt: bool = True, **template_vars) -> list[int]:
-    """Prompt ids for a chat, built as llama.cpp's server builds them: the template gets the
+def chat_prompt(tokenizer: Tokenizer, template: str | None, messages: list[dict],
+                add_generation_prompt: bool = True, **template_vars) -> str:
+    """Prompt text for a chat, built as llama.cpp's server builds it: the template gets the
     BOS/EOS token texts, and a BOS it writes first (or an EOS it writes last) is dropped when
     the tokenizer adds that token itself, so it is not there twice."""
     bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
@@ -46,6 +46,13 @@ def encode_chat(tokenizer: Tokenizer, template: str | None, messages: list[dict]
         text = text[len(bos):]
     if tokenizer.vocab.add_eos and eos and text.endswith(eos):
         text = text[:-len(eos)]
+    return text
+
+
+def encode_chat(tokenizer: Tokenizer, template: str | None, messages: list[dict],
+                add_generation_prompt: bool = True, **template_vars) -> list[int]:
+    """Prompt ids for a chat (see chat_prompt)."""
+    text = chat_prompt(tokenizer, template, messages, add_generation_prompt, **template_vars)
     return tokenizer.encode(text, add_special=True, parse_special=True)
 
 

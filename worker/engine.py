@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from worker.chat import render_chat
+from worker.chat import chat_prompt
 from worker.config import Settings
 from worker.errors import VkllmError
 from worker.generation import Event, Timings
@@ -61,7 +61,7 @@ class Engine:
             ctx = Context(settings or Settings())
         try:
             used, total = ctx.memory_budget()
-            MemoryPlan.for_model(model_file, config, n_ctx, max_batch).check(total - used)
+            MemoryPlan.compute(model_file, config, n_ctx, max_batch).check(total - used)
             return cls(ctx, model_file, config, tokenizer, n_ctx, max_batch, owns_ctx, progress)
         except BaseException:
             if owns_ctx:
@@ -70,10 +70,8 @@ class Engine:
 
     # -- text in, events out ---------------------------------------------------------------------
     def render_chat(self, messages: list[dict]) -> str:
-        tok = self.tokenizer
-        return render_chat(self.chat_template, messages, add_generation_prompt=True,
-                           bos_token=tok.decode([tok.bos_id]) if tok.bos_id is not None else "",
-                           eos_token=tok.decode([tok.eos_id]) if tok.eos_id is not None else "")
+        """The chat as prompt text for `generate` (template applied, generation prompt added)."""
+        return chat_prompt(self.tokenizer, self.chat_template, messages)
 
     def generate(self, prompt: str, params: SamplingParams,
                  cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
