@@ -38,7 +38,7 @@ def add_arguments(parser):
                         choices=sorted(t.name for t in SUPPORTED_TYPES), metavar="TYPE",
                         help="weight types to time (default: all)")
     parser.add_argument("--quick", action="store_true", help="small shapes (for CPU drivers / a smoke test)")
-    parser.add_argument("--runs", type=int, default=5, help="timed submissions after one warm-up")
+    parser.add_argument("--runs", type=int, default=5, help="timed submissions after the warm-up")
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
                         help="also time the mat-mat kernel on N token columns (TFLOP/s)")
 

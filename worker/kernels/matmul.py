@@ -11,8 +11,9 @@ GET_ROWS_THREADS = 64
 
 def mat_vec_shape(ctx) -> tuple[int, int]:
     """(threads, rows) per mat-vec workgroup: four subgroups, four rows, each thread applying
-    one load of x to all four (best or within a few % of it among 1-8 rows and 64-256 threads
-    on the H200); rows beyond maxComputeWorkGroupCount spill into the y dimension."""
+    one load of x to all four. Best or within a few % of it among 1-8 rows and 64-256 threads
+    in one H200 sweep (taken, as it turned out, at the idle SM clock: worth retuning at full
+    clock). Rows beyond maxComputeWorkGroupCount spill into the y dimension."""
     return 4 * ctx.info.subgroup_size, 4
 
 
