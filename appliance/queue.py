@@ -20,8 +20,12 @@ STATES = {
 TERMINAL = {"finished", "failed", "cancelled"}
 
 
+FOLLOW_BLOCK_MS = 5000   # how long a stream read waits for news before a keep-alive
+
+
 def init_app(app) -> None:
-    app.extensions["vkllm_redis"] = Redis.from_url(app.config["REDIS_URL"])
+    # the socket timeout must outlast a blocking stream read (redis-py's default does not)
+    app.extensions["vkllm_redis"] = Redis.from_url(app.config["REDIS_URL"], socket_timeout=FOLLOW_BLOCK_MS / 1000 + 25)
 
 
 def get_redis() -> Redis:
@@ -91,7 +95,7 @@ def stream_records(job_id: str, after: str = "-", block_ms: int | None = None) -
     return [(eid.decode(), *protocol.parse(fields)) for eid, fields in entries]
 
 
-def follow(job_id: str, after: str = "-", block_ms: int = 5000):
+def follow(job_id: str, after: str = "-", block_ms: int = FOLLOW_BLOCK_MS):
     """Yield the job's stream records from `after` on until its end or error record; yield None
     every block_ms without news (for keep-alives). A job that ended without writing a last record
     (cancelled before it ran, or failed by RQ's own cleanup) gets one made up from its state."""

@@ -55,3 +55,14 @@ def test_errors_are_openai_errors(oai, live_url):
     bad_key = openai.OpenAI(base_url=f"{live_url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad_key.models.list()
+
+
+def test_real_model_answers_through_the_queue(start_worker, smollm2_path, live_url):
+    """SmolLM2-135M-Instruct, its own chat template, greedy: a fact the model knows."""
+    start_worker("openai-smollm2", model=smollm2_path)
+    client = openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", max_tokens=12, temperature=0,
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in answer.choices[0].message.content
+    assert answer.choices[0].finish_reason == "stop"   # the model ended its turn itself
