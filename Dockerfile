@@ -16,7 +16,8 @@ COPY pyproject.toml README.md ./
 COPY worker ./worker
 COPY appliance ./appliance
 COPY shaders ./shaders
-RUN pip install --no-cache-dir . && mkdir -p /models /cache
+# editable: the engine finds its GLSL sources next to the package (worker/../shaders)
+RUN pip install --no-cache-dir -e . && mkdir -p /models /cache
 
 EXPOSE 8000 9400
 CMD ["vkllm", "--help"]
