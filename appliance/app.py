@@ -1,5 +1,6 @@
 """The web app factory (flaskr style): defaults, then VKLLM_* from the environment, then one
 blueprint per concern. Served by gunicorn in production: `gunicorn 'appliance.app:create_app()'`."""
+import os
 import sys
 
 from flask import Flask, jsonify, redirect, request, url_for
@@ -22,6 +23,8 @@ def create_app(test_config: dict | None = None) -> Flask:
         DEFAULT_MAX_TOKENS=256,
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
+        # prometheus_client switches to files in this folder by itself; /metrics must merge them
+        METRICS_MULTIPROCESS=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
     )
     if test_config is None:
         app.config.from_prefixed_env("VKLLM")

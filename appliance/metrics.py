@@ -4,7 +4,6 @@ Under gunicorn several processes serve requests, so when PROMETHEUS_MULTIPROC_DI
 HTTP series are written to files there and /metrics merges them (prometheus_client's
 multiprocess mode). Queue depth and jobs by state are read from Redis at scrape time, so
 every process reports the same numbers."""
-import os
 import time
 
 from flask import Blueprint, Response, current_app, g, request
@@ -41,24 +40,23 @@ class QueueCollector:
         return [depth, jobs, workers]
 
 
+class _ThisProcess:
+    """Without a multiprocess folder: this process's own series, from the default registry."""
+
+    def collect(self):
+        return REGISTRY.collect()
+
+
 def init_app(app) -> None:
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
+    registry = CollectorRegistry()
+    if app.config["METRICS_MULTIPROCESS"]:
         MultiProcessCollector(registry)
     else:
-        registry = CollectorRegistry()
-        registry.register(_Default())
+        registry.register(_ThisProcess())
     registry.register(QueueCollector(app))
     app.extensions["vkllm_metrics_registry"] = registry
     app.before_request(_start)
     app.after_request(_record)
-
-
-class _Default:
-    """This process's own series (no multiprocess directory): the default registry's content."""
-
-    def collect(self):
-        return REGISTRY.collect()
 
 
 def _start():
