@@ -7,7 +7,6 @@ import time
 import numpy as np
 
 from worker.config import Settings
-from worker.vk.commands import pack_push
 
 
 def register(sub):
@@ -27,6 +26,7 @@ def register(sub):
 
 def read_bandwidth(ctx, nbytes: int, reps: int = 5) -> float:
     """Bytes/s of a plain streaming read of a buffer larger than any cache (median of reps)."""
+    from worker.vk.commands import pack_push
     n_vec4, per_group = nbytes // 16, 4096
     groups = -(-n_vec4 // per_group)
     src, dst = ctx.alloc(nbytes), ctx.alloc(4 * groups)

@@ -25,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args) or 0
     except VkllmError as e:
         print(f"vkllm: error: {e}", file=sys.stderr)
