@@ -18,7 +18,8 @@ def _errors(*codes: int) -> dict:
 
 
 def _job_request() -> dict:
-    props = {name: {"type": kind, "minimum": lo, "maximum": hi} for name, (kind, lo, hi) in schema.SAMPLING.items()}
+    props = {name: {"type": kind, "minimum" if lo_ok else "exclusiveMinimum": lo, "maximum": hi}
+             for name, (kind, lo, hi, lo_ok) in schema.SAMPLING.items()}
     props |= {
         "model": {"type": "string", "description": "a name from GET /api/v1/models"},
         "prompt": {"type": "string", "minLength": 1},

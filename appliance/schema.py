@@ -7,17 +7,18 @@ from flask import current_app
 
 from appliance import queue
 
-# name -> (JSON type, minimum, maximum): the sampling parameters a request may set.
+# name -> (JSON type, minimum, maximum, whether the minimum itself is allowed): the sampling
+# parameters a request may set, within what the worker's SamplingParams accepts.
 SAMPLING = {
-    "temperature": ("number", 0.0, 5.0),
-    "top_k": ("integer", 0, 1000),
-    "top_p": ("number", 0.0, 1.0),
-    "min_p": ("number", 0.0, 1.0),
-    "repeat_penalty": ("number", 0.0, 5.0),
-    "repeat_last_n": ("integer", 0, 65536),
-    "presence_penalty": ("number", -2.0, 2.0),
-    "frequency_penalty": ("number", -2.0, 2.0),
-    "seed": ("integer", 0, 2**63 - 1),
+    "temperature": ("number", 0.0, 5.0, True),
+    "top_k": ("integer", 0, 1000, True),
+    "top_p": ("number", 0.0, 1.0, False),
+    "min_p": ("number", 0.0, 1.0, True),
+    "repeat_penalty": ("number", 0.0, 5.0, False),
+    "repeat_last_n": ("integer", 0, 65536, True),
+    "presence_penalty": ("number", -2.0, 2.0, True),
+    "frequency_penalty": ("number", -2.0, 2.0, True),
+    "seed": ("integer", 0, 2**64 - 1, True),
 }
 MAX_STOP = 4
 PRIORITIES = ("normal", "high")
@@ -39,13 +40,14 @@ class Invalid(Exception):
                           "param": self.param, "code": self.code}}
 
 
-def _number(body: dict, name: str, kind: str, lo, hi):
+def _number(body: dict, name: str, kind: str, lo, hi, lo_ok: bool = True):
     value = body[name]
     ok = isinstance(value, int) if kind == "integer" else isinstance(value, int | float)
     if not ok or isinstance(value, bool):
         raise Invalid(f"{name} must be an {kind}" if kind == "integer" else f"{name} must be a number", name)
-    if not lo <= value <= hi:
-        raise Invalid(f"{name} must be between {lo} and {hi}, got {value}", name)
+    if not (lo <= value if lo_ok else lo < value) or value > hi:
+        raise Invalid(f"{name} must be between {lo} and {hi}{'' if lo_ok else f' (above {lo})'}, got {value}",
+                      name)
     return value
 
 

@@ -37,6 +37,7 @@ def test_x_api_key_header_works(client):
     ({"model": "tiny-llama", "prompt": "x", "temperature": -1}, 400, "temperature", "between 0.0 and 5.0"),
     ({"model": "tiny-llama", "prompt": "x", "top_k": 1.5}, 400, "top_k", "must be an integer"),
     ({"model": "tiny-llama", "prompt": "x", "top_p": "high"}, 400, "top_p", "must be a number"),
+    ({"model": "tiny-llama", "prompt": "x", "top_p": 0}, 400, "top_p", "(above 0.0)"),
     ({"model": "tiny-llama", "prompt": "x", "max_tokens": 257}, 400, "max_tokens", "between 1 and 256"),
     ({"model": "tiny-llama", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
     ({"model": "tiny-llama", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages", "role"),
@@ -78,3 +79,12 @@ def test_health(client):
 def test_ready_when_a_worker_serves(client, worker):
     ready = client.get("/readyz")
     assert ready.status_code == 200 and "tiny-llama" in ready.json["models"]
+
+
+def test_every_value_the_api_accepts_the_worker_accepts():
+    """The API checks ranges without the engine; its bounds must lie within SamplingParams'."""
+    from appliance.schema import SAMPLING
+    from worker.sampling import SamplingParams
+    for name, (kind, lo, hi, lo_ok) in SAMPLING.items():
+        for value in ([lo] if lo_ok else []) + [hi]:
+            SamplingParams(**{name: value})
