@@ -64,7 +64,7 @@ def time_engine(engine, n_prompt: int, n_gen: int, reps: int) -> dict:
         for pos in range(n_gen):
             runner.decode(token, pos)
             token = runner.read_argmax()
-            gpu += runner.last_decode_gpu_seconds()
+            gpu += runner.last_gpu_seconds()
         wall = time.perf_counter() - start
         tg.append(n_gen / wall)
         host.append((wall - gpu) / n_gen)

@@ -12,6 +12,7 @@ from worker.chat import chat_prompt
 from worker.config import Settings
 from worker.errors import VkllmError
 from worker.generation import Event, Timings
+from worker.kernels.select import MAX_K
 from worker.memplan import MemoryPlan
 from worker.modelfile import ModelFile
 from worker.models.llama import ARCHITECTURES
@@ -85,14 +86,15 @@ class Engine:
         if len(ids) >= self.n_ctx:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
         started = time.perf_counter()
-        self._prefill(ids)
+        select = _selection(params)
+        self._prefill(ids, select)
         prompt_seconds = time.perf_counter() - started
         sampler = Sampler(params, self.config.vocab_size)
         decoder, stops = StreamDecoder(self.tokenizer), StopMatcher(params.stop)
         history, generated, first_token_at = list(ids), 0, None
         finish = "length"
         while True:
-            token = self._next_token(sampler, params, history)
+            token = self._next_token(sampler, select, history)
             generated += 1
             first_token_at = first_token_at or time.perf_counter()
             if token in self.tokenizer.eog_ids:
@@ -110,7 +112,7 @@ class Engine:
             if cancelled():
                 finish = "cancelled"
                 break
-            self.runner.decode(token, len(history) - 1)
+            self.runner.decode(token, len(history) - 1, select)
             self._cached.append(token)
         tail = stops.push(decoder.flush())[0] + stops.flush() if finish != "stop" else ""
         now = time.perf_counter()
@@ -119,7 +121,7 @@ class Engine:
                           time_to_first_token=(first_token_at or now) - started)
         yield Event(tail, None, finish, timings)
 
-    def _prefill(self, ids: list[int]):
+    def _prefill(self, ids: list[int], select: str):
         """Reuses the cached prefix; at least the last prompt token is always run for its logits."""
         keep = 0
         for a, b in zip(self._cached, ids[:-1]):
@@ -127,12 +129,14 @@ class Engine:
                 break
             keep += 1
         self._cached = self._cached[:keep]
-        self.runner.prefill(ids[keep:], keep, self.chunk)
+        self.runner.prefill(ids[keep:], keep, self.chunk, select)
         self._cached.extend(ids[keep:])
 
-    def _next_token(self, sampler, params, history) -> int:
-        if not params.needs_full_logits:
+    def _next_token(self, sampler, select: str, history) -> int:
+        if select == "argmax":
             return self.runner.read_argmax()
+        if select == "topk":
+            return sampler.sample_candidates(*self.runner.read_topk(), history)
         return sampler.sample(self.runner.read_logits(), history)
 
     def logits(self, ids: list[int]):
@@ -150,6 +154,17 @@ class Engine:
         self.runner.close()
         if self._owns_ctx:
             self.ctx.close()
+
+
+def _selection(params: SamplingParams) -> str:
+    """What the GPU hands the sampler: the argmax when it alone decides, the top-k candidates
+    when every filter works inside them (no penalties, top_k within the kernel's limit), else
+    all logits."""
+    if not params.needs_full_logits:
+        return "argmax"
+    if not params.has_penalties and 0 < params.top_k <= MAX_K:
+        return "topk"
+    return "logits"
 
 
 def _quant_name(model_file) -> str:
