@@ -61,6 +61,13 @@ def test_tiny_logits_match_llama_cpp(tiny_models, preset, mix):
     assert shipped.max() < TINY_SHIPPED_MAX and shipped.mean() < TINY_SHIPPED_MEAN
 
 
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_tiny_logits_at_every_position(tiny_models, preset):
+    key = f"{preset}__Q4_K_M__"
+    every = tiny_models(preset, "Q4_K_M").logits(TINY[key + "tokens"].tolist())
+    assert np.abs(every - TINY[key + "exact_all"]).max() < EXACT_TOL
+
+
 @pytest.mark.parametrize("preset,mix", TINY_CASES)
 def test_tiny_greedy_matches_llama_cpp(tiny_models, preset, mix):
     key = f"{preset}__{mix}__"
@@ -81,6 +88,12 @@ def test_smollm2_last_logits_match_llama_cpp(smollm2, prompt):
     shipped = np.abs(last - SMOL[f"p{prompt}_last"].astype(np.float64))
     assert shipped.max() < SMOL_SHIPPED_MAX and shipped.mean() < SMOL_SHIPPED_MEAN
     assert last.argmax() == SMOL[f"p{prompt}_last"].argmax()
+
+
+def test_smollm2_logits_at_every_position(smollm2):
+    every = smollm2.logits(SMOL["p4_tokens"].tolist())
+    assert np.abs(every[:, SMOL["p4_exact_all_ids"]] - SMOL["p4_exact_all"]).max() < EXACT_TOL
+    assert every.argmax(-1).tolist() == SMOL["p4_exact_all_argmax"].tolist()
 
 
 @pytest.mark.parametrize("prompt", [0, 2])

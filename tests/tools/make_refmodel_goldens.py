@@ -12,8 +12,10 @@ Two llama.cpp runs per model:
 smollm2.npz: per prompt of SMOLLM2_PROMPTS: token ids (llama.cpp's tokenizer), last-position
 logits (float16; exact ones float32 for prompts 0 and 2), 16-token greedy continuations with the
 top-2 logits at each step (so a test can accept a divergence where the best two nearly tie).
+Prompt 4 also has exact logits at every position for 1024 sampled vocabulary ids.
 tiny.npz: per tiny preset and mix (seed 0): the file's sha256 (the generator must reproduce
-it), prompt tokens, last-position logits and 8-token greedy continuations.
+it), prompt tokens, last-position logits and 8-token greedy continuations; Q4_K_M files also
+exact logits at every position.
 Needs llama-cpp-python; tests only read the .npz files.
 """
 import hashlib
@@ -101,6 +103,11 @@ def smollm2(models_dir: Path) -> dict:
                      f"p{i}_exact_greedy": e_cont, f"p{i}_exact_top2": e_top2}
             if i in (0, 2):
                 data[f"p{i}_exact_last"] = e_last
+            if i == 4:      # every position (logits_all), on a fixed sample of the vocabulary
+                ids = np.sort(np.random.default_rng(0).choice(len(e_last), 1024, replace=False))
+                every = np.array(exact.scores[:len(tokens)], dtype=np.float32)
+                data |= {"p4_exact_all_ids": ids.astype(np.int32), "p4_exact_all": every[:, ids],
+                         "p4_exact_all_argmax": every.argmax(-1).astype(np.int32)}
         del shipped, exact
     return data
 
@@ -120,6 +127,8 @@ def tiny() -> dict:
                          key + "tokens": np.array(tokens, dtype=np.int32), key + "last": last,
                          key + "greedy": cont, key + "top2": top2, key + "exact_last": e_last,
                          key + "exact_greedy": e_cont, key + "exact_top2": e_top2}
+                if mix == "Q4_K_M":     # every position (logits_all)
+                    data[key + "exact_all"] = np.array(exact.scores[:len(tokens)], dtype=np.float32)
                 del shipped, exact
     return data
 
