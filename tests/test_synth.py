@@ -98,3 +98,14 @@ def test_bytes_to_unicode_is_gpt2s():
     m = bytes_to_unicode()
     assert (m[ord("A")], m[ord(" ")], m[ord("\n")], m[0], m[255]) == ("A", "Ġ", "Ċ", "Ā", "ÿ")
     assert len(set(m.values())) == 256
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_llama_cpp_loads_tiny_files(tmp_path, preset):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = write_model(preset, tmp_path / "m.gguf", "Q4_K_M")
+    llm = llama_cpp.Llama(str(path), n_ctx=64, verbose=False)
+    tokens = llm.tokenize(b"<|im_start|>user\nhello world<|im_end|>", special=True)
+    assert tokens[-1] == PRESETS[preset].n_vocab - 1          # <|im_end|> is one control token
+    llm.eval(tokens)
+    assert np.isfinite(np.array(llm.scores[llm.n_tokens - 1])).all()
