@@ -86,6 +86,7 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
     pick = MIXES[mix](p.n_layer, has_output=not p.tied)
     q_dim, kv_dim = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
     norm, bias = _normal(0.1, 1.0), _normal(0.1)
+    family = FAMILIES[p.arch]
     specs = [TensorSpec("token_embd.weight", (p.n_vocab, p.n_embd), pick("token_embd", -1, p.n_embd),
                         _normal(3.0))]
     if p.llama3_rope:
@@ -101,7 +102,6 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
         specs += [vec("attn_norm", p.n_embd, norm),
                   mat("attn_q", q_dim, p.n_embd), mat("attn_k", kv_dim, p.n_embd),
                   mat("attn_v", kv_dim, p.n_embd)]
-        family = FAMILIES[p.arch]
         if family.QKV_BIAS:
             specs += [vec("attn_q", q_dim, bias, "bias"), vec("attn_k", kv_dim, bias, "bias"),
                       vec("attn_v", kv_dim, bias, "bias")]
@@ -172,10 +172,9 @@ def write_model(preset: str, out: Path, mix: str = "Q4_K_M", seed: int = 0,
     w = GGUFWriter(out, p.arch)
     _add_metadata(w, f"synthetic {preset} {mix}", p, mix)
     for s in specs:
-        rows = s.shape[0] if len(s.shape) > 1 else 1
-        w.add_tensor_info(s.name, (rows, row_bytes(s.shape[-1], s.qtype)) if len(s.shape) > 1
-                          else (row_bytes(s.shape[-1], s.qtype),), np.dtype(np.uint8),
-                          rows * row_bytes(s.shape[-1], s.qtype), raw_dtype=s.qtype)
+        byte_shape = (*s.shape[:-1], row_bytes(s.shape[-1], s.qtype))
+        w.add_tensor_info(s.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                          raw_dtype=s.qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
