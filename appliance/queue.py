@@ -48,11 +48,11 @@ def live_workers() -> list[dict]:
 
 
 def models() -> dict[str, dict]:
-    """Every model some live worker serves: name -> n_ctx, info and the workers holding it."""
+    """Every model some live worker serves: name -> n_ctx, info, max_token_bytes, workers."""
     found = {}
     for w in live_workers():
         for name, m in w["models"].items():
-            entry = found.setdefault(name, {"name": name, "n_ctx": m["n_ctx"], "info": m["info"], "workers": []})
+            entry = found.setdefault(name, m | {"name": name, "workers": []})
             entry["workers"].append(w["name"])
     return found
 

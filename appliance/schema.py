@@ -23,9 +23,6 @@ SAMPLING = {
 MAX_STOP = 4
 PRIORITIES = ("normal", "high")
 ROLES = ("system", "user", "assistant")
-# No tokenizer here: a token covers at most this many bytes in the vocabularies we serve, so a
-# prompt of more than n_ctx * this many bytes cannot fit. The worker checks exactly.
-MAX_BYTES_PER_TOKEN = 16
 
 
 class Invalid(Exception):
@@ -96,7 +93,9 @@ def generation(body, *, chat: bool | None) -> dict:
                                    "max_tokens", "integer", 1, n_ctx)
     if body.get("stop") is not None:
         params["stop"] = _stop(body["stop"])
-    if size > n_ctx * MAX_BYTES_PER_TOKEN:
+    # No tokenizer here: no token is longer than the model's longest (its worker says how long), so
+    # a prompt of more bytes than n_ctx of those cannot fit. The worker then checks exactly.
+    if size > n_ctx * served[model]["max_token_bytes"]:
         raise Invalid(f"the prompt ({size} bytes) is longer than the context of {model} ({n_ctx} tokens)",
                       "prompt", 400, "context_length_exceeded")
     request["params"] = params

@@ -39,6 +39,8 @@ class GPUWorker(SimpleWorker):
         queues = [protocol.queue_name(name) for name in engines]
         super().__init__(queues, connection=connection, name=metrics.worker, **kwargs)
         self.engines = engines
+        self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer)}
+                       for name, e in engines.items()}
         self.metrics = metrics
         self.metrics_port = metrics_port
         self.interval = heartbeat_interval
@@ -97,16 +99,14 @@ class GPUWorker(SimpleWorker):
 
     def publish(self) -> None:
         """Tell the web app what this worker serves; the key dies with the worker."""
-        models, stats = {}, {}
-        for name, engine in self.engines.items():
-            models[name] = {"n_ctx": engine.n_ctx, "info": engine.info}
-            stats[name] = engine.stats()
-            self.metrics.device_stats(name, stats[name])
+        stats = {name: engine.stats() for name, engine in self.engines.items()}
+        for name, device in stats.items():
+            self.metrics.device_stats(name, device)
         key = protocol.worker_key(self.name)
         with self.connection.pipeline() as pipe:
             pipe.hset(key, mapping={
                 "name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
-                "models": json.dumps(models), "stats": json.dumps(stats),
+                "models": json.dumps(self.models), "stats": json.dumps(stats),
                 "metrics_port": self.metrics_port, "job": self._job.id if self._job else "",
                 "tokens_per_second": self.last_tokens_per_second,
             })
@@ -198,6 +198,12 @@ class GPUWorker(SimpleWorker):
     def _progress(job: Job, tokens: int, max_tokens: int) -> None:
         job.meta["progress"] = {"tokens": tokens, "max_tokens": max_tokens}
         job.save_meta()
+
+
+def _max_token_bytes(tokenizer) -> int:
+    """The longest token in bytes: with it the web app, which has no tokenizer, can refuse a
+    prompt that cannot fit the context whatever it tokenizes to."""
+    return max(len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size))
 
 
 def resolve_model(spec: str, models_dir: Path) -> Path:
