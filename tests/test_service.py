@@ -5,7 +5,6 @@ import subprocess
 import sys
 import time
 
-
 from tests.conftest import VKLLM
 from tests.test_api import AUTH, submit, wait
 
