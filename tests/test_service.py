@@ -33,7 +33,7 @@ def test_killed_worker_fails_its_job_keeps_partial_output_and_a_new_worker_serve
 
 def test_a_bad_job_fails_alone(client, start_worker):
     start_worker("bad-w1")
-    too_long = submit(client, prompt="word " * 800, max_tokens=2)   # passes the API's bound, not the context
+    too_long = submit(client, prompt="word " * 300, max_tokens=2)   # passes the API's bound, not the context
     after = submit(client, max_tokens=2)
     failed = wait(client, too_long["id"])
     assert failed["state"] == "failed" and "context" in failed["error"]
