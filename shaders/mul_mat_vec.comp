@@ -2,15 +2,18 @@
 #include "common.glsl"
 #include "mul_mat_vec_base.glsl"
 
-// Inner loops. Each loads x once per step and applies it to all NUM_ROWS rows.
+// Inner loops. Each dequantizes a piece of weights once and applies it to all NUM_COLS columns
+// of x; each load of x serves all NUM_ROWS rows.
 void main() {
-    const uint row0 = first_row();
+    const uint row0 = first_row(), col0 = first_col();
     if (row0 >= p.rows) {
         return;
     }
-    float acc[NUM_ROWS];
-    for (uint r = 0; r < NUM_ROWS; r++) {
-        acc[r] = 0.0;
+    float acc[NUM_COLS][NUM_ROWS];
+    for (uint c = 0; c < NUM_COLS; c++) {
+        for (uint r = 0; r < NUM_ROWS; r++) {
+            acc[c][r] = 0.0;
+        }
     }
     const uint tid = gl_LocalInvocationID.x;
 #if QUANT_K == 1
@@ -19,15 +22,20 @@ void main() {
     if (p.ncols % 4 == 0) {
         const uint n4 = p.ncols / 4;
         for (uint i = tid; i < n4; i += BLOCK_SIZE) {
-            const vec4 xv = x4[i];
             for (uint r = 0; r < NUM_ROWS; r++) {
-                acc[r] += dot(dequantize4(clamped_row(row0 + r) * n4 + i), xv);
+                const vec4 w = dequantize4(clamped_row(row0 + r) * n4 + i);
+                for (uint c = 0; c < NUM_COLS; c++) {
+                    acc[c][r] += dot(w, x4[clamped_col(col0 + c) * n4 + i]);
+                }
             }
         }
     } else {
         for (uint k = tid; k < p.ncols; k += BLOCK_SIZE) {
             for (uint r = 0; r < NUM_ROWS; r++) {
-                acc[r] += dequantize1(clamped_row(row0 + r) * p.ncols + k) * x[k];
+                const float w = dequantize1(clamped_row(row0 + r) * p.ncols + k);
+                for (uint c = 0; c < NUM_COLS; c++) {
+                    acc[c][r] += w * x[clamped_col(col0 + c) * p.ncols + k];
+                }
             }
         }
     }
@@ -35,12 +43,21 @@ void main() {
     // Quantized weights: thread t takes the 16-value slices t, t + BLOCK_SIZE, ... of the row.
     const uint blocks_per_row = p.ncols / QUANT_K;
     for (uint t = tid; t < p.ncols / 16; t += BLOCK_SIZE) {
-        const mat4 xv = load_x16(16 * t);
         const uint ib = 16 * t / QUANT_K, s = (16 * t % QUANT_K) / 16;
-        for (uint r = 0; r < NUM_ROWS; r++) {
-            acc[r] += dot16(dequantize16(clamped_row(row0 + r) * blocks_per_row + ib, s), xv);
+        if (NUM_COLS == 1) {
+            const mat4 xv = load_x16(clamped_col(col0) * p.ncols + 16 * t);
+            for (uint r = 0; r < NUM_ROWS; r++) {
+                acc[0][r] += dot16(dequantize16(clamped_row(row0 + r) * blocks_per_row + ib, s), xv);
+            }
+        } else {
+            for (uint r = 0; r < NUM_ROWS; r++) {
+                const mat4 w = dequantize16(clamped_row(row0 + r) * blocks_per_row + ib, s);
+                for (uint c = 0; c < NUM_COLS; c++) {
+                    acc[c][r] += dot16(w, load_x16(clamped_col(col0 + c) * p.ncols + 16 * t));
+                }
+            }
         }
     }
 #endif
-    reduce_and_store(row0, acc);
+    reduce_and_store(row0, col0, acc);
 }

@@ -48,14 +48,14 @@ def cols_for(qtype: T) -> tuple[int, ...]:
     return {1: (37, 531), 32: (96, 800), 256: (768,)}[block]
 
 
-def run_matmul(ctx, qtype, raw, cols, x, n, y0=None):
+def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, tiled=None):
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
     xb, yb = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows)
     ctx.upload(xb, x.astype(np.float32))
     if y0 is not None:
         ctx.upload(yb, y0.astype(np.float32))
     rec = ctx.recording()
-    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None)
+    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, tiled=tiled)
     ctx.run(rec.finish())
     y = ctx.download(yb, count=n * tensor.rows).reshape(n, tensor.rows)
     rec.destroy()
@@ -81,22 +81,26 @@ def test_mat_vec_every_type(vk_ctx, qtype):
             assert_close(y, x.astype(np.float32) @ w.T)
 
 
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "mat-vec-columns"])
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
-def test_mat_mat_every_type(vk_ctx, qtype):
+def test_mat_mat_every_type(vk_ctx, qtype, tiled):
+    """Several columns through the tiled kernel and through the mat-vec kernel's column groups
+    (n = 3 fits one group, 17 and 70 leave a partial last group)."""
     cols = cols_for(qtype)[-1]
     raw, w = random_weights(qtype, 67, cols, seed=3)
     for n in (3, 17, 70):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
-        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n)
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, tiled=tiled)
         assert_close(y, x @ w.T)
 
 
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "mat-vec-columns"])
 @pytest.mark.parametrize("n", [1, 5])
-def test_accumulate_adds_to_y(vk_ctx, n):
+def test_accumulate_adds_to_y(vk_ctx, n, tiled):
     raw, w = random_weights(T.Q4_1, 33, 96)
     x = np.random.default_rng(1).standard_normal((n, 96)).astype(np.float32)
     y0 = np.random.default_rng(2).standard_normal((n, 33)).astype(np.float32)
-    y, _ = run_matmul(vk_ctx, T.Q4_1, raw, 96, x, n, y0)
+    y, _ = run_matmul(vk_ctx, T.Q4_1, raw, 96, x, n, y0, tiled=tiled)
     assert_close(y, y0 + x @ w.T)
 
 
@@ -113,9 +117,9 @@ def small_binding_ctx(vk_settings):
 def test_rows_split_into_parts(small_binding_ctx, qtype):
     cols = cols_for(qtype)[0]
     raw, w = random_weights(qtype, 41, cols, seed=5)
-    for n in (1, 17):
+    for n, tiled in ((1, False), (17, False), (17, True)):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
-        y, parts = run_matmul(small_binding_ctx, qtype, raw, cols, x, n)
+        y, parts = run_matmul(small_binding_ctx, qtype, raw, cols, x, n, tiled=tiled)
         assert parts > 3
         assert_close(y, x @ w.T)
 

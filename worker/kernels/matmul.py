@@ -7,13 +7,18 @@ from worker.vk.memory import Buffer
 MAT_MAT_THREADS = 256   # fixed by mul_mat.comp's 64 x 64 tile, 4 x 4 outputs per thread
 MAT_MAT_TILE = 64
 GET_ROWS_THREADS = 64
+MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 
 
 def mat_vec_shape(ctx) -> tuple[int, int]:
     """(threads, rows) per mat-vec workgroup: four subgroups, four rows, each thread applying
     one load of x to all four. Best or within a few % of it among 1-8 rows and 64-256 threads
     in one H200 sweep (taken, as it turned out, at the idle SM clock: worth retuning at full
-    clock). Rows beyond maxComputeWorkGroupCount spill into the y dimension."""
+    clock). On a CPU driver (lavapipe) a workgroup is one subgroup, so no barrier is needed, with
+    16 rows to amortise the per-workgroup cost (15x faster there than the GPU shape). Rows beyond
+    maxComputeWorkGroupCount spill into the y dimension."""
+    if ctx.info.kind == "cpu":
+        return ctx.info.subgroup_size, 16
     return 4 * ctx.info.subgroup_size, 4
 
 
@@ -22,16 +27,24 @@ def _groups(ctx, count: int) -> tuple[int, int, int]:
     return x, -(-count // x), 1
 
 
-def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False):
-    """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows]. n == 1 takes
-    the mat-vec kernel (decode), n > 1 the tiled mat-mat kernel (prefill)."""
+def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
+           tiled: bool | None = None):
+    """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows]. Up to
+    MAT_VEC_MAX_COLS columns (decode, small batches) take the mat-vec kernel, which reads the
+    weights once for all of them; more take the tiled mat-mat kernel (prefill), except on a CPU
+    driver, where the mat-vec kernel in groups of columns is much faster than tiles. `tiled`
+    forces one kernel or the other (tests check both on every device)."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
-    if n == 1:
+    if tiled is None:
+        tiled = n > MAT_VEC_MAX_COLS and ctx.info.kind != "cpu"
+    if not tiled:
         threads, rows_per_group = mat_vec_shape(ctx)
-        kernel = ctx.kernel(f"mul_mat_vec_{type_name}", {0: threads, 1: rows_per_group})
+        cols = min(n, MAT_VEC_MAX_COLS)
+        kernel = ctx.kernel(f"mul_mat_vec_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
         for buffer, first, count in w.parts:
-            push = pack_push(w.cols, count, first, int(y_accumulate))
-            rec.dispatch(kernel, [buffer, x, y], _groups(ctx, -(-count // rows_per_group)), push)
+            push = pack_push(w.cols, count, first, int(y_accumulate), n, w.rows)
+            x_groups, y_groups, _ = _groups(ctx, -(-count // rows_per_group))
+            rec.dispatch(kernel, [buffer, x, y], (x_groups, y_groups, -(-n // cols)), push)
         return
     kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS})
     for buffer, first, count in w.parts:
