@@ -12,11 +12,11 @@ idle (here: while the host uploads the next weights) and rises to 1980 MHz only 
 which moved compute-heavy kernels by 5x. So each shape's command buffer is replayed for
 `warmup` seconds before it is timed (which also covers the slow first submissions)."""
 import statistics
-import time
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from worker.bench import read_bandwidth, replay_for
 from worker.config import Settings
 from worker.kernels.matmul import matmul
 from worker.kernels.tensor import SUPPORTED_TYPES, free_tensor, row_bytes, upload_tensor
@@ -71,11 +71,7 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
         rec.barrier()
         rec.timestamp(f"copy{i}")
     rec.finish()
-    end = time.perf_counter() + warmup
-    while True:
-        ctx.run(rec)
-        if time.perf_counter() >= end:
-            break
+    replay_for(ctx, rec, warmup)
     times = []
     for _ in range(runs):
         ctx.run(rec)
@@ -89,14 +85,13 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
 
 
 def run(args):
-    from worker.bench import read_bandwidth
     from worker.vk import Context
     ctx = Context(Settings.from_env())
     shapes = QUICK_SHAPES if args.quick else SHAPES
     rotation = QUICK_ROTATION_BYTES if args.quick else ROTATION_BYTES
     warmup = QUICK_WARMUP_SECONDS if args.quick else WARMUP_SECONDS
     try:
-        measured = read_bandwidth(ctx, rotation)
+        measured = read_bandwidth(ctx, rotation, warmup=warmup)
         print(f"device: {ctx.info.describe()}; plain read of {rotation >> 20} MiB: {measured / 1e9:.1f} GB/s")
         print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'us':>9} {'GB/s':>8} "
               f"{'% 4.35TB/s':>10} {'% read':>7}")
