@@ -143,3 +143,19 @@ def test_tiny_models_match_llama_cpp(vk_ctx, synth_dir, preset, mix):
             assert a is None and b in engine.tokenizer.eog_ids or top2[step, 0] - top2[step, 1] < 0.05, \
                 f"greedy {greedy} parts from llama.cpp's {expected} at step {step}"
             break
+
+
+def test_close_returns_the_models_memory(vk_ctx, synth_dir):
+    """Engines sharing a context (as a worker serving several models does) give back what they took."""
+    path = _model(synth_dir, "tiny-qwen3", "Q4_K_M")
+    params = SamplingParams(temperature=0.7, top_k=10, seed=0, max_tokens=3)
+
+    def load_run_close():
+        engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=16)
+        list(engine.generate("hello", params))
+        engine.close()
+
+    load_run_close()  # kernels' own scratch (attention partials, top-k) is made once per context
+    before = (vk_ctx.device_pool.used, vk_ctx.host_pool.used)
+    load_run_close()
+    assert (vk_ctx.device_pool.used, vk_ctx.host_pool.used) == before

@@ -152,6 +152,7 @@ class Engine:
 
     def close(self):
         self.runner.close()
+        self.model.free()
         if self._owns_ctx:
             self.ctx.close()
 

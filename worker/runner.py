@@ -103,3 +103,5 @@ class Runner:
         for rec in self._recordings.values():
             rec.destroy()
         self._recordings.clear()
+        for buffer in (self.logits, self.best, self.top_ids, self.top_values):
+            self.ctx.free(buffer)

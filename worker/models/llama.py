@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from worker.kernels import attention as attn_ops
 from worker.kernels import elementwise, norm, rope
 from worker.kernels.matmul import get_rows, matmul
-from worker.kernels.tensor import upload_tensor
+from worker.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
 from worker.models.scratch import Scratch
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -55,6 +55,18 @@ class Llama:
         buffer = self.ctx.alloc(array.nbytes)
         self.ctx.upload(buffer, array)
         return buffer
+
+    def free(self):
+        """Returns every buffer of this model to the context (which may serve other models)."""
+        tensors = [*self.globals.values(), *(t for layer in self.layers for t in layer.values())]
+        for t in tensors:
+            if isinstance(t, DeviceTensor):
+                free_tensor(self.ctx, t)
+            else:
+                self.ctx.free(t)
+        for buffer in [*self.k_cache, *self.v_cache, self.step] + ([self.freq_factors] if self.freq_factors else []):
+            self.ctx.free(buffer)
+        self.scratch.free(self.ctx)
 
     # -- the forward pass ------------------------------------------------------------------------
     def record_forward(self, rec, n: int, logits, all_logits: bool = False):
