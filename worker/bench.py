@@ -16,6 +16,8 @@ def register(sub):
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("-r", "--repetitions", type=int, default=3)
     p.add_argument("--peer", choices=["llama.cpp"], help="also time llama.cpp's Vulkan backend (cyllama)")
+    p.add_argument("--profile", action="store_true",
+                   help="also print GPU time per kernel of one decode step and one prefill chunk")
     p.set_defaults(func=run)
     kinds = p.add_subparsers(dest="bench_command")
     from worker import bench_kernels
@@ -98,6 +100,8 @@ def run(args):
         _, total = engine.ctx.memory_budget()
         roofline = read_bandwidth(engine.ctx, min(1 << 30, total // 8))
         ours = time_engine(engine, args.n_prompt, args.n_gen, args.repetitions)
+        if args.profile:
+            print_profile(engine, args.n_prompt)
     finally:
         engine.close()
     print(f"model {args.model}: {per_token / 1e9:.3f} GB of weights read per token; "
@@ -110,6 +114,19 @@ def run(args):
         peer = time_llama_cpp(args.model, engine.config.vocab_size, args.n_prompt, args.n_gen, args.repetitions)
         _print_row("llama.cpp-vulkan", peer, per_token, roofline)
         print(f"vkllm / llama.cpp: pp {ours['pp'] / peer['pp']:.2f}x, tg {ours['tg'] / peer['tg']:.2f}x")
+
+
+def print_profile(engine, n_prompt: int):
+    """Per-kernel GPU time (timestamps after every dispatch) of a decode step at position
+    n_prompt and of a prefill chunk; each dispatch's time includes the barrier before it."""
+    chunk = min(engine.chunk, n_prompt)
+    for title, n, pos in (("decode step", 1, n_prompt), (f"prefill chunk of {chunk}", chunk, 0)):
+        table = engine.runner.profile(n, pos)
+        total = sum(ns for _, ns in table.values())
+        print(f"{title}: {total / 1e6:.3f} ms GPU in {sum(c for c, _ in table.values())} dispatches")
+        for name, (count, ns) in sorted(table.items(), key=lambda item: -item[1][1]):
+            print(f"  {name:28} {count:5d} x {ns / count / 1e3:8.1f} us = {ns / 1e6:8.3f} ms "
+                  f"({100 * ns / total:4.1f}%)")
 
 
 def _print_row(name, r, per_token, roofline):
