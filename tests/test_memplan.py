@@ -40,3 +40,15 @@ def test_weights_alone_too_big(smollm2):
     plan = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=512)
     with pytest.raises(VkllmError, match="the weights alone leave no room"):
         plan.check(plan.weights_bytes // 2)
+
+
+def test_default_context_shrinks_to_what_fits(smollm2):
+    from worker.memplan import plan_context
+    per_token = 2 * 30 * 3 * 64 * 2
+    full = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=4096, chunk=64)
+    budget = full.weights_bytes + full.scratch_bytes + 1000 * per_token
+    assert plan_context(smollm2, smollm2.config, None, 4096, 64, 10 * full.total).n_ctx == 4096
+    assert plan_context(smollm2, smollm2.config, None, 4096, 64, budget).n_ctx == 768
+    assert plan_context(smollm2, smollm2.config, None, 10**6, 64, 10 * full.total).n_ctx == 8192  # model's own
+    with pytest.raises(VkllmError, match="largest context that fits is 768"):
+        plan_context(smollm2, smollm2.config, 4096, 4096, 64, budget)  # asked for explicitly

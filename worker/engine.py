@@ -13,7 +13,7 @@ from worker.config import Settings
 from worker.errors import VkllmError
 from worker.generation import Event, Timings
 from worker.kernels.select import MAX_K
-from worker.memplan import MemoryPlan
+from worker.memplan import plan_context
 from worker.modelfile import ModelFile
 from worker.models.llama import ARCHITECTURES
 from worker.runner import Runner
@@ -50,20 +50,20 @@ class Engine:
     @classmethod
     def load(cls, path, settings: Settings | None = None, n_ctx: int | None = None, ctx=None,
              max_batch: int = PREFILL_CHUNK, progress: bool = False) -> "Engine":
-        """Opens, checks against the device's memory budget, and uploads a GGUF model.
-        `ctx` shares an existing Vulkan context (tests do); otherwise the engine makes its own."""
+        """Opens, checks against the device's memory budget, and uploads a GGUF model. Without
+        `n_ctx` the context is DEFAULT_CONTEXT, capped by the model's and by what fits. `ctx`
+        shares an existing Vulkan context (tests, several models in one worker)."""
         model_file = ModelFile.open(path)
         config = model_file.config
         tokenizer = Tokenizer.from_metadata(model_file.metadata)
-        n_ctx = min(n_ctx or DEFAULT_CONTEXT, config.context_length)
         owns_ctx = ctx is None
         if owns_ctx:
             from worker.vk import Context
             ctx = Context(settings or Settings())
         try:
             used, total = ctx.memory_budget()
-            MemoryPlan.compute(model_file, config, n_ctx, max_batch).check(total - used)
-            return cls(ctx, model_file, config, tokenizer, n_ctx, max_batch, owns_ctx, progress)
+            plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used)
+            return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress)
         except BaseException:
             if owns_ctx:
                 ctx.close()

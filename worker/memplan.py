@@ -70,3 +70,16 @@ class MemoryPlan:
         return {"n_ctx": self.n_ctx, "weights_bytes": self.weights_bytes,
                 "kv_bytes": self.kv_bytes, "scratch_bytes": self.scratch_bytes,
                 "total_bytes": self.total}
+
+
+def plan_context(model_file, config, requested: int | None, default: int, chunk: int,
+                 budget_bytes: int) -> MemoryPlan:
+    """The plan to load with. An explicit context is checked as asked; without one, the context
+    is the default capped by the model's own and, when that does not fit, by the largest that
+    does. Raises what `check` raises when nothing fits."""
+    n_ctx = min(requested or default, config.context_length)
+    plan = MemoryPlan.compute(model_file, config, n_ctx, chunk)
+    if requested is None and plan.total > budget_bytes and plan.largest_context(budget_bytes) > 0:
+        plan = MemoryPlan.compute(model_file, config, min(n_ctx, plan.largest_context(budget_bytes)), chunk)
+    plan.check(budget_bytes)
+    return plan
