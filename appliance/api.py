@@ -1,4 +1,4 @@
-"""REST v1: submit, list, read, stream and cancel jobs; the served models."""
+"""REST v1: submit, list, read, stream and cancel jobs; count prompt tokens; the served models."""
 import json
 
 from flask import Blueprint, Response, jsonify, request, stream_with_context, url_for
@@ -76,6 +76,17 @@ def cancel(job_id):
     state = queue.cancel(job)
     return {"id": job_id, "object": "job", "state": state,
             "cancel_requested": state == "running"}, 202 if state == "running" else 200
+
+
+@bp.post("/tokenize")
+def tokenize():
+    """The prompt's (or chat's) length in tokens, as the model's worker counts it before a job."""
+    model, n_ctx, prompt = schema.tokenize(_body())
+    tokens = schema.prompt_tokens(model, prompt)
+    if tokens is None:
+        raise schema.Invalid(f"no worker serving {model} answered in time; try again", None, 503,
+                             "worker_timeout")
+    return {"model": model, "tokens": tokens, "n_ctx": n_ctx}
 
 
 @bp.get("/models")

@@ -13,27 +13,32 @@ def _response(description: str, schema_ref: dict | None = None, media: str = "ap
 
 def _errors(*codes: int) -> dict:
     text = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown job or model",
-            413: "Body too large"}
+            413: "Body too large", 503: "No worker serving the model answered in time"}
     return {str(c): _response(text[c], ERROR) for c in codes}
+
+
+def _prompt_request(props: dict) -> dict:
+    """A request naming a model and either a prompt or chat messages, with `props` besides."""
+    return {"type": "object", "required": ["model"], "properties": {
+        "model": {"type": "string", "description": "a name from GET /api/v1/models"},
+        "prompt": {"type": "string", "minLength": 1},
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"],
+            "properties": {"role": {"enum": list(schema.ROLES)}, "content": {"type": "string"}}}},
+    } | props, "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
 
 
 def _job_request() -> dict:
     props = {name: {"type": kind, "minimum" if lo_ok else "exclusiveMinimum": lo, "maximum": hi}
              for name, (kind, lo, hi, lo_ok) in schema.SAMPLING.items()}
     props |= {
-        "model": {"type": "string", "description": "a name from GET /api/v1/models"},
-        "prompt": {"type": "string", "minLength": 1},
-        "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role", "content"],
-            "properties": {"role": {"enum": list(schema.ROLES)}, "content": {"type": "string"}}}},
         "max_tokens": {"type": "integer", "minimum": 1, "description": "at most the model's context"},
         "stop": {"oneOf": [{"type": "string"}, {"type": "array", "maxItems": schema.MAX_STOP,
                                                   "items": {"type": "string"}}]},
         "priority": {"enum": list(schema.PRIORITIES), "default": "normal"},
         "metadata": {"type": "object", "description": "kept with the job and returned as is"},
     }
-    return {"type": "object", "required": ["model"], "properties": props,
-            "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+    return _prompt_request(props)
 
 
 def _job() -> dict:
@@ -59,7 +64,11 @@ def document() -> dict:
         "security": [{"bearer": []}],
         "paths": {
             "/jobs": {
-                "post": {"summary": "Submit a generation job", "requestBody": {"required": True, "content": {
+                "post": {"summary": "Submit a generation job", "description": (
+                    "Refused with 400 (code context_length_exceeded) when the prompt, as a worker "
+                    "serving the model counts its tokens, does not leave one token of the model's "
+                    "context free for generation; generation stops at the context's end."),
+                    "requestBody": {"required": True, "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}}}},
                     "responses": {"202": _response("Queued", {"type": "object", "properties": {
                         "id": {"type": "string"}, "queue_position": {"type": "integer"}}}),
@@ -85,13 +94,21 @@ def document() -> dict:
                                                              "202": _response("Running; stops within a few tokens",
                                                                               job),
                                                              **_errors(401, 404)}}},
+            "/tokenize": {"post": {
+                "summary": "Count a prompt's (or chat's) tokens as the model's worker will",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/TokenizeRequest"}}}},
+                "responses": {"200": _response("The count and the model's context", {
+                    "type": "object", "properties": {"model": {"type": "string"}, "tokens": {"type": "integer"},
+                                                     "n_ctx": {"type": "integer"}}}),
+                    **_errors(400, 401, 404, 413, 503)}}},
             "/models": {"get": {"summary": "Models the live workers serve",
                                 "responses": {"200": _response("Models", {"type": "object"}), **_errors(401)}}},
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "JobRequest": _job_request(), "Job": _job(),
+                "JobRequest": _job_request(), "TokenizeRequest": _prompt_request({}), "Job": _job(),
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {
                     "type": "object", "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                                                      "param": {"type": ["string", "null"]},

@@ -24,6 +24,20 @@ def cancel_key(job_id: str) -> str:
     return f"vkllm:cancel:{job_id}"
 
 
+def tokenize_key(model: str) -> str:
+    """List of token-count requests for a model, answered by any worker serving it. A request is
+    JSON {"reply": key, "prompt": text} or {"reply": key, "messages": [...]}; the reply, pushed to
+    its key, is JSON {"tokens": n} or {"error": message} (a chat its template refuses)."""
+    return f"vkllm:tokenize:{model}"
+
+
+def tokenize_reply_key(request_id: str) -> str:
+    return f"vkllm:tokenize-reply:{request_id}"
+
+
+TOKENIZE_REPLY_TTL = 10   # seconds a reply waits for an asker that may have given up
+
+
 def worker_key(name: str) -> str:
     """Hash a live worker refreshes with a short TTL: its models, device stats, metrics port."""
     return f"vkllm:worker:{name}"

@@ -1,7 +1,8 @@
 """The web side's only door to Redis and RQ: submitting, reading, listing and cancelling jobs,
-reading job streams and what the live workers serve."""
+reading job streams and what the live workers serve, and asking them for token counts."""
 import json
 import time
+import uuid
 
 from flask import current_app
 from redis import Redis
@@ -21,6 +22,7 @@ TERMINAL = {"finished", "failed", "cancelled"}
 
 
 FOLLOW_BLOCK_MS = 5000   # how long a stream read waits for news before a keep-alive
+TOKENIZE_TIMEOUT = 2.0   # seconds a submit waits for a worker to count its prompt's tokens
 
 
 def init_app(app) -> None:
@@ -55,6 +57,27 @@ def models() -> dict[str, dict]:
             entry = found.setdefault(name, m | {"name": name, "workers": []})
             entry["workers"].append(w["name"])
     return found
+
+
+def count_tokens(model: str, prompt: str | None = None, messages: list[dict] | None = None,
+                 timeout: float = TOKENIZE_TIMEOUT) -> int | None:
+    """The prompt's (or chat's) length in tokens, counted by a worker serving `model`; None when
+    none answered within `timeout` seconds (the worker then checks the length when it runs the job).
+    Raises ValueError with the worker's words when the model's chat template refuses the messages."""
+    r, reply = get_redis(), protocol.tokenize_reply_key(uuid.uuid4().hex)
+    key = protocol.tokenize_key(model)
+    ask = {"reply": reply} | ({"messages": messages} if messages is not None else {"prompt": prompt})
+    with r.pipeline() as pipe:
+        pipe.rpush(key, json.dumps(ask))
+        pipe.expire(key, int(timeout) + 1)   # requests nobody took in time go with the list
+        pipe.execute()
+    answered = r.blpop([reply], timeout=timeout)
+    if answered is None:
+        return None
+    answer = json.loads(answered[1])
+    if "error" in answer:
+        raise ValueError(answer["error"])
+    return answer["tokens"]
 
 
 def _queue(model: str) -> Queue:

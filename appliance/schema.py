@@ -33,7 +33,8 @@ class Invalid(Exception):
         self.message, self.param, self.status, self.code = message, param, status, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": "invalid_request_error",
+        return {"error": {"message": self.message,
+                          "type": "invalid_request_error" if self.status < 500 else "server_error",
                           "param": self.param, "code": self.code}}
 
 
@@ -64,9 +65,8 @@ def _messages(value) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def generation(body, *, chat: bool | None) -> dict:
-    """Validate a generation body; chat=None accepts either prompt or messages (REST), True/False
-    demands one (OpenAI endpoints). Returns the request the worker runs."""
+def _model(body) -> tuple[str, dict]:
+    """The requested model, which some live worker must serve, and what that worker says of it."""
     if not isinstance(body, dict):
         raise Invalid("the body must be a JSON object")
     model = body.get("model")
@@ -76,30 +76,62 @@ def generation(body, *, chat: bool | None) -> dict:
     if model not in served:
         raise Invalid(f"unknown model {model!r}; served now: {sorted(served) or 'none'}", "model", 404,
                       "model_not_found")
-    n_ctx = served[model]["n_ctx"]
-    request = {"model": model}
+    return model, served[model]
+
+
+def _prompt(body: dict, chat: bool | None) -> dict:
+    """{"prompt": text} or {"messages": [...]}; chat=None accepts either, True/False demands one."""
     if chat is not False and "messages" in body:
-        request["messages"] = _messages(body["messages"])
-        size = sum(len(m["content"].encode()) for m in request["messages"])
-    elif chat is not True and isinstance(body.get("prompt"), str) and body["prompt"]:
-        request["prompt"] = body["prompt"]
-        size = len(body["prompt"].encode())
-    else:
-        need = {None: "prompt (a non-empty string) or messages", True: "messages", False: "prompt (a string)"}
-        raise Invalid(f"{need[chat]} is required", "messages" if chat else "prompt")
+        return {"messages": _messages(body["messages"])}
+    if chat is not True and isinstance(body.get("prompt"), str) and body["prompt"]:
+        return {"prompt": body["prompt"]}
+    need = {None: "prompt (a non-empty string) or messages", True: "messages", False: "prompt (a string)"}
+    raise Invalid(f"{need[chat]} is required", "messages" if chat else "prompt")
+
+
+def prompt_tokens(model: str, prompt: dict) -> int | None:
+    """The prompt's exact length in tokens, from a worker; None when none answered in time."""
+    try:
+        return queue.count_tokens(model, **prompt)
+    except ValueError as e:   # the model's chat template refused the messages
+        raise Invalid(str(e), "messages") from None
+
+
+def generation(body, *, chat: bool | None) -> dict:
+    """Validate a generation body; chat=None accepts either prompt or messages (REST), True/False
+    demands one (OpenAI endpoints). Returns the request the worker runs."""
+    model, served = _model(body)
+    n_ctx = served["n_ctx"]
+    prompt = _prompt(body, chat)
     params = {name: _number(body, name, *spec) for name, spec in SAMPLING.items() if body.get(name) is not None}
     default_max = current_app.config["DEFAULT_MAX_TOKENS"]
     params["max_tokens"] = _number(body | {"max_tokens": body.get("max_tokens") or min(default_max, n_ctx)},
                                    "max_tokens", "integer", 1, n_ctx)
     if body.get("stop") is not None:
         params["stop"] = _stop(body["stop"])
-    # No tokenizer here: no token is longer than the model's longest (its worker says how long), so
-    # a prompt of more bytes than n_ctx of those cannot fit. The worker then checks exactly.
-    if size > n_ctx * served[model]["max_token_bytes"]:
+    # First a bound without tokenizing: no token is longer than the model's longest (its worker
+    # says how long), so a prompt of more bytes than n_ctx of those cannot fit.
+    param = next(iter(prompt))
+    size = len(prompt["prompt"].encode()) if "prompt" in prompt else sum(
+        len(m["content"].encode()) for m in prompt["messages"])
+    if size > n_ctx * served["max_token_bytes"]:
         raise Invalid(f"the prompt ({size} bytes) is longer than the context of {model} ({n_ctx} tokens)",
-                      "prompt", 400, "context_length_exceeded")
-    request["params"] = params
-    return request
+                      param, 400, "context_length_exceeded")
+    # Then the exact count from a worker. As in llama.cpp's server (and the engine's own check),
+    # the prompt must leave room for one generated token; generation stops at the context's end
+    # with finish_reason "length", so max_tokens is not added (vLLM's rule would refuse most
+    # prompts whenever the default max_tokens is the whole context).
+    tokens = prompt_tokens(model, prompt)
+    if tokens is not None and tokens >= n_ctx:
+        raise Invalid(f"the prompt has {tokens} tokens; the context of {model} is {n_ctx} tokens and must also "
+                      f"hold at least one generated token", param, 400, "context_length_exceeded")
+    return {"model": model} | prompt | {"params": params}
+
+
+def tokenize(body) -> tuple[str, int, dict]:
+    """A POST /api/v1/tokenize body: the model, its context and the prompt or messages to count."""
+    model, served = _model(body)
+    return model, served["n_ctx"], _prompt(body, None)
 
 
 def job_options(body: dict) -> tuple[str, dict]:

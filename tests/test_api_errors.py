@@ -8,8 +8,8 @@ from tests.test_api import AUTH
 ENDPOINTS = [
     ("POST", "/api/v1/jobs"), ("GET", "/api/v1/jobs"), ("GET", "/api/v1/jobs/abc"),
     ("GET", "/api/v1/jobs/abc/stream"), ("POST", "/api/v1/jobs/abc/cancel"), ("GET", "/api/v1/models"),
-    ("GET", "/api/v1/openapi.json"), ("GET", "/v1/models"), ("POST", "/v1/completions"),
-    ("POST", "/v1/chat/completions"),
+    ("GET", "/api/v1/openapi.json"), ("POST", "/api/v1/tokenize"), ("GET", "/v1/models"),
+    ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
 ]
 
 
@@ -69,7 +69,7 @@ def test_openapi_document_validates(client):
     doc = client.get("/api/v1/openapi.json", headers=AUTH).json
     validate(doc)
     assert set(doc["paths"]) == {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/stream", "/jobs/{job_id}/cancel",
-                                 "/models"}
+                                 "/tokenize", "/models"}
 
 
 def test_health(client):

@@ -4,7 +4,8 @@ SimpleWorker runs jobs in its own process, so the weights loaded at start stay i
 jobs. A thread keeps the heartbeats alive while a long generation holds the main thread, and
 publishes what this worker serves (models, context, device stats) under a short-lived key:
 the web app learns which models exist from there, and a job whose worker stopped refreshing it
-(killed) is failed by any other worker, its partial output left in its stream."""
+(killed) is failed by any other worker, its partial output left in its stream. Another thread
+counts prompt tokens for the web app (worker.tokenize_service)."""
 import contextvars
 import json
 import logging
@@ -23,6 +24,7 @@ from worker.errors import VkllmError
 from worker.generation import Timings
 from worker.metrics import WorkerMetrics
 from worker.sampling import SamplingParams
+from worker.tokenize_service import TokenCounter
 
 log = logging.getLogger(__name__)
 _current_worker: contextvars.ContextVar["GPUWorker"] = contextvars.ContextVar("vkllm_worker")
@@ -57,6 +59,8 @@ class GPUWorker(SimpleWorker):
         return 2 * self.liveness_ttl + int(self.interval)
 
     def work(self, *args, **kwargs) -> bool:
+        counter = TokenCounter(self.engines, self.connection)
+        counter.start()   # before publish: the web app asks for counts once it sees the models
         self.publish()
         self.fail_orphans()
         stop = threading.Event()
@@ -67,6 +71,7 @@ class GPUWorker(SimpleWorker):
         finally:
             stop.set()
             beat.join()
+            counter.stop()
             self.connection.delete(protocol.worker_key(self.name))
 
     def execute_job(self, job, queue):
