@@ -159,3 +159,23 @@ def test_close_returns_the_models_memory(vk_ctx, synth_dir):
     before = (vk_ctx.device_pool.used, vk_ctx.host_pool.used)
     load_run_close()
     assert (vk_ctx.device_pool.used, vk_ctx.host_pool.used) == before
+
+
+def test_stop_strings_cut_the_text_and_release_what_did_not_match(vk_ctx, synth_dir):
+    engine = Engine.load(_model(synth_dir, "tiny-llama", "Q8_0"), n_ctx=64, ctx=vk_ctx, max_batch=16)
+    try:
+        prompt = engine.tokenizer.encode("the story so far")
+        greedy = SamplingParams(temperature=0.0, max_tokens=12)
+        full_events = list(engine.generate_ids(prompt, greedy))
+        full = "".join(e.text for e in full_events)
+        assert len(full) > 6, full
+        stop = full[3:6]
+        cut = list(engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_tokens=12, stop=(stop,))))
+        assert "".join(e.text for e in cut) == full[:full.index(stop)] and cut[-1].finish_reason == "stop"
+        # a stop string that starts like the end of the text but never completes: nothing is lost
+        unmatched = full[-1] + "\x00"
+        kept = list(engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_tokens=12, stop=(unmatched,))))
+        assert "".join(e.text for e in kept) == full
+        assert kept[-1].finish_reason == full_events[-1].finish_reason
+    finally:
+        engine.close()

@@ -92,7 +92,7 @@ class Engine:
         sampler = Sampler(params, self.config.vocab_size)
         decoder, stops = StreamDecoder(self.tokenizer), StopMatcher(params.stop)
         history, generated, first_token_at = list(ids), 0, None
-        finish = "length"
+        finish, matched_stop = "length", False
         while True:
             token = self._next_token(sampler, select, history)
             generated += 1
@@ -101,8 +101,8 @@ class Engine:
                 finish = "stop"
                 break
             history.append(token)
-            text, stopped = stops.push(decoder.push(token))
-            if stopped:
+            text, matched_stop = stops.push(decoder.push(token))
+            if matched_stop:
                 yield Event(text, token)
                 finish = "stop"
                 break
@@ -114,7 +114,8 @@ class Engine:
                 break
             self.runner.decode(token, len(history) - 1, select)
             self._cached.append(token)
-        tail = stops.push(decoder.flush())[0] + stops.flush() if finish != "stop" else ""
+        # Text held back as a possible start of a stop string is released unless one matched.
+        tail = "" if matched_stop else stops.push(decoder.flush())[0] + stops.flush()
         now = time.perf_counter()
         timings = Timings(prompt_tokens=len(ids), generated_tokens=generated, prompt_seconds=prompt_seconds,
                           generation_seconds=now - (first_token_at or now),
