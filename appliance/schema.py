@@ -1,8 +1,9 @@
 """Request validation for the REST and OpenAI endpoints, from one table of parameters.
 
 The web app never loads the engine, so it checks requests itself: parameter types and ranges
-here, the model and its context against what the live workers registered. The same table
-feeds the OpenAPI document, so the document and the checks cannot drift apart."""
+here, the model and its context against what the live workers registered, the prompt's length
+in tokens as a worker counts it on request. The same table feeds the OpenAPI document, so the
+document and the checks cannot drift apart."""
 from flask import current_app
 
 from appliance import queue
@@ -93,8 +94,8 @@ def prompt_tokens(model: str, prompt: dict) -> int | None:
     """The prompt's exact length in tokens, from a worker; None when none answered in time."""
     try:
         return queue.count_tokens(model, **prompt)
-    except ValueError as e:   # the model's chat template refused the messages
-        raise Invalid(str(e), "messages") from None
+    except ValueError as e:   # the worker cannot make it a prompt (a chat its template refuses)
+        raise Invalid(str(e), next(iter(prompt))) from None
 
 
 def generation(body, *, chat: bool | None) -> dict:
