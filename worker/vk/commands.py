@@ -95,6 +95,8 @@ class Recording:
         vk.vkCmdPipelineBarrier(self.command_buffer, _STAGES, vk.VK_PIPELINE_STAGE_HOST_BIT, 0,
                                 1, barrier, 0, None, 0, None)
         vk.vkEndCommandBuffer(self.command_buffer)
+        self._command_buffers = [self.command_buffer]  # kept alive: the submit struct points at it
+        self.submit_infos = [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=self._command_buffers)]
         return self
 
     def timings_ns(self) -> list[tuple[str, float]]:

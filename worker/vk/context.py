@@ -45,6 +45,7 @@ class Context:
                                                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT)
         self.command_pool = vk.vkCreateCommandPool(self.device, pool_info, None)
         self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+        self._fences = [self.fence]
         self._kernels: dict[tuple, Kernel] = {}
         self._staging: Buffer | None = None
 
@@ -107,12 +108,10 @@ class Context:
         return Recording(self, max_sets, max_timestamps, profile)
 
     def run(self, recording: Recording):
-        """Submit a finished recording and wait for it."""
-        buffers = [recording.command_buffer]
-        submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=buffers)
-        vk.vkQueueSubmit(self.queue, 1, [submit], self.fence)
-        vk.vkWaitForFences(self.device, 1, [self.fence], vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
-        vk.vkResetFences(self.device, 1, [self.fence])
+        """Submit a finished recording and wait for it (once per token: the structs are prebuilt)."""
+        vk.vkQueueSubmit(self.queue, 1, recording.submit_infos, self.fence)
+        vk.vkWaitForFences(self.device, 1, self._fences, vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
+        vk.vkResetFences(self.device, 1, self._fences)
 
     # -- accounting ---------------------------------------------------------------------------
     def memory_budget(self) -> tuple[int, int]:
