@@ -10,6 +10,7 @@ from gguf import quants as gq
 
 from worker.kernels.matmul import get_rows, matmul, mat_vec_shape
 from worker.kernels.tensor import free_tensor, upload_tensor
+from worker.kernels.tuning import candidates
 from worker.vk import Context
 
 RTOL = 1e-5
@@ -48,8 +49,9 @@ def cols_for(qtype: T) -> tuple[int, ...]:
     return {1: (37, 531), 32: (96, 800), 256: (768,)}[block]
 
 
-def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, tiled=None):
+def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, tiled=None, shape=None):
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
+    tensor.mat_vec_shape = shape
     xb, yb = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows)
     ctx.upload(xb, x.astype(np.float32))
     if y0 is not None:
@@ -92,6 +94,21 @@ def test_mat_mat_every_type(vk_ctx, qtype, tiled):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
         y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, tiled=tiled)
         assert_close(y, x @ w.T)
+
+
+@pytest.mark.parametrize("qtype", [T.F16, T.Q4_0, T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_mat_vec_every_tuning_candidate(vk_ctx, qtype):
+    """Each workgroup shape the tuner may choose (rows and K not multiples of any workgroup's
+    share), for one column, and for Q4_0 also two: the reduction indexes by rows and columns.
+    Only one type takes columns because each (shape, columns) pipeline costs lavapipe ~0.3-1 s
+    of LLVM compilation on a cold shader cache."""
+    cols = cols_for(qtype)[-1]
+    raw, w = random_weights(qtype, 37, cols, seed=11)
+    for n in (1, 2) if qtype == T.Q4_0 else (1,):
+        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+        for shape in candidates(vk_ctx.info):
+            y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, tiled=False, shape=shape)
+            assert_close(y, x @ w.T)
 
 
 @pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "mat-vec-columns"])

@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "worker.models.cli",
     "worker.generate_cli",
     "worker.bench",
+    "worker.tune_cli",
     "appliance.cli",
 )
 

@@ -13,6 +13,7 @@ from worker.config import Settings
 from worker.errors import VkllmError
 from worker.generation import Event, Timings
 from worker.kernels.select import MAX_K
+from worker.kernels.tuning import model_shapes
 from worker.memplan import plan_context
 from worker.modelfile import ModelFile
 from worker.models.llama import ARCHITECTURES
@@ -30,7 +31,7 @@ class PromptTooLong(VkllmError):
 
 class Engine:
     def __init__(self, ctx, model_file, config, tokenizer, n_ctx: int, max_batch: int, owns_ctx: bool,
-                 progress: bool = False):
+                 progress: bool = False, mat_vec_shapes: dict | None = None):
         self.ctx, self.config, self.tokenizer, self.n_ctx = ctx, config, tokenizer, n_ctx
         self.name = Path(model_file.path).stem
         self.chat_template = model_file.metadata.get("tokenizer.chat_template")
@@ -40,7 +41,8 @@ class Engine:
         self._owns_ctx = owns_ctx
         bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
         self.model = ARCHITECTURES[config.arch](ctx, model_file, config, n_ctx, max_batch,
-                                                progress=bar.update if bar else None)
+                                                progress=bar.update if bar else None,
+                                                mat_vec_shapes=mat_vec_shapes)
         if bar:
             bar.close()
         self.runner = Runner(self.model)
@@ -52,7 +54,9 @@ class Engine:
              max_batch: int = PREFILL_CHUNK, progress: bool = False) -> "Engine":
         """Opens, checks against the device's memory budget, and uploads a GGUF model. Without
         `n_ctx` the context is DEFAULT_CONTEXT, capped by the model's and by what fits. `ctx`
-        shares an existing Vulkan context (tests, several models in one worker)."""
+        shares an existing Vulkan context (tests, several models in one worker); `settings`
+        default to the context's. Mat-vec shapes are tuned (worker/kernels/tuning.py) before the
+        weights are uploaded, while the memory they will take is free for the timing copies."""
         model_file = ModelFile.open(path)
         config = model_file.config
         tokenizer = Tokenizer.from_metadata(model_file.metadata)
@@ -63,7 +67,8 @@ class Engine:
         try:
             used, total = ctx.memory_budget()
             plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used)
-            return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress)
+            shapes = model_shapes(ctx, settings or ctx.settings, ARCHITECTURES[config.arch].mat_vec_keys(model_file))
+            return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress, shapes)
         except BaseException:
             if owns_ctx:
                 ctx.close()

@@ -10,16 +10,20 @@ GET_ROWS_THREADS = 64
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 
 
+# Fixed mat-vec shapes in (subgroups, rows) per workgroup, for weights without a tuned one.
+# GPUs: four subgroups, four rows, each thread applying one load of x to all four; best or
+# within a few % of it among 1-8 rows and 64-256 threads in one H200 sweep (taken, as it turned
+# out, at the idle SM clock). CPU drivers (lavapipe): a workgroup is one subgroup, so no barrier
+# is needed, with 16 rows to amortise the per-workgroup cost (15x faster there than the GPU shape).
+GPU_MAT_VEC_SHAPE = (4, 4)
+CPU_MAT_VEC_SHAPE = (1, 16)
+
+
 def mat_vec_shape(ctx) -> tuple[int, int]:
-    """(threads, rows) per mat-vec workgroup: four subgroups, four rows, each thread applying
-    one load of x to all four. Best or within a few % of it among 1-8 rows and 64-256 threads
-    in one H200 sweep (taken, as it turned out, at the idle SM clock: worth retuning at full
-    clock). On a CPU driver (lavapipe) a workgroup is one subgroup, so no barrier is needed, with
-    16 rows to amortise the per-workgroup cost (15x faster there than the GPU shape). Rows beyond
+    """(threads, rows) per mat-vec workgroup for a weight that has no tuned shape. Rows beyond
     maxComputeWorkGroupCount spill into the y dimension."""
-    if ctx.info.kind == "cpu":
-        return ctx.info.subgroup_size, 16
-    return 4 * ctx.info.subgroup_size, 4
+    subgroups, rows = CPU_MAT_VEC_SHAPE if ctx.info.kind == "cpu" else GPU_MAT_VEC_SHAPE
+    return subgroups * ctx.info.subgroup_size, rows
 
 
 def _groups(ctx, count: int) -> tuple[int, int, int]:
@@ -33,12 +37,13 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     MAT_VEC_MAX_COLS columns (decode, small batches) take the mat-vec kernel, which reads the
     weights once for all of them; more take the tiled mat-mat kernel (prefill), except on a CPU
     driver, where the mat-vec kernel in groups of columns is much faster than tiles. `tiled`
-    forces one kernel or the other (tests check both on every device)."""
+    forces one kernel or the other (tests check both on every device). The mat-vec workgroup
+    shape is the weight's tuned one, else the device kind's fixed one."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if tiled is None:
         tiled = n > MAT_VEC_MAX_COLS and ctx.info.kind != "cpu"
     if not tiled:
-        threads, rows_per_group = mat_vec_shape(ctx)
+        threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
         cols = min(n, MAT_VEC_MAX_COLS)
         kernel = ctx.kernel(f"mul_mat_vec_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
         for buffer, first, count in w.parts:

@@ -14,11 +14,14 @@ from worker.vk.memory import Buffer
 @dataclass(eq=False)
 class DeviceTensor:
     """A 2-D weight: `rows` rows of `cols` values (GGUF ne[1] and ne[0]); parts are
-    (buffer, first_row, n_rows) covering the rows in order."""
+    (buffer, first_row, n_rows) covering the rows in order. `mat_vec_shape` is the (threads,
+    rows) per mat-vec workgroup measured for this weight on this device (worker/kernels/tuning.py);
+    None takes the device kind's fixed shape."""
     ggml_type: GGMLQuantizationType
     rows: int
     cols: int
     parts: list[tuple[Buffer, int, int]] = field(default_factory=list)
+    mat_vec_shape: tuple[int, int] | None = None
 
     @property
     def row_bytes(self) -> int:

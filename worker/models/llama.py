@@ -5,6 +5,7 @@ its bias `["attn_q.bias"]`. Families differ only in what happens between the QKV
 RoPE (`after_qkv`): Qwen2 adds biases, Qwen3 normalises each head of q and k.
 """
 import re
+from math import prod
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -18,9 +19,19 @@ from worker.models.scratch import Scratch
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
+def _is_matrix(info) -> bool:
+    """Matrices stay in their GGUF format as DeviceTensors; vectors (norms, biases, F32 columns)
+    become plain f32 buffers."""
+    return len(info.shape) > 1 and not (info.ggml_type == T.F32 and info.shape[1] == 1)
+
+
 class Llama:
-    def __init__(self, ctx, model_file, config, n_ctx: int, max_batch: int, progress=None):
+    def __init__(self, ctx, model_file, config, n_ctx: int, max_batch: int, progress=None,
+                 mat_vec_shapes: dict | None = None):
+        """`mat_vec_shapes`: (type, rows, K) -> tuned mat-vec shape (worker/kernels/tuning.py)
+        of the weights in `mat_vec_keys`; the others keep the fixed shape."""
         self.ctx, self.config, self.n_ctx = ctx, config, n_ctx
+        self.mat_vec_shapes = mat_vec_shapes or {}
         self.layers = [dict() for _ in range(config.n_layer)]
         self.globals = {}
         for name, info in model_file.tensors.items():
@@ -46,10 +57,21 @@ class Llama:
         self.max_batch = max_batch
         self.scratch = Scratch(ctx, config, max_batch)
 
+    @staticmethod
+    def mat_vec_keys(model_file) -> set:
+        """(type, rows, K) of every weight the forward pass multiplies: all matrices except the
+        embedding table, which is looked up by row unless it is also the output head."""
+        tied = "output.weight" not in model_file.tensors
+        return {(info.ggml_type, prod(int(d) for d in info.shape[1:]), int(info.shape[0]))
+                for name, info in model_file.tensors.items()
+                if _is_matrix(info) and (tied or name != "token_embd.weight")}
+
     def _upload(self, info):
-        if len(info.shape) == 1 or (info.ggml_type == T.F32 and info.shape[1] == 1):
+        if not _is_matrix(info):
             return self._upload_f32(info.data.view(np.float32))
-        return upload_tensor(self.ctx, info.name, info.ggml_type, info.shape, info.data)
+        tensor = upload_tensor(self.ctx, info.name, info.ggml_type, info.shape, info.data)
+        tensor.mat_vec_shape = self.mat_vec_shapes.get((tensor.ggml_type, tensor.rows, tensor.cols))
+        return tensor
 
     def _upload_f32(self, array):
         buffer = self.ctx.alloc(array.nbytes)

@@ -30,6 +30,11 @@ class DeviceInfo:
     max_push_constants: int
     timestamp_period_ns: float
     extensions: frozenset
+    # Defaults are the minimums every Vulkan device guarantees.
+    max_workgroup_size: int = 128      # invocations in one workgroup (x dimension and in total)
+    max_shared_memory: int = 16384     # bytes of shared memory per workgroup
+    driver_version: int = 0            # vendor-encoded: tuned kernel shapes are kept per driver
+    api_version: int = 0
 
     def describe(self) -> str:
         return (f"[{self.index}] {self.name} ({self.kind}, {self.device_local_bytes / 2**30:.1f} GiB, "
@@ -70,7 +75,10 @@ def describe_physical_device(index, physical_device) -> DeviceInfo:
         storage_offset_alignment=limits.minStorageBufferOffsetAlignment,
         max_allocation=maintenance3.maxMemoryAllocationSize, max_workgroup_count=limits.maxComputeWorkGroupCount[0],
         max_push_constants=limits.maxPushConstantsSize, timestamp_period_ns=limits.timestampPeriod,
-        extensions=extensions)
+        extensions=extensions,
+        max_workgroup_size=min(limits.maxComputeWorkGroupSize[0], limits.maxComputeWorkGroupInvocations),
+        max_shared_memory=limits.maxComputeSharedMemorySize, driver_version=props.driverVersion,
+        api_version=props.apiVersion)
 
 
 def list_devices(instance) -> list[tuple[DeviceInfo, object]]:

@@ -1,0 +1,112 @@
+"""Mat-vec shape tuning (on lavapipe in CI): the candidates, the tuner's disk cache, VKLLM_TUNE, and the
+engine against the numpy reference with tuning forced on. That every candidate computes the
+right products is in test_kernels_matmul.py; which one is fastest is not asserted (no timing
+assertions), only that the choice is one of them and is measured once."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from refmodel import logits as reference_logits
+from worker.config import Settings
+from worker.engine import Engine
+from worker.errors import VkllmError
+from worker.kernels.tuning import Budget, MatVecTuner, candidates
+from worker.modelfile import ModelFile
+from worker.synth import write_model
+from worker.vk.device import DeviceInfo
+
+QUICK = Budget(rotation_bytes=64 << 10, warmup_seconds=0.01, runs=2)
+KEYS = [(T.Q4_0, 40, 256), (T.Q6_K, 24, 512)]
+
+
+def device(subgroup: int, max_workgroup: int, shared: int) -> DeviceInfo:
+    return DeviceInfo(0, "gpu", "discrete", 8 << 30, subgroup, 1 << 32, 64, 1 << 30, 65535, 128, 1.0, frozenset(),
+                      max_workgroup_size=max_workgroup, max_shared_memory=shared)
+
+
+def test_candidates_follow_the_subgroup_and_the_limits():
+    """1-8 subgroups x 1-8 rows with 4-16 of them per workgroup, and both fixed shapes."""
+    assert set(candidates(device(32, 1024, 49152))) == {
+        (32, 4), (32, 8), (64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2),
+        (32, 16)}
+    # 64 wide, at most 256 invocations, and 16 KB of shared memory: 8 columns x rows x threads floats
+    assert set(candidates(device(64, 256, 16384))) == {(64, 4), (64, 8), (128, 2), (128, 4), (256, 1), (256, 2)}
+
+
+def test_tuner_measures_once_then_reads_the_cache(vk_ctx, tmp_path):
+    tuner = MatVecTuner(vk_ctx, tmp_path, QUICK)
+    shapes = tuner.shapes(KEYS)
+    assert tuner.measured == 2
+    assert set(shapes) == set(KEYS) and all(s in candidates(vk_ctx.info) for s in shapes.values())
+    (entries,) = json.loads((tmp_path / "tuning.json").read_text()).values()
+    by_weight = {tuple(name.split()[:2]): entry for name, entry in entries.items()}
+    assert sorted(by_weight) == [("Q4_0", "40x256"), ("Q6_K", "24x512")]
+    for (qtype, rows, cols), (threads, per_group) in shapes.items():
+        entry = by_weight[qtype.name, f"{rows}x{cols}"]
+        assert entry["shape"] == [threads, per_group]
+        assert len(entry["us"]) == len(candidates(vk_ctx.info)) and all(us > 0 for us in entry["us"].values())
+        assert entry["us"][f"{threads}x{per_group}"] == min(entry["us"].values())   # the fastest
+
+    again = MatVecTuner(vk_ctx, tmp_path, QUICK)
+    assert again.shapes(KEYS) == shapes and again.measured == 0
+    more = again.shapes(KEYS + [(T.F16, 16, 64)])
+    assert again.measured == 1 and {k: more[k] for k in KEYS} == shapes
+    assert len(next(iter(json.loads((tmp_path / "tuning.json").read_text()).values()))) == 3
+
+
+def test_a_damaged_cache_is_measured_again(vk_ctx, tmp_path):
+    (tmp_path / "tuning.json").write_text("{not json")
+    tuner = MatVecTuner(vk_ctx, tmp_path, QUICK)
+    assert tuner.shapes(KEYS[:1])[KEYS[0]] in candidates(vk_ctx.info) and tuner.measured == 1
+    assert len(next(iter(json.loads((tmp_path / "tuning.json").read_text()).values()))) == 1
+
+
+@pytest.mark.parametrize("value,expected", [("0", False), ("1", True), ("auto", None), (None, None)])
+def test_vkllm_tune_setting(value, expected):
+    env = {} if value is None else {"VKLLM_TUNE": value}
+    assert Settings.from_env(env).tune is expected
+
+
+def test_vkllm_tune_setting_refuses_other_values():
+    with pytest.raises(VkllmError, match="VKLLM_TUNE must be 0, 1 or auto"):
+        Settings.from_env({"VKLLM_TUNE": "yes please"})
+
+
+@pytest.fixture(scope="module")
+def tiny_q8(tmp_path_factory):
+    return write_model("tiny-llama", tmp_path_factory.mktemp("tuning") / "tiny-llama-q8.gguf", mix="Q8_0", seed=1)
+
+
+def test_engine_with_tuning_matches_reference(vk_ctx, tiny_q8, tmp_path):
+    """Token by token (one column: the pipelines the candidates test built), each position's
+    logits against the numpy forward pass."""
+    settings = replace(vk_ctx.settings, tune=True, cache_dir=tmp_path)
+    model_file = ModelFile.open(tiny_q8)
+    ids = np.random.default_rng(4).integers(0, model_file.config.vocab_size, 6).tolist()
+    engine = Engine.load(tiny_q8, settings, n_ctx=32, ctx=vk_ctx, max_batch=1)
+    try:
+        layer = engine.model.layers[0]
+        assert all(layer[name].mat_vec_shape in candidates(vk_ctx.info) for name in ("attn_q", "attn_k", "ffn_down"))
+        assert engine.model.output.mat_vec_shape in candidates(vk_ctx.info)
+        got = []
+        for pos, token in enumerate(ids):
+            engine.runner.decode(token, pos, "logits")
+            got.append(engine.runner.read_logits().copy())
+    finally:
+        engine.close()
+    (entries,) = json.loads((tmp_path / "tuning.json").read_text()).values()
+    assert len(entries) == 5   # rows x K: 128x256 (k, v), 256x256 (q, o), 768x256, 256x768, 384x256 (output)
+    ref = reference_logits(model_file, ids)
+    np.testing.assert_allclose(np.array(got), ref, atol=2e-3 * np.abs(ref).max())
+
+
+def test_engine_tunes_by_default_on_gpus_only(vk_ctx, tiny_q8, tmp_path):
+    engine = Engine.load(tiny_q8, replace(vk_ctx.settings, cache_dir=tmp_path), n_ctx=32, ctx=vk_ctx, max_batch=1)
+    try:
+        tuned = engine.model.layers[0]["attn_q"].mat_vec_shape is not None
+    finally:
+        engine.close()
+    assert tuned == (tmp_path / "tuning.json").exists() == (vk_ctx.info.kind != "cpu")
