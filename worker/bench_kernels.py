@@ -16,10 +16,10 @@ import statistics
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from worker.bench import read_bandwidth, replay_for
+from worker.bench import read_bandwidth
 from worker.config import Settings
-from worker.kernels.matmul import matmul
 from worker.kernels.tensor import SUPPORTED_TYPES, free_tensor, row_bytes, upload_tensor
+from worker.kernels.timing import random_weights, record_products, replay_for
 
 ROOFLINE_BYTES_PER_S = 4.35e12
 # rows x K: attention projection, FFN up/gate, FFN down, the Llama-3 output head.
@@ -28,7 +28,6 @@ QUICK_SHAPES = ((256, 1024), (1024, 256), (20000, 256))
 ROTATION_BYTES = 512 << 20   # bytes cycled through per shape: many times the L2
 QUICK_ROTATION_BYTES = 2 << 20
 WARMUP_SECONDS, QUICK_WARMUP_SECONDS = 0.5, 0.02
-PATTERN_BYTES = 64 << 20     # random bytes repeated to fill the weights: content is irrelevant
 DEFAULT_TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F32")
 
@@ -43,17 +42,6 @@ def add_arguments(parser):
                         help="also time the mat-mat kernel on N token columns (TFLOP/s)")
 
 
-def random_weights(qtype: GGMLQuantizationType, nbytes: int) -> np.ndarray:
-    """Random bytes are valid blocks except for NaN/inf scales, which cost no extra time; float
-    types get normal floats."""
-    rng, size = np.random.default_rng(0), min(nbytes, PATTERN_BYTES)
-    floats = rng.standard_normal(size // 4 + 1).astype(np.float32)
-    pattern = {GGMLQuantizationType.F32: floats, GGMLQuantizationType.F16: floats.astype(np.float16),
-               GGMLQuantizationType.BF16: (floats.view(np.uint32) >> 16).astype(np.uint16)}.get(
-        qtype, rng.integers(0, 256, size, dtype=np.uint8))
-    return np.resize(pattern.view(np.uint8), nbytes)
-
-
 def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, rotation_bytes: int,
                 runs: int, warmup: float) -> tuple[float, int]:
     """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
@@ -64,13 +52,7 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
     weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
     x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
     ctx.upload(x, np.ones(cols * n, np.float32))
-    rec = ctx.recording(max_sets=copies * len(weights[0].parts) + 1, max_timestamps=copies + 1)
-    rec.timestamp("start")
-    for i, w in enumerate(weights):
-        matmul(rec, w, x, y, n)
-        rec.barrier()
-        rec.timestamp(f"copy{i}")
-    rec.finish()
+    rec = record_products(ctx, weights, x, y, n)
     replay_for(ctx, rec, warmup)
     times = []
     for _ in range(runs):

@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from worker.bench import replay_for
-from worker.bench_kernels import random_weights
-from worker.kernels.matmul import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE, MAT_VEC_MAX_COLS, matmul
+from worker.kernels.matmul import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE, MAT_VEC_MAX_COLS
 from worker.kernels.tensor import free_tensor, row_bytes, upload_tensor
+from worker.kernels.timing import random_weights, record_products, replay_for
 from worker.shaderbuild import load_spirv
 
 log = logging.getLogger(__name__)
@@ -132,7 +131,7 @@ class MatVecTuner:
             for i in range(copies):
                 weights.append(upload_tensor(ctx, f"tune{i}", qtype, (cols, rows), data))
             for shape in candidates(ctx.info):
-                recordings[shape] = _record(ctx, weights, x, y, shape)
+                recordings[shape] = record_products(ctx, [replace(w, mat_vec_shape=shape) for w in weights], x, y)
             for rec in recordings.values():   # slow first submissions; the clock brought up
                 replay_for(ctx, rec, budget.warmup_seconds / len(recordings))
             times = {shape: [] for shape in recordings}
@@ -156,17 +155,6 @@ class MatVecTuner:
             spirv, _ = load_spirv(f"mul_mat_vec_{qtype.name.lower()}", Path(self.ctx.settings.cache_dir))
             self._kernel_hashes[qtype] = hashlib.sha256(spirv).hexdigest()[:16]
         return f"{qtype.name} {rows}x{cols} {self._kernel_hashes[qtype]}"
-
-
-def _record(ctx, weights, x, y, shape: Shape):
-    """One product per copy, each followed by a barrier and a timestamp."""
-    rec = ctx.recording(max_sets=len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
-    rec.timestamp("start")
-    for i, w in enumerate(weights):
-        matmul(rec, replace(w, mat_vec_shape=shape), x, y, 1)
-        rec.barrier()
-        rec.timestamp(f"copy{i}")
-    return rec.finish()
 
 
 def _read(path: Path) -> dict:
