@@ -1,0 +1,118 @@
+"""RoPE on q and k fused with the f16 KV-cache append, against the float64 numpy RoPE reference
+and, bit for bit, against the separate rope and kv_store kernels it replaces."""
+import numpy as np
+import pytest
+
+from tests.kernel_io import Device, f32
+from tests.test_kernels_rope import llama3_freq_factors, rope_reference
+from worker.kernels.attention import kv_store
+from worker.kernels.rope import rope, rope_store_kv
+
+CACHE_FILL = 7.0  # cache rows the op must not touch hold this
+
+
+@pytest.fixture
+def dev(vk_ctx):
+    d = Device(vk_ctx)
+    yield d
+    d.close()
+
+
+CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3 factors
+    (1, 37, 6, 2, 64, 64, 100000.0, False, False),     # decode after a prefix, GQA
+    (5, 0, 6, 2, 128, 128, 500000.0, False, True),     # Llama 3 prefill from the start
+    (5, 700, 4, 4, 128, 128, 500000.0, False, True),   # chunk after a prefix, no grouping
+    (5, 300, 6, 2, 128, 128, 1000000.0, True, False),  # Qwen2 (NeoX)
+    (1, 11, 4, 4, 96, 32, 10000.0, True, False),       # partial rotation, NeoX, decode
+    (5, 0, 6, 2, 80, 40, 10000.0, False, False),       # partial rotation, normal
+    (5, 513, 6, 2, 80, 40, 10000.0, True, True),       # partial rotation with factors
+]
+
+
+class Inputs:
+    """Random q, k, v for one case and its step buffer; caches of n_ctx rows filled with CACHE_FILL."""
+
+    def __init__(self, dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, llama3, base):
+        rng = np.random.default_rng(pos0 + n_head * head_dim)
+        self.q = f32(rng, n_tokens, n_head, head_dim)
+        self.k = f32(rng, n_tokens, n_head_kv, head_dim)
+        self.v = f32(rng, n_tokens, n_head_kv, head_dim)
+        self.ff = llama3_freq_factors(rope_dim, base) if llama3 else None
+        self.n_ctx = pos0 + n_tokens + 3
+        self.step = dev.host(np.array([pos0, n_tokens], np.uint32))
+        self.dev = dev
+
+    def cache(self):
+        return self.dev.put(np.full((self.n_ctx, *self.k.shape[1:]), CACHE_FILL, np.float16))
+
+    def cache_array(self, buf):
+        return self.dev.get(buf, np.float16, self.n_ctx * self.k[0].size).reshape(self.n_ctx, *self.k.shape[1:])
+
+    def freq_factors(self):
+        return None if self.ff is None else self.dev.put(self.ff)
+
+
+@pytest.mark.parametrize("n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3", CASES)
+def test_rope_store_kv(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3):
+    x = Inputs(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, llama3, base)
+    bq, bk, bv, kc, vc = dev.put(x.q), dev.put(x.k), dev.put(x.v), x.cache(), x.cache()
+    ff = x.freq_factors()
+    dev.run(lambda rec: rope_store_kv(rec, bq, bk, bv, kc, vc, x.step, n_tokens, n_head, n_head_kv, head_dim,
+                                      rope_dim, base, neox, ff))
+    q = dev.get(bq, count=x.q.size).reshape(x.q.shape)
+    np.testing.assert_allclose(q, rope_reference(x.q, pos0, rope_dim, base, neox, x.ff), rtol=0, atol=5e-4)
+    np.testing.assert_array_equal(q[..., rope_dim:], x.q[..., rope_dim:])
+    np.testing.assert_array_equal(dev.get(bk, count=x.k.size).reshape(x.k.shape), x.k)
+    rows = slice(pos0, pos0 + n_tokens)
+    k_cache, v_cache = x.cache_array(kc), x.cache_array(vc)
+    k_want = rope_reference(x.k, pos0, rope_dim, base, neox, x.ff)
+    np.testing.assert_allclose(k_cache[rows].astype(np.float64), k_want, rtol=1e-3, atol=5e-4)
+    np.testing.assert_array_equal(k_cache[rows][..., rope_dim:], x.k[..., rope_dim:].astype(np.float16))
+    np.testing.assert_array_equal(v_cache[rows], x.v.astype(np.float16))
+    for cache in (k_cache, v_cache):
+        assert (cache[:pos0] == CACHE_FILL).all() and (cache[pos0 + n_tokens:] == CACHE_FILL).all()
+
+
+@pytest.mark.parametrize("n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3",
+                         [CASES[0], CASES[2], CASES[3], CASES[6]])
+def test_same_bits_as_separate_kernels(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox,
+                                       llama3):
+    """The engine may record either path: q and both caches must match bit for bit."""
+    x = Inputs(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, llama3, base)
+    ff, width = x.freq_factors(), n_head_kv * head_dim
+    fused = [dev.put(x.q), dev.put(x.k), dev.put(x.v), x.cache(), x.cache()]
+    dev.run(lambda rec: rope_store_kv(rec, *fused, x.step, n_tokens, n_head, n_head_kv, head_dim, rope_dim, base,
+                                      neox, ff))
+    bq, bk, bv, kc, vc = dev.put(x.q), dev.put(x.k), dev.put(x.v), x.cache(), x.cache()
+
+    def separate(rec):
+        rope(rec, bq, x.step, n_tokens, n_head, head_dim, rope_dim, base, neox, ff)
+        rope(rec, bk, x.step, n_tokens, n_head_kv, head_dim, rope_dim, base, neox, ff)
+        rec.barrier()
+        kv_store(rec, bk, kc, x.step, n_tokens, width)
+        kv_store(rec, bv, vc, x.step, n_tokens, width)
+    dev.run(separate)
+    np.testing.assert_array_equal(dev.get(fused[0], count=x.q.size), dev.get(bq, count=x.q.size))
+    np.testing.assert_array_equal(x.cache_array(fused[3]), x.cache_array(kc))
+    np.testing.assert_array_equal(x.cache_array(fused[4]), x.cache_array(vc))
+
+
+def test_replay_reads_new_position(dev):
+    """Recorded once, replayed for successive decode positions as the engine does."""
+    x = Inputs(dev, 1, 0, 2, 2, 64, 64, False, 10000.0)
+    bq, bk, bv, kc, vc = dev.put(x.q), dev.put(x.k), dev.put(x.v), x.cache(), x.cache()
+    rec = dev.ctx.recording()
+    rope_store_kv(rec, bq, bk, bv, kc, vc, x.step, 1, 2, 2, 64, 64, 10000.0, False)
+    rec.finish()
+    for pos in (0, 2):
+        dev.ctx.upload(bq, x.q)
+        dev.ctx.upload(x.step, np.array([pos, 1], np.uint32))
+        dev.ctx.run(rec)
+        np.testing.assert_allclose(dev.get(bq, count=x.q.size).reshape(x.q.shape),
+                                   rope_reference(x.q, pos, 64, 10000.0, False), rtol=0, atol=5e-4)
+    rec.destroy()
+    k_cache = x.cache_array(kc)
+    for pos in (0, 2):
+        np.testing.assert_allclose(k_cache[pos].astype(np.float64), rope_reference(x.k, pos, 64, 10000.0, False)[0],
+                                   rtol=1e-3, atol=5e-4)
+    assert (k_cache[1] == CACHE_FILL).all() and (x.cache_array(vc)[[0, 2]] == x.v.astype(np.float16)).all()
