@@ -114,13 +114,9 @@ class Llama:
             matmul(rec, layer[name], s.xb, out, n)
         rec.barrier()
         self.after_qkv(rec, layer, s, n)
-        for buf, heads in ((s.q, c.n_head), (s.k, c.n_head_kv)):
-            rope.rope(rec, buf, self.step, n, heads, c.head_dim, c.rope_dim, c.rope_base, c.rope_neox,
-                      self.freq_factors)
-        rec.barrier()
-        kv_width = c.n_head_kv * c.head_dim
-        attn_ops.kv_store(rec, s.k, self.k_cache[i], self.step, n, kv_width)
-        attn_ops.kv_store(rec, s.v, self.v_cache[i], self.step, n, kv_width)
+        # one dispatch: q rotated in place, k rotated and v copied into this layer's f16 cache
+        rope.rope_store_kv(rec, s.q, s.k, s.v, self.k_cache[i], self.v_cache[i], self.step, n, c.n_head,
+                           c.n_head_kv, c.head_dim, c.rope_dim, c.rope_base, c.rope_neox, self.freq_factors)
         rec.barrier()
         attn_ops.attention(rec, s.q, self.k_cache[i], self.v_cache[i], s.att, self.step, n, c.n_head,
                            c.n_head_kv, c.head_dim, c.head_dim ** -0.5)
