@@ -7,6 +7,10 @@
 //   float dequantize1(uint i)   value i, for rows whose length is not a multiple of 4 or 16
 //   vec4 dequantize4(uint i4)   values 4*i4 .. 4*i4+3 in one load
 // Layouts and formulas follow ggml's dequantize_row_* (gguf-py's gguf/quants.py is the check).
+// A kernel over two weights of one type (gate and up) includes this file a second time with
+// DEQUANT_UP defined: the same functions over binding 1, named *_up (GLSL functions cannot take
+// a buffer, and the host binds one buffer per binding).
+#if !defined(DEQUANT_UP)
 #include "types.glsl"
 
 layout(std430, binding = 0) readonly buffer A { A_TYPE data_a[]; };
@@ -24,6 +28,21 @@ uint word16(uint16_t lo, uint16_t hi) { return uint(lo) | (uint(hi) << 16); }
 uint byte_of(uint w, uint i) { return (w >> (8 * i)) & 255u; }
 // Bits 0..3 of `h` spread to bit 0 of bytes 0..3.
 uint spread4(uint h) { return (h & 1u) | ((h & 2u) << 7) | ((h & 4u) << 14) | ((h & 8u) << 21); }
+
+#if defined(DATA_A_MXFP4)
+// MXFP4's e2m1 values, doubled (dequantize16 halves the e8m0 scale).
+const float kvalues_mxfp4[16] = float[16](0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+#endif
+
+#else
+layout(std430, binding = 1) readonly buffer A_UP { A_TYPE data_a_up[]; };
+#define data_a data_a_up
+#define dequantize1 dequantize1_up
+#define dequantize4 dequantize4_up
+#define dequantize16 dequantize16_up
+#define scale_min_k4 scale_min_k4_up
+#define q3_k_scale_byte q3_k_scale_byte_up
+#endif
 
 #if QUANT_K == 1
 vec4 dequantize4(uint i4) {
@@ -118,8 +137,6 @@ mat4 dequantize16(uint ib, uint s) {
 
 #elif defined(DATA_A_MXFP4)
 // 17-byte blocks: bytes only. e8m0 scale halved because the e2m1 table is doubled.
-const float kvalues_mxfp4[16] = float[16](0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-
 mat4 dequantize16(uint ib, uint s) {
     const float d = exp2(float(uint(data_a[ib].e)) - 128.0);
     mat4 v;
@@ -211,4 +228,13 @@ mat4 dequantize16(uint ib, uint s) {
     }
     return v;
 }
+#endif
+
+#if defined(DEQUANT_UP)
+#undef data_a
+#undef dequantize1
+#undef dequantize4
+#undef dequantize16
+#undef scale_min_k4
+#undef q3_k_scale_byte
 #endif

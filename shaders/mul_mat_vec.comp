@@ -3,16 +3,18 @@
 #include "mul_mat_vec_base.glsl"
 
 // Inner loops. Each dequantizes a piece of weights once and applies it to all NUM_COLS columns
-// of x; each load of x serves all NUM_ROWS rows.
+// of x; each load of x serves all NUM_ROWS rows of all NUM_MATS weights.
 void main() {
     const uint row0 = first_row(), col0 = first_col();
     if (row0 >= p.rows) {
         return;
     }
-    float acc[NUM_COLS][NUM_ROWS];
+    float acc[NUM_COLS][NUM_MATS][NUM_ROWS];
     for (uint c = 0; c < NUM_COLS; c++) {
-        for (uint r = 0; r < NUM_ROWS; r++) {
-            acc[c][r] = 0.0;
+        for (uint m = 0; m < NUM_MATS; m++) {
+            for (uint r = 0; r < NUM_ROWS; r++) {
+                acc[c][m][r] = 0.0;
+            }
         }
     }
     const uint tid = gl_LocalInvocationID.x;
@@ -22,19 +24,23 @@ void main() {
     if (p.ncols % 4 == 0) {
         const uint n4 = p.ncols / 4;
         for (uint i = tid; i < n4; i += BLOCK_SIZE) {
-            for (uint r = 0; r < NUM_ROWS; r++) {
-                const vec4 w = dequantize4(clamped_row(row0 + r) * n4 + i);
-                for (uint c = 0; c < NUM_COLS; c++) {
-                    acc[c][r] += dot(w, x4[clamped_col(col0 + c) * n4 + i]);
+            for (uint m = 0; m < NUM_MATS; m++) {
+                for (uint r = 0; r < NUM_ROWS; r++) {
+                    const vec4 w = WEIGHTS(m, dequantize4, (clamped_row(row0 + r) * n4 + i));
+                    for (uint c = 0; c < NUM_COLS; c++) {
+                        acc[c][m][r] += dot(w, x4[clamped_col(col0 + c) * n4 + i]);
+                    }
                 }
             }
         }
     } else {
         for (uint k = tid; k < p.ncols; k += BLOCK_SIZE) {
-            for (uint r = 0; r < NUM_ROWS; r++) {
-                const float w = dequantize1(clamped_row(row0 + r) * p.ncols + k);
-                for (uint c = 0; c < NUM_COLS; c++) {
-                    acc[c][r] += w * x[clamped_col(col0 + c) * p.ncols + k];
+            for (uint m = 0; m < NUM_MATS; m++) {
+                for (uint r = 0; r < NUM_ROWS; r++) {
+                    const float w = WEIGHTS(m, dequantize1, (clamped_row(row0 + r) * p.ncols + k));
+                    for (uint c = 0; c < NUM_COLS; c++) {
+                        acc[c][m][r] += w * x[clamped_col(col0 + c) * p.ncols + k];
+                    }
                 }
             }
         }
@@ -46,14 +52,19 @@ void main() {
         const uint ib = 16 * t / QUANT_K, s = (16 * t % QUANT_K) / 16;
         if (NUM_COLS == 1) {
             const mat4 xv = load_x16(clamped_col(col0) * p.ncols + 16 * t);
-            for (uint r = 0; r < NUM_ROWS; r++) {
-                acc[0][r] += dot16(dequantize16(clamped_row(row0 + r) * blocks_per_row + ib, s), xv);
+            for (uint m = 0; m < NUM_MATS; m++) {
+                for (uint r = 0; r < NUM_ROWS; r++) {
+                    const uint b = clamped_row(row0 + r) * blocks_per_row + ib;
+                    acc[0][m][r] += dot16(WEIGHTS(m, dequantize16, (b, s)), xv);
+                }
             }
         } else {
-            for (uint r = 0; r < NUM_ROWS; r++) {
-                const mat4 w = dequantize16(clamped_row(row0 + r) * blocks_per_row + ib, s);
-                for (uint c = 0; c < NUM_COLS; c++) {
-                    acc[c][r] += dot16(w, load_x16(clamped_col(col0 + c) * p.ncols + 16 * t));
+            for (uint m = 0; m < NUM_MATS; m++) {
+                for (uint r = 0; r < NUM_ROWS; r++) {
+                    const mat4 w = WEIGHTS(m, dequantize16, (clamped_row(row0 + r) * blocks_per_row + ib, s));
+                    for (uint c = 0; c < NUM_COLS; c++) {
+                        acc[c][m][r] += dot16(w, load_x16(clamped_col(col0 + c) * p.ncols + 16 * t));
+                    }
                 }
             }
         }

@@ -5,26 +5,41 @@
 // stride over K and each keeps one fp32 partial sum per row and column, summed by subgroupAdd and
 // then across subgroups in shared memory. Workgroups beyond maxComputeWorkGroupCount[0] continue
 // in the y dimension of the dispatch; column groups are the z dimension.
+// With GLU defined, two weights of one type and shape, gate (binding 0) and up (binding 1), take
+// the same x: each load of x serves both, every thread keeps a partial sum per weight, and
+// y = silu(gate x) * (up x), the SwiGLU of a feed-forward block, in one dispatch.
+// Bindings: the weights (one or two), x, y.
 #include "dequant.glsl"
+#if defined(GLU)
+#define DEQUANT_UP
+#include "dequant.glsl"
+const uint NUM_MATS = 2;
+// Weight m's values from dequant function f (its *_up twin reads the up weights).
+#define WEIGHTS(m, f, args) ((m) == 0 ? f args : f##_up args)
+float silu(float v) { return v / (1.0 + exp(-v)); }
+#else
+const uint NUM_MATS = 1;
+#define WEIGHTS(m, f, args) f args
+#endif
 
 layout(constant_id = 0) const uint BLOCK_SIZE = 32;
 layout(constant_id = 1) const uint NUM_ROWS = 2;
 layout(constant_id = 2) const uint NUM_COLS = 1;
 
-layout(std430, binding = 1) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
-layout(std430, binding = 2) buffer Y { float y[]; };
+layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };
+layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
+layout(std430, binding = NUM_MATS + 1) buffer Y { float y[]; };
 
 layout(push_constant) uniform Push {
     uint ncols;       // K
     uint rows;        // rows of this part
     uint y_offset;    // index in y of this part's first row
-    uint accumulate;  // 1: add to what y holds (residual), 0: overwrite
+    uint accumulate;  // 1: add to what y holds (residual), 0: overwrite; GLU: always overwrites
     uint n;           // columns of x and y
     uint y_stride;    // length of a column of y: all rows of the tensor
 } p;
 
-shared float partial[NUM_COLS * NUM_ROWS][BLOCK_SIZE];
+shared float partial[NUM_COLS * NUM_MATS * NUM_ROWS][BLOCK_SIZE];
 
 uint first_row() {
     return (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
@@ -49,26 +64,33 @@ float dot16(mat4 a, mat4 b) {
     return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3]);
 }
 
-void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_ROWS]) {
+// acc[c][m][r]: column col0 + c, weight m, row row0 + r.
+void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][NUM_ROWS]) {
     for (uint c = 0; c < NUM_COLS; c++) {
-        for (uint r = 0; r < NUM_ROWS; r++) {
-            acc[c][r] = subgroupAdd(acc[c][r]);
+        for (uint m = 0; m < NUM_MATS; m++) {
+            for (uint r = 0; r < NUM_ROWS; r++) {
+                acc[c][m][r] = subgroupAdd(acc[c][m][r]);
+            }
         }
     }
     if (gl_NumSubgroups > 1) {
         if (subgroupElect()) {
             for (uint c = 0; c < NUM_COLS; c++) {
-                for (uint r = 0; r < NUM_ROWS; r++) {
-                    partial[c * NUM_ROWS + r][gl_SubgroupID] = acc[c][r];
+                for (uint m = 0; m < NUM_MATS; m++) {
+                    for (uint r = 0; r < NUM_ROWS; r++) {
+                        partial[(c * NUM_MATS + m) * NUM_ROWS + r][gl_SubgroupID] = acc[c][m][r];
+                    }
                 }
             }
         }
         barrier();
         for (uint c = 0; c < NUM_COLS; c++) {
-            for (uint r = 0; r < NUM_ROWS; r++) {
-                acc[c][r] = 0.0;
-                for (uint i = 0; i < gl_NumSubgroups; i++) {
-                    acc[c][r] += partial[c * NUM_ROWS + r][i];
+            for (uint m = 0; m < NUM_MATS; m++) {
+                for (uint r = 0; r < NUM_ROWS; r++) {
+                    acc[c][m][r] = 0.0;
+                    for (uint i = 0; i < gl_NumSubgroups; i++) {
+                        acc[c][m][r] += partial[(c * NUM_MATS + m) * NUM_ROWS + r][i];
+                    }
                 }
             }
         }
@@ -77,7 +99,11 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_ROWS])
         for (uint c = 0; c < NUM_COLS && col0 + c < p.n; c++) {
             for (uint r = 0; r < NUM_ROWS && row0 + r < p.rows; r++) {
                 const uint i = (col0 + c) * p.y_stride + p.y_offset + row0 + r;
-                y[i] = p.accumulate != 0 ? y[i] + acc[c][r] : acc[c][r];
+#if defined(GLU)
+                y[i] = silu(acc[c][0][r]) * acc[c][1][r];
+#else
+                y[i] = p.accumulate != 0 ? y[i] + acc[c][0][r] : acc[c][0][r];
+#endif
             }
         }
     }

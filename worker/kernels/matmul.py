@@ -1,5 +1,7 @@
 """Weight x activation products and embedding-row lookup over DeviceTensors. Each function
-records one dispatch per part of the weight, no barriers: the caller orders dependent work."""
+records one dispatch per part of the weight, no barriers: the caller orders dependent work
+(matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU)."""
+from worker.kernels import elementwise
 from worker.kernels.tensor import DeviceTensor
 from worker.vk.commands import Recording, pack_push
 from worker.vk.memory import Buffer
@@ -31,6 +33,10 @@ def _groups(ctx, count: int) -> tuple[int, int, int]:
     return x, -(-count // x), 1
 
 
+def _tiled(ctx, n: int) -> bool:
+    return n > MAT_VEC_MAX_COLS and ctx.info.kind != "cpu"
+
+
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
            tiled: bool | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows]. Up to
@@ -41,7 +47,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     shape is the weight's tuned one, else the device kind's fixed one."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if tiled is None:
-        tiled = n > MAT_VEC_MAX_COLS and ctx.info.kind != "cpu"
+        tiled = _tiled(ctx, n)
     if not tiled:
         threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
         cols = min(n, MAT_VEC_MAX_COLS)
@@ -56,6 +62,35 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         push = pack_push(w.cols, count, n, first, w.rows, int(y_accumulate))
         groups = (-(-count // MAT_MAT_TILE), -(-n // MAT_MAT_TILE), 1)
         rec.dispatch(kernel, [buffer, x, y], groups, push)
+
+
+def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
+                  up: Buffer):
+    """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
+    gate and up products of a feed-forward block and its SwiGLU. Where the mat-vec kernel would
+    take both products (matmul's rule), one dispatch per part does all three, reading x once for
+    both weights: that needs both weights of one type with the same row parts, and the
+    workgroup's partial sums (two per row and column) within shared memory. Otherwise two matmul
+    calls write out and `up` (f32 [n, rows], scratch used only then), a barrier, elementwise
+    swiglu into out. Either way the caller orders only x before and out after, as for matmul."""
+    if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
+        raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
+    ctx = rec.ctx
+    threads, rows_per_group = w_gate.mat_vec_shape or mat_vec_shape(ctx)
+    cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * 2 * rows_per_group * threads))
+    same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
+    if _tiled(ctx, n) or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
+        matmul(rec, w_gate, x, out, n)
+        matmul(rec, w_up, x, up, n)
+        rec.barrier()
+        elementwise.swiglu(rec, out, up, out, n * w_gate.rows)
+        return
+    spec = {0: threads, 1: rows_per_group, 2: cols}
+    kernel = ctx.kernel(f"mul_mat_vec_glu_{w_gate.ggml_type.name.lower()}", spec)
+    for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
+        push = pack_push(w_gate.cols, count, first, 0, n, w_gate.rows)
+        x_groups, y_groups, _ = _groups(ctx, -(-count // rows_per_group))
+        rec.dispatch(kernel, [gate, up_part, x, out], (x_groups, y_groups, -(-n // cols)), push)
 
 
 def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int):
