@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 
 from worker.kernels import attention as attn_ops
 from worker.kernels import elementwise, norm, rope
-from worker.kernels.matmul import get_rows, matmul
+from worker.kernels.matmul import get_rows, matmul, matmul_swiglu
 from worker.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
 from worker.models.scratch import Scratch
 
@@ -131,10 +131,7 @@ class Llama:
         c = self.config
         norm.rms_norm(rec, s.x, layer["ffn_norm"], s.xb, n, c.n_embd, c.norm_eps)
         rec.barrier()
-        matmul(rec, layer["ffn_gate"], s.xb, s.gate, n)
-        matmul(rec, layer["ffn_up"], s.xb, s.up, n)
-        rec.barrier()
-        elementwise.swiglu(rec, s.gate, s.up, s.gate, n * c.n_ff)
+        matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], s.xb, s.gate, n, up=s.up)
         rec.barrier()
         matmul(rec, layer["ffn_down"], s.gate, s.x, n, y_accumulate=True)
         rec.barrier()
