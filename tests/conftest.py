@@ -39,6 +39,15 @@ def vk_ctx(vk_session):
     assert log is None or log.errors[before:] == [], "Vulkan validation errors"
 
 
+@pytest.fixture
+def dev(vk_ctx):
+    """Kernel-test helper over the Vulkan context: buffers it makes are freed after the test."""
+    from tests.kernel_io import Device
+    d = Device(vk_ctx)
+    yield d
+    d.close()
+
+
 # --- the appliance: a real redis-server, real `vkllm worker` processes, the app served for real ---
 
 

@@ -3,15 +3,8 @@ float64 numpy reference computed from the same f16 cache contents."""
 import numpy as np
 import pytest
 
-from tests.kernel_io import Device, f32
+from tests.kernel_io import f32
 from worker.kernels.attention import attention, kv_store
-
-
-@pytest.fixture
-def dev(vk_ctx):
-    d = Device(vk_ctx)
-    yield d
-    d.close()
 
 
 def attention_reference(q, k_cache, v_cache, pos0, scale):

@@ -1,17 +1,9 @@
 """Elementwise kernels on the real device against float64 numpy references."""
 import numpy as np
-import pytest
 
-from tests.kernel_io import Device, f32
+from tests.kernel_io import f32
 from worker.kernels import elementwise
 from worker.kernels.launch import threads
-
-
-@pytest.fixture
-def dev(vk_ctx):
-    d = Device(vk_ctx)
-    yield d
-    d.close()
 
 
 def test_add_and_in_place(dev):

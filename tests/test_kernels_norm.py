@@ -2,15 +2,8 @@
 import numpy as np
 import pytest
 
-from tests.kernel_io import Device, f32
+from tests.kernel_io import f32
 from worker.kernels import norm
-
-
-@pytest.fixture
-def dev(vk_ctx):
-    d = Device(vk_ctx)
-    yield d
-    d.close()
 
 
 @pytest.mark.parametrize("rows, cols", [(1, 576), (5, 1003), (3, 7)])

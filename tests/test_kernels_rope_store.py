@@ -3,19 +3,12 @@ and, bit for bit, against the separate rope and kv_store kernels it replaces."""
 import numpy as np
 import pytest
 
-from tests.kernel_io import Device, f32
+from tests.kernel_io import f32
 from tests.test_kernels_rope import llama3_freq_factors, rope_reference
 from worker.kernels.attention import kv_store
 from worker.kernels.rope import rope, rope_store_kv
 
 CACHE_FILL = 7.0  # cache rows the op must not touch hold this
-
-
-@pytest.fixture
-def dev(vk_ctx):
-    d = Device(vk_ctx)
-    yield d
-    d.close()
 
 
 CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3 factors

@@ -2,15 +2,8 @@
 import numpy as np
 import pytest
 
-from tests.kernel_io import Device, f32
+from tests.kernel_io import f32
 from worker.kernels import select
-
-
-@pytest.fixture
-def dev(vk_ctx):
-    d = Device(vk_ctx)
-    yield d
-    d.close()
 
 
 def test_argmax_rows_and_first_index_on_ties(dev):
