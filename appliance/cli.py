@@ -2,22 +2,19 @@
 
 Imports stay inside the command functions: `vkllm --help` loads neither Flask nor the engine,
 and only `vkllm worker` imports the engine."""
-import os
-
-DEFAULT_REDIS = "redis://localhost:6379/0"
-DEFAULT_URL = "http://localhost:8000"
+from appliance.config import CommandDefaults
 
 
 def register(sub) -> None:
-    redis_url = os.environ.get("VKLLM_REDIS_URL", DEFAULT_REDIS)
+    env = CommandDefaults.from_env()
 
     p = sub.add_parser("worker", help="serve generation jobs for one or more models on this GPU")
     p.add_argument("-m", "--model", action="append", required=True,
                    help="GGUF file, or its name in the models folder (repeatable)")
-    p.add_argument("--redis-url", default=redis_url)
+    p.add_argument("--redis-url", default=env.redis_url)
     p.add_argument("-c", "--n-ctx", type=int, default=None, help="context length (default: the engine's)")
     p.add_argument("--name", help="worker name (default: host-pid)")
-    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("VKLLM_METRICS_PORT", "9400")),
+    p.add_argument("--metrics-port", type=int, default=env.metrics_port,
                    help="Prometheus /metrics port (0: any free one)")
     p.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between heartbeats")
     p.add_argument("--burst", action="store_true", help="quit when the queues are empty")
@@ -27,15 +24,15 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--data-dir", default=None, help="redis data and logs (default: ~/.local/share/vkllm)")
-    p.add_argument("--models-dir", default=None, help="GGUF folder (default: VKLLM_MODELS_DIR or ./models)")
+    p.add_argument("--models-dir", default=env.models_dir, help="GGUF folder (default: VKLLM_MODELS_DIR or ./models)")
     p.add_argument("-m", "--model", action="append", help="model(s) to serve (default: the demo model)")
-    p.set_defaults(func=_up)
+    p.set_defaults(func=_up, api_key=env.api_key)
 
     for name, text in (("submit", "submit a job over the REST API"), ("jobs", "list jobs"),
                        ("follow", "stream a job's text as it is generated")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--url", default=os.environ.get("VKLLM_URL", DEFAULT_URL))
-        p.add_argument("--api-key", default=os.environ.get("VKLLM_API_KEY"))
+        p.add_argument("--url", default=env.url)
+        p.add_argument("--api-key", default=env.api_key)
         if name == "submit":
             p.add_argument("prompt")
             p.add_argument("-m", "--model", required=True)
@@ -53,8 +50,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("apikey", help="manage the API key")
     p.add_argument("action", choices=("rotate",))
-    p.add_argument("--redis-url", default=redis_url)
-    p.set_defaults(func=_apikey)
+    p.add_argument("--redis-url", default=env.redis_url)
+    p.set_defaults(func=_apikey, key_in_env=env.api_key is not None)
 
 
 def _worker(args):
@@ -65,7 +62,7 @@ def _worker(args):
 
 def _up(args):
     from appliance.embedded import run
-    return run(args, os.environ.get("VKLLM_API_KEY"))
+    return run(args, args.api_key)
 
 
 def _client_command(args):
@@ -79,6 +76,6 @@ def _apikey(args):
     from appliance.auth import rotate
     key = rotate(Redis.from_url(args.redis_url))
     print(f"new API key (shown only now): {key}")
-    if os.environ.get("VKLLM_API_KEY"):
+    if args.key_in_env:
         print("note: VKLLM_API_KEY is set in this environment and wins over the stored key")
     return 0

@@ -68,7 +68,7 @@ def run(args, api_key: str | None) -> int:
     from appliance.app import create_app
 
     data_dir = Path(args.data_dir or Path.home() / ".local" / "share" / "vkllm")
-    models_dir = Path(args.models_dir or os.environ.get("VKLLM_MODELS_DIR") or "models")
+    models_dir = Path(args.models_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     models = args.model
     if not models:
