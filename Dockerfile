@@ -13,10 +13,11 @@ RUN python3 -m venv $VIRTUAL_ENV
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY vkllm ./vkllm
 COPY worker ./worker
 COPY appliance ./appliance
 COPY shaders ./shaders
-# editable: the engine finds its GLSL sources next to the package (worker/../shaders)
+# editable: the engine finds its GLSL sources next to the package (worker/engine/shaderbuild.py: <repo>/shaders)
 RUN pip install --no-cache-dir -e . && mkdir -p /models /cache
 
 EXPOSE 8000 9400

@@ -1,2 +1,3 @@
 """The web side of vkllm: REST and OpenAI-compatible APIs, admin UI and metrics (appliance.app),
-the Redis contract shared with the workers (appliance.protocol) and the CLI commands."""
+and the commands that drive it (`vkllm up | submit | jobs | follow | apikey`). Talks to the
+workers only through Redis (vkllm.protocol); never imports the engine."""

@@ -1,5 +1,14 @@
 """The admin UI: server-rendered pages, plain JS for live parts, a session opened with the API key."""
-from flask import Blueprint, current_app, flash, redirect, render_template, request, session, url_for
+from flask import (
+    Blueprint,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 
 from appliance import auth, modelfiles, queue, schema
 

@@ -12,8 +12,8 @@ import secrets
 
 from flask import abort, current_app, jsonify, redirect, request, session, url_for
 
-from appliance import protocol
 from appliance.queue import get_redis
+from vkllm import protocol
 
 
 def digest(key: str) -> str:

@@ -1,24 +1,11 @@
-"""The appliance's commands: `worker`, `up`, `submit`, `jobs`, `follow`, `apikey rotate`.
+"""The appliance's commands: `up`, `submit`, `jobs`, `follow`, `apikey rotate`.
 
-Imports stay inside the command functions: `vkllm --help` loads neither Flask nor the engine,
-and only `vkllm worker` imports the engine."""
-from appliance.config import CommandDefaults
+Imports stay inside the command functions: `vkllm --help` loads neither Flask nor Redis."""
+from vkllm.config import CommandDefaults
 
 
 def register(sub) -> None:
     env = CommandDefaults.from_env()
-
-    p = sub.add_parser("worker", help="serve generation jobs for one or more models on this GPU")
-    p.add_argument("-m", "--model", action="append", required=True,
-                   help="GGUF file, or its name in the models folder (repeatable)")
-    p.add_argument("--redis-url", default=env.redis_url)
-    p.add_argument("-c", "--n-ctx", type=int, default=None, help="context length (default: the engine's)")
-    p.add_argument("--name", help="worker name (default: host-pid)")
-    p.add_argument("--metrics-port", type=int, default=env.metrics_port,
-                   help="Prometheus /metrics port (0: any free one)")
-    p.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between heartbeats")
-    p.add_argument("--burst", action="store_true", help="quit when the queues are empty")
-    p.set_defaults(func=_worker)
 
     p = sub.add_parser("up", help="run redis, a worker with the demo model and the web app on this machine")
     p.add_argument("--host", default="127.0.0.1")
@@ -52,12 +39,6 @@ def register(sub) -> None:
     p.add_argument("action", choices=("rotate",))
     p.add_argument("--redis-url", default=env.redis_url)
     p.set_defaults(func=_apikey, key_in_env=env.api_key is not None)
-
-
-def _worker(args):
-    from worker.config import Settings
-    from worker.service import serve
-    return serve(args, Settings.from_env())
 
 
 def _up(args):

@@ -5,7 +5,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from worker.errors import VkllmError
+from vkllm.errors import VkllmError
 
 
 class Client:

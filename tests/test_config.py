@@ -6,10 +6,16 @@ import math
 import numpy as np
 import pytest
 
-from worker.modelfile import GGUFError, ModelFile
-from worker.models.config import (LlamaConfig, ModelConfig, Qwen2Config, Qwen3Config,
-                                  llama3_rope_factors)
-from worker.synth import write_model
+from worker.engine.errors import GGUFError
+from worker.engine.modelfile import ModelFile
+from worker.engine.models.config import (
+    LlamaConfig,
+    ModelConfig,
+    Qwen2Config,
+    Qwen3Config,
+    llama3_rope_factors,
+)
+from worker.tools.synth import write_model
 
 
 def transformers_llama3_factors(dim, base, factor, low, high, old_ctx):

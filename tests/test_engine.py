@@ -5,13 +5,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from refmodel import logits as reference_logits
-from worker.engine import Engine, PromptTooLong
-from worker.errors import VkllmError
-from worker.modelfile import ModelFile
-from worker.sampling import SamplingParams
-from worker.synth import write_model
+
+from vkllm.errors import VkllmError
+from worker.engine.engine import Engine
+from worker.engine.errors import PromptTooLong
+from worker.engine.modelfile import ModelFile
+from worker.engine.sampling import SamplingParams
+from worker.tools.synth import write_model
 
 CASES = [("tiny-llama", "Q4_K_M"), ("tiny-llama", "Q8_0"), ("tiny-qwen2", "Q4_0"), ("tiny-qwen2", "Q5_K_M"),
          ("tiny-qwen3", "Q3_K_L"), ("tiny-qwen3", "Q4_K_M")]
@@ -97,7 +98,7 @@ def test_prompt_longer_than_context_is_refused(vk_ctx, synth_dir):
 def test_seeded_sampling_matches_sampler_on_reference_logits(vk_ctx, synth_dir, params):
     """Whichever readback the engine picks, a seeded run draws what the same sampler draws
     from the numpy reference's full logits."""
-    from worker.sampling import Sampler
+    from worker.engine.sampling import Sampler
     path = _model(synth_dir, "tiny-llama", "Q8_0")
     model_file = ModelFile.open(path)
     engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=16)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.engine import Engine
-from worker.sampling import SamplingParams
+from worker.engine.engine import Engine
+from worker.engine.sampling import SamplingParams
 
 GOLDEN = np.load(Path(__file__).parent / "golden" / "refmodel" / "smollm2.npz")
 PROMPTS = range(len(GOLDEN["prompts"]))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tests.kernel_io import f32
-from worker.kernels.attention import attention, kv_store
+from worker.engine.kernels.attention import attention, kv_store
 
 
 def attention_reference(q, k_cache, v_cache, pos0, scale):

@@ -2,8 +2,8 @@
 import numpy as np
 
 from tests.kernel_io import f32
-from worker.kernels import elementwise
-from worker.kernels.launch import threads
+from worker.engine.kernels import elementwise
+from worker.engine.kernels.launch import threads
 
 
 def test_add_and_in_place(dev):

@@ -5,13 +5,14 @@ Tolerance: ||y - ref|| <= 1e-5 * ||ref|| (fp32 accumulation of exactly dequantiz
 observed errors are ~1e-7). get_rows must match the dequantized rows to fp32 rounding."""
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from worker.kernels.matmul import get_rows, matmul, mat_vec_shape
-from worker.kernels.tensor import free_tensor, upload_tensor
-from worker.kernels.tuning import candidates
-from worker.vk import Context
+from tests.kernel_io import own_context
+from worker.engine.kernels.matmul import get_rows, mat_vec_shape, matmul
+from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.kernels.tuning import candidates
 
 RTOL = 1e-5
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
@@ -124,10 +125,8 @@ def test_accumulate_adds_to_y(vk_ctx, n, tiled):
 @pytest.fixture(scope="module")
 def small_binding_ctx(vk_settings):
     """Binding range of 1000 bytes: the test tensors split into many parts."""
-    ctx = Context(vk_settings, block_size=16 << 20, max_binding_range=1000)
-    yield ctx
-    assert ctx.validation.errors == []
-    ctx.close()
+    with own_context(vk_settings, block_size=16 << 20, max_binding_range=1000) as ctx:
+        yield ctx
 
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.F16], ids=lambda t: t.name)

@@ -12,10 +12,16 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from tests.test_kernels_matmul import ALL_TYPES, assert_close, cols_for, random_weights, small_binding_ctx  # noqa: F401
-from worker.kernels.matmul import matmul_swiglu
-from worker.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
-from worker.kernels.tuning import candidates
+from tests.test_kernels_matmul import (  # noqa: F401
+    ALL_TYPES,
+    assert_close,
+    cols_for,
+    random_weights,
+    small_binding_ctx,
+)
+from worker.engine.kernels.matmul import matmul_swiglu
+from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
+from worker.engine.kernels.tuning import candidates
 
 
 def reference(x, w_gate, w_up):

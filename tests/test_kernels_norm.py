@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tests.kernel_io import f32
-from worker.kernels import norm
+from worker.engine.kernels import norm
 
 
 @pytest.mark.parametrize("rows, cols", [(1, 576), (5, 1003), (3, 7)])

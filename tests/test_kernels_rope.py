@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tests.kernel_io import f32
-from worker.kernels.rope import rope
+from worker.engine.kernels.rope import rope
 
 
 def llama3_freq_factors(rope_dim, base, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_ctx=8192):

@@ -5,8 +5,8 @@ import pytest
 
 from tests.kernel_io import f32
 from tests.test_kernels_rope import llama3_freq_factors, rope_reference
-from worker.kernels.attention import kv_store
-from worker.kernels.rope import rope, rope_store_kv
+from worker.engine.kernels.attention import kv_store
+from worker.engine.kernels.rope import rope, rope_store_kv
 
 CACHE_FILL = 7.0  # cache rows the op must not touch hold this
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tests.kernel_io import f32
-from worker.kernels import select
+from worker.engine.kernels import select
 
 
 def test_argmax_rows_and_first_index_on_ties(dev):

@@ -4,17 +4,15 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from worker.errors import VkllmError
-from worker.kernels.tensor import free_tensor, row_bytes, upload_tensor
-from worker.vk import Context
+from tests.kernel_io import own_context
+from vkllm.errors import VkllmError
+from worker.engine.kernels.tensor import free_tensor, row_bytes, upload_tensor
 
 
 @pytest.fixture(scope="module")
 def small_ctx(vk_settings):
-    ctx = Context(vk_settings, block_size=4 << 20, max_binding_range=4096)
-    yield ctx
-    assert ctx.validation.errors == []
-    ctx.close()
+    with own_context(vk_settings, block_size=4 << 20, max_binding_range=4096) as ctx:
+        yield ctx
 
 
 @pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4],

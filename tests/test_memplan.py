@@ -2,9 +2,9 @@
 import pytest
 from gguf import GGUFReader
 
-from worker.errors import VkllmError
-from worker.memplan import MemoryPlan
-from worker.modelfile import ModelFile
+from vkllm.errors import VkllmError
+from worker.engine.memplan import MemoryPlan
+from worker.engine.modelfile import ModelFile
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_weights_alone_too_big(smollm2):
 
 
 def test_default_context_shrinks_to_what_fits(smollm2):
-    from worker.memplan import plan_context
+    from worker.engine.memplan import plan_context
     per_token = 2 * 30 * 3 * 64 * 2
     full = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=4096, chunk=64)
     budget = full.weights_bytes + full.scratch_bytes + 1000 * per_token

@@ -5,11 +5,13 @@ import sys
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize
 
-from worker.modelfile import GGUFError, ModelFile
-from worker.synth import write_model
+from worker.engine.errors import GGUFError
+from worker.engine.modelfile import ModelFile
+from worker.tools.synth import write_model
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +164,7 @@ def test_missing_metadata_key(tmp_path, good):
 def test_cli_prints_one_line(tmp_path, good):
     path = tmp_path / "cut.gguf"
     path.write_bytes(good.read_bytes()[:5000])
-    done = subprocess.run([sys.executable, "-c", "import sys; from worker.cli import main; sys.exit(main())",
+    done = subprocess.run([sys.executable, "-c", "import sys; from vkllm.cli import main; sys.exit(main())",
                            "models", "inspect", str(path)], capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.startswith("vkllm: error: ") and done.stderr.count("\n") == 1

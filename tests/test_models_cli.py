@@ -4,11 +4,11 @@ import sys
 
 import pytest
 
-from worker.demo import MODEL_NAME, fetch_demo
-from worker.errors import VkllmError
-from worker.modelfile import ModelFile
+from vkllm.demo import MODEL_NAME, fetch_demo
+from vkllm.errors import VkllmError
+from worker.engine.modelfile import ModelFile
 
-VKLLM = [sys.executable, "-c", "import sys; from worker.cli import main; sys.exit(main())"]
+VKLLM = [sys.executable, "-c", "import sys; from vkllm.cli import main; sys.exit(main())"]
 
 
 def vkllm(*args, env=None):

@@ -2,10 +2,11 @@
 which llama.cpp's own tests mirror) within per-type error bounds."""
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from worker.quant import QUANTIZERS, quantize
+from worker.tools.quant import QUANTIZERS, quantize
 
 # Relative RMS error on normal data; measured values were ~80% of these.
 REL_RMS = {T.F32: 0.0, T.F16: 3e-4, T.BF16: 2.5e-3, T.Q8_0: 6.5e-3, T.Q6_K: 0.023,

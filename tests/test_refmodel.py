@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from refmodel import RefModel
-from worker.modelfile import ModelFile
-from worker.synth import write_model
+
+from worker.engine.modelfile import ModelFile
+from worker.tools.synth import write_model
 
 GOLDEN = Path(__file__).parent / "golden" / "refmodel"
 TINY = np.load(GOLDEN / "tiny.npz")

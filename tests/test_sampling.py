@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from worker.errors import VkllmError
-from worker.sampling import Sampler, SamplingParams, StopMatcher
+from vkllm.errors import VkllmError
+from worker.engine.sampling import Sampler, SamplingParams, StopMatcher
 
 VOCAB = 1000
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from worker.modelfile import ModelFile
-from worker.synth import PRESETS, tensor_specs, write_model
-from worker.synthmix import MIXES
-from worker.synthvocab import CONTROL_TOKENS, build_vocab, bytes_to_unicode
+from worker.engine.modelfile import ModelFile
+from worker.tools.synth import PRESETS, tensor_specs, write_model
+from worker.tools.synthmix import MIXES
+from worker.tools.synthvocab import CONTROL_TOKENS, build_vocab, bytes_to_unicode
 
 # Parameter counts published with the models (without llama.cpp's rope_freqs tensor).
 PUBLISHED_PARAMS = {"llama-3.2-1b": 1_235_814_400, "llama-3.1-8b": 8_030_261_248,
@@ -77,7 +77,7 @@ def test_same_seed_same_bytes(tmp_path):
 
 
 def test_every_mix_has_a_file_type():
-    from worker.synthmix import file_type
+    from worker.tools.synthmix import file_type
     assert all(file_type(mix) > 0 or mix == "F32" for mix in MIXES)
 
 

@@ -5,11 +5,12 @@ rendered by hand in ChatML (the tiny model's template)."""
 import pytest
 from redis import Redis
 
-from appliance import protocol, queue, schema
+from appliance import queue, schema
 from tests.test_api import AUTH, submit, wait
-from worker.modelfile import ModelFile
-from worker.tokenizer import Tokenizer
-from worker.tokenize_service import TokenCounter
+from vkllm import protocol
+from worker.engine.modelfile import ModelFile
+from worker.engine.tokenizer import Tokenizer
+from worker.service.tokenize import TokenCounter
 
 N_CTX = 256   # what start_worker gives its workers (-c 256)
 
@@ -116,7 +117,7 @@ def test_count_tokens_is_none_when_no_worker_answers(app, redis_url):
 def test_counter_thread_counts_and_reports_template_errors(app, redis_url, tiny_model, vk_ctx, reference):
     """The worker's thread in this process, on a real engine: counts, the template's own refusal
     (as a 400 naming messages), and stop()."""
-    from worker.engine import Engine
+    from worker.engine.engine import Engine
     engine = Engine.load(tiny_model, n_ctx=64, ctx=vk_ctx, max_batch=16)
     counter = TokenCounter({"in-process": engine}, Redis.from_url(redis_url), poll_seconds=0.2)
     counter.start()

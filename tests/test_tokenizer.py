@@ -10,8 +10,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from worker.errors import VkllmError
-from worker.tokenizer import StreamDecoder, Tokenizer
+from vkllm.errors import VkllmError
+from worker.engine.tokenizer import StreamDecoder, Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden" / "tokenizer"
 LLAMA_CPP_VOCABS = sorted(p.stem.removeprefix("vocab-") for p in GOLDEN.glob("vocab-*.json"))

@@ -8,15 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-
 from refmodel import logits as reference_logits
-from worker.config import Settings
-from worker.engine import Engine
-from worker.errors import VkllmError
-from worker.kernels.tuning import Budget, MatVecTuner, candidates
-from worker.modelfile import ModelFile
-from worker.synth import write_model
-from worker.vk.device import DeviceInfo
+
+from vkllm.errors import VkllmError
+from worker.engine.config import Settings
+from worker.engine.engine import Engine
+from worker.engine.kernels.tuning import Budget, MatVecTuner, candidates
+from worker.engine.modelfile import ModelFile
+from worker.engine.vk.device import DeviceInfo
+from worker.tools.synth import write_model
 
 QUICK = Budget(rotation_bytes=64 << 10, warmup_seconds=0.01, runs=2)
 KEYS = [(T.Q4_0, 40, 256), (T.Q6_K, 24, 512)]

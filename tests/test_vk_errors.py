@@ -8,7 +8,7 @@ def _vkllm(*args, env_extra=None, pythonpath=None):
     env = {**os.environ, **(env_extra or {})}
     if pythonpath:
         env["PYTHONPATH"] = f"{pythonpath}:{env.get('PYTHONPATH', '')}"
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vkllm.cli", *args], capture_output=True, text=True,
                           env=env, timeout=120)
 
 

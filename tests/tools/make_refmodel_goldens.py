@@ -30,9 +30,9 @@ from llama_cpp import Llama
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from worker.demo import fetch_demo  # noqa: E402
-from worker.modelfile import ModelFile  # noqa: E402
-from worker.synth import write_model  # noqa: E402
+from vkllm.demo import fetch_demo  # noqa: E402
+from worker.engine.modelfile import ModelFile  # noqa: E402
+from worker.tools.synth import write_model  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden" / "refmodel"
 SMOL_SYSTEM = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "

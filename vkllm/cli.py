@@ -1,0 +1,41 @@
+"""The `vkllm` command. Each concern registers its own subcommands; imports stay lazy so that
+`vkllm --help` needs neither Vulkan nor Flask."""
+import argparse
+import importlib
+import sys
+
+from vkllm.errors import VkllmError
+
+# module path -> that module's `register(subparsers)` adds its subcommands.
+COMMAND_MODULES = (
+    "worker.tools.devices",
+    "worker.tools.models",
+    "worker.tools.generate",
+    "worker.tools.bench",
+    "worker.tools.tune",
+    "worker.service.cli",
+    "appliance.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vkllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args) or 0
+    except VkllmError as e:
+        print(f"vkllm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The Redis contract between the web app and the GPU workers: key names and stream records.
+
+Both sides import this module; it needs only the standard library, so the worker can use it
+without Flask and the web app without the engine. A key spelled here is spelled nowhere else."""
+import json
+
+JOB_FUNCTION = "worker.service.worker.run_job"   # RQ imports it by name, only inside the worker
+WORKERS = "vkllm:workers"                 # set of worker names that registered once
+JOBS = "vkllm:jobs"                       # sorted set: job id -> submit time, for listings
+API_KEY_HASH = "vkllm:api_key_sha256"
+SECRET_KEY = "vkllm:secret_key"           # Flask session key shared by all web processes
+
+
+def queue_name(model: str) -> str:
+    """One RQ queue per model, so a worker only takes jobs for models it holds."""
+    return f"vkllm:{model}"
+
+
+def stream_key(job_id: str) -> str:
+    return f"vkllm:stream:{job_id}"
+
+
+def cancel_key(job_id: str) -> str:
+    return f"vkllm:cancel:{job_id}"
+
+
+def tokenize_key(model: str) -> str:
+    """List of token-count requests for a model, answered by any worker serving it. A request is
+    JSON {"reply": key, "prompt": text} or {"reply": key, "messages": [...]}; the reply, pushed to
+    its key, is JSON {"tokens": n} or {"error": message} (a chat its template refuses)."""
+    return f"vkllm:tokenize:{model}"
+
+
+def tokenize_reply_key(request_id: str) -> str:
+    return f"vkllm:tokenize-reply:{request_id}"
+
+
+TOKENIZE_REPLY_TTL = 10   # seconds a reply waits for an asker that may have given up
+
+
+def worker_key(name: str) -> str:
+    """Hash a live worker refreshes with a short TTL: its models, device stats, metrics port."""
+    return f"vkllm:worker:{name}"
+
+
+# Stream records: field "type" is one of these, field "data" a JSON object.
+TOKEN, END, ERROR = "token", "end", "error"
+
+
+def record(record_type: str, /, **data) -> dict:
+    return {"type": record_type, "data": json.dumps(data)}
+
+
+def parse(fields: dict) -> tuple[str, dict]:
+    """Decode a stream entry's fields (bytes or str) into (type, data)."""
+    get = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+    kind, data = get["type"], get["data"]
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    return kind, json.loads(data)

@@ -1,0 +1,39 @@
+"""Settings read once from the environment (VKLLM_*), then passed down explicitly."""
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vkllm.errors import VkllmError
+
+_TUNE = {"auto": None, "": None, "0": False, "1": True}
+
+
+def _default_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vkllm"
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str | None = None          # index or name substring of the Vulkan device to use
+    validation: bool = False           # enable VK_LAYER_KHRONOS_validation
+    cache_dir: Path = field(default_factory=_default_cache)   # compiled SPIR-V and the like
+    models_dir: Path = Path("models")
+    tune: bool | None = None           # time mat-vec shapes per device at load; None: on GPUs, not CPU drivers
+
+    @classmethod
+    def from_env(cls, env=None) -> "Settings":
+        env = os.environ if env is None else env
+        return cls(
+            device=env.get("VKLLM_DEVICE") or None,
+            validation=env.get("VKLLM_VALIDATION", "0") not in ("", "0", "false", "no"),
+            cache_dir=Path(env["VKLLM_CACHE_DIR"]) if env.get("VKLLM_CACHE_DIR") else _default_cache(),
+            models_dir=Path(env.get("VKLLM_MODELS_DIR", "models")),
+            tune=_tune(env.get("VKLLM_TUNE", "auto")),
+        )
+
+
+def _tune(value: str) -> bool | None:
+    try:
+        return _TUNE[value.strip().lower()]
+    except KeyError:
+        raise VkllmError(f"VKLLM_TUNE must be 0, 1 or auto, not {value!r}") from None

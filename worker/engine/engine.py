@@ -1,0 +1,186 @@
+"""The inference engine: a GGUF model resident on a Vulkan device, generating text.
+
+Importable without Flask or RQ. One Engine holds one model and one sequence's KV cache; a new
+prompt reuses the cached prefix it shares with the previous one.
+"""
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from vkllm.errors import VkllmError
+from worker.engine.chat import chat_prompt
+from worker.engine.config import Settings
+from worker.engine.errors import PromptTooLong
+from worker.engine.generation import Event, Timings
+from worker.engine.kernels.select import MAX_K
+from worker.engine.kernels.tuning import model_shapes
+from worker.engine.memplan import plan_context
+from worker.engine.modelfile import ModelFile
+from worker.engine.models.llama import ARCHITECTURES
+from worker.engine.runner import Runner
+from worker.engine.sampling import Sampler, SamplingParams, StopMatcher
+from worker.engine.tokenizer import StreamDecoder, Tokenizer
+
+DEFAULT_CONTEXT = 4096
+PREFILL_CHUNK = 512
+
+
+class Engine:
+    def __init__(self, ctx, model_file, config, tokenizer, n_ctx: int, max_batch: int, owns_ctx: bool,
+                 progress: bool = False, mat_vec_shapes: dict | None = None):
+        self.ctx, self.config, self.tokenizer, self.n_ctx = ctx, config, tokenizer, n_ctx
+        self.name = Path(model_file.path).stem
+        self.chat_template = model_file.metadata.get("tokenizer.chat_template")
+        self.info = {"architecture": config.arch, "context_length": config.context_length,
+                     "file_size": model_file.file_size, "quant": _quant_name(model_file),
+                     "parameters": model_file.n_params}
+        self._owns_ctx = owns_ctx
+        bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
+        self.model = ARCHITECTURES[config.arch](ctx, model_file, config, n_ctx, max_batch,
+                                                progress=bar.update if bar else None,
+                                                mat_vec_shapes=mat_vec_shapes)
+        if bar:
+            bar.close()
+        self.runner = Runner(self.model)
+        self.chunk = max_batch
+        self._cached: list[int] = []   # tokens whose K/V are in the cache, in order
+
+    @classmethod
+    def load(cls, path, settings: Settings | None = None, n_ctx: int | None = None, ctx=None,
+             max_batch: int = PREFILL_CHUNK, progress: bool = False) -> "Engine":
+        """Opens, checks against the device's memory budget, and uploads a GGUF model. Without
+        `n_ctx` the context is DEFAULT_CONTEXT, capped by the model's and by what fits. `ctx`
+        shares an existing Vulkan context (tests, several models in one worker); `settings`
+        default to the context's. Mat-vec shapes are tuned (worker/engine/kernels/tuning.py) before the
+        weights are uploaded, while the memory they will take is free for the timing copies."""
+        model_file = ModelFile.open(path)
+        config = model_file.config
+        tokenizer = Tokenizer.from_metadata(model_file.metadata)
+        owns_ctx = ctx is None
+        if owns_ctx:
+            from worker.engine.vk.context import Context
+            ctx = Context(settings or Settings())
+        try:
+            used, total = ctx.memory_budget()
+            plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used)
+            shapes = model_shapes(ctx, settings or ctx.settings, ARCHITECTURES[config.arch].mat_vec_keys(model_file))
+            return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress, shapes)
+        except BaseException:
+            if owns_ctx:
+                ctx.close()
+            raise
+
+    # -- text in, events out ---------------------------------------------------------------------
+    def render_chat(self, messages: list[dict]) -> str:
+        """The chat as prompt text for `generate` (template applied, generation prompt added)."""
+        return chat_prompt(self.tokenizer, self.chat_template, messages)
+
+    def generate(self, prompt: str, params: SamplingParams,
+                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+        ids = self.tokenizer.encode(prompt)
+        yield from self.generate_ids(ids, params, cancelled)
+
+    def generate_ids(self, ids: list[int], params: SamplingParams,
+                     cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+        if not ids:
+            raise VkllmError("the prompt is empty")
+        if len(ids) >= self.n_ctx:
+            raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
+        started = time.perf_counter()
+        select = _selection(params)
+        self._prefill(ids, select)
+        prompt_seconds = time.perf_counter() - started
+        sampler = Sampler(params, self.config.vocab_size)
+        decoder, stops = StreamDecoder(self.tokenizer), StopMatcher(params.stop)
+        history, generated, first_token_at = list(ids), 0, None
+        finish, matched_stop = "length", False
+        while True:
+            token = self._next_token(sampler, select, history)
+            generated += 1
+            first_token_at = first_token_at or time.perf_counter()
+            if token in self.tokenizer.eog_ids:
+                finish = "stop"
+                break
+            history.append(token)
+            text, matched_stop = stops.push(decoder.push(token))
+            if matched_stop:
+                yield Event(text, token)
+                finish = "stop"
+                break
+            yield Event(text, token)
+            if generated >= params.max_tokens or len(history) >= self.n_ctx:
+                break
+            if cancelled():
+                finish = "cancelled"
+                break
+            self.runner.decode(token, len(history) - 1, select)
+            self._cached.append(token)
+        # Text held back as a possible start of a stop string is released unless one matched.
+        tail = "" if matched_stop else stops.push(decoder.flush())[0] + stops.flush()
+        now = time.perf_counter()
+        timings = Timings(prompt_tokens=len(ids), generated_tokens=generated, prompt_seconds=prompt_seconds,
+                          generation_seconds=now - (first_token_at or now),
+                          time_to_first_token=(first_token_at or now) - started)
+        yield Event(tail, None, finish, timings)
+
+    def _prefill(self, ids: list[int], select: str):
+        """Reuses the cached prefix; at least the last prompt token is always run for its logits."""
+        keep = 0
+        for a, b in zip(self._cached, ids[:-1]):
+            if a != b:
+                break
+            keep += 1
+        self._cached = self._cached[:keep]
+        self.runner.prefill(ids[keep:], keep, self.chunk, select)
+        self._cached.extend(ids[keep:])
+
+    def _next_token(self, sampler, select: str, history) -> int:
+        if select == "argmax":
+            return self.runner.read_argmax()
+        if select == "topk":
+            return sampler.sample_candidates(*self.runner.read_topk(), history)
+        return sampler.sample(self.runner.read_logits(), history)
+
+    def logits(self, ids: list[int]):
+        """Logits at every position of `ids` from an empty cache (for tests and tools)."""
+        self._cached = []
+        return self.runner.all_logits(ids)
+
+    # -- accounting --------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        used, total = self.ctx.memory_budget()
+        return {"vram_used_bytes": used, "vram_total_bytes": total,
+                "kv_cache_usage_ratio": len(self._cached) / self.n_ctx}
+
+    def close(self):
+        self.runner.close()
+        self.model.free()
+        if self._owns_ctx:
+            self.ctx.close()
+
+
+def _selection(params: SamplingParams) -> str:
+    """What the GPU hands the sampler: the argmax when it alone decides, the top-k candidates
+    when every filter works inside them (no penalties, top_k within the kernel's limit), else
+    all logits."""
+    if not params.needs_full_logits:
+        return "argmax"
+    if not params.has_penalties and 0 < params.top_k <= MAX_K:
+        return "topk"
+    return "logits"
+
+
+def _quant_name(model_file) -> str:
+    """The most common type by bytes among 2-D weights, the way people name a GGUF's quant."""
+    totals: dict[str, int] = {}
+    for t in model_file.tensors.values():
+        if len(t.shape) > 1:
+            totals[t.ggml_type.name] = totals.get(t.ggml_type.name, 0) + t.n_bytes
+    return max(totals, key=totals.get) if totals else "F32"
+
+
+def _progress_bar(total: int, name: str):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"uploading {name}", file=sys.stderr,
+                leave=False)

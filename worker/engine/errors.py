@@ -1,0 +1,10 @@
+"""The engine's user-facing errors (all VkllmError: the CLI and the worker print them as one line)."""
+from vkllm.errors import VkllmError
+
+
+class GGUFError(VkllmError):
+    """The file is not a GGUF model this engine can run; the message names the problem."""
+
+
+class PromptTooLong(VkllmError):
+    """The prompt does not fit the context the model was loaded with."""

@@ -1,0 +1,103 @@
+"""Weight x activation products and embedding-row lookup over DeviceTensors. Each function
+records one dispatch per part of the weight, no barriers: the caller orders dependent work
+(matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU)."""
+from worker.engine.kernels import elementwise
+from worker.engine.kernels.tensor import DeviceTensor
+from worker.engine.vk.commands import Recording, pack_push
+from worker.engine.vk.memory import Buffer
+
+MAT_MAT_THREADS = 256   # fixed by mul_mat.comp's 64 x 64 tile, 4 x 4 outputs per thread
+MAT_MAT_TILE = 64
+GET_ROWS_THREADS = 64
+MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
+
+
+# Fixed mat-vec shapes in (subgroups, rows) per workgroup, for weights without a tuned one.
+# GPUs: four subgroups, four rows, each thread applying one load of x to all four; best or
+# within a few % of it among 1-8 rows and 64-256 threads in one H200 sweep (taken, as it turned
+# out, at the idle SM clock). CPU drivers (lavapipe): a workgroup is one subgroup, so no barrier
+# is needed, with 16 rows to amortise the per-workgroup cost (15x faster there than the GPU shape).
+GPU_MAT_VEC_SHAPE = (4, 4)
+CPU_MAT_VEC_SHAPE = (1, 16)
+
+
+def mat_vec_shape(ctx) -> tuple[int, int]:
+    """(threads, rows) per mat-vec workgroup for a weight that has no tuned shape. Rows beyond
+    maxComputeWorkGroupCount spill into the y dimension."""
+    subgroups, rows = CPU_MAT_VEC_SHAPE if ctx.info.kind == "cpu" else GPU_MAT_VEC_SHAPE
+    return subgroups * ctx.info.subgroup_size, rows
+
+
+def _groups(ctx, count: int) -> tuple[int, int, int]:
+    x = min(count, ctx.info.max_workgroup_count)
+    return x, -(-count // x), 1
+
+
+def _tiled(ctx, n: int) -> bool:
+    return n > MAT_VEC_MAX_COLS and ctx.info.kind != "cpu"
+
+
+def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
+           tiled: bool | None = None):
+    """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows]. Up to
+    MAT_VEC_MAX_COLS columns (decode, small batches) take the mat-vec kernel, which reads the
+    weights once for all of them; more take the tiled mat-mat kernel (prefill), except on a CPU
+    driver, where the mat-vec kernel in groups of columns is much faster than tiles. `tiled`
+    forces one kernel or the other (tests check both on every device). The mat-vec workgroup
+    shape is the weight's tuned one, else the device kind's fixed one."""
+    ctx, type_name = rec.ctx, w.ggml_type.name.lower()
+    if tiled is None:
+        tiled = _tiled(ctx, n)
+    if not tiled:
+        threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
+        cols = min(n, MAT_VEC_MAX_COLS)
+        kernel = ctx.kernel(f"mul_mat_vec_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
+        for buffer, first, count in w.parts:
+            push = pack_push(w.cols, count, first, int(y_accumulate), n, w.rows)
+            x_groups, y_groups, _ = _groups(ctx, -(-count // rows_per_group))
+            rec.dispatch(kernel, [buffer, x, y], (x_groups, y_groups, -(-n // cols)), push)
+        return
+    kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS})
+    for buffer, first, count in w.parts:
+        push = pack_push(w.cols, count, n, first, w.rows, int(y_accumulate))
+        groups = (-(-count // MAT_MAT_TILE), -(-n // MAT_MAT_TILE), 1)
+        rec.dispatch(kernel, [buffer, x, y], groups, push)
+
+
+def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
+                  up: Buffer):
+    """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
+    gate and up products of a feed-forward block and its SwiGLU. Where the mat-vec kernel would
+    take both products (matmul's rule), one dispatch per part does all three, reading x once for
+    both weights: that needs both weights of one type with the same row parts, and the
+    workgroup's partial sums (two per row and column) within shared memory. Otherwise two matmul
+    calls write out and `up` (f32 [n, rows], scratch used only then), a barrier, elementwise
+    swiglu into out. Either way the caller orders only x before and out after, as for matmul."""
+    if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
+        raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
+    ctx = rec.ctx
+    threads, rows_per_group = w_gate.mat_vec_shape or mat_vec_shape(ctx)
+    cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * 2 * rows_per_group * threads))
+    same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
+    if _tiled(ctx, n) or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
+        matmul(rec, w_gate, x, out, n)
+        matmul(rec, w_up, x, up, n)
+        rec.barrier()
+        elementwise.swiglu(rec, out, up, out, n * w_gate.rows)
+        return
+    spec = {0: threads, 1: rows_per_group, 2: cols}
+    kernel = ctx.kernel(f"mul_mat_vec_glu_{w_gate.ggml_type.name.lower()}", spec)
+    for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
+        push = pack_push(w_gate.cols, count, first, 0, n, w_gate.rows)
+        x_groups, y_groups, _ = _groups(ctx, -(-count // rows_per_group))
+        rec.dispatch(kernel, [gate, up_part, x, out], (x_groups, y_groups, -(-n // cols)), push)
+
+
+def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int):
+    """out[i, :] = table row ids[i] as f32; ids uint32 [n], out f32 [n, table.cols]."""
+    ctx = rec.ctx
+    kernel = ctx.kernel(f"get_rows_{table.ggml_type.name.lower()}", {0: GET_ROWS_THREADS})
+    slices = -(-table.cols // 16)
+    for buffer, first, count in table.parts:
+        rec.dispatch(kernel, [buffer, ids, out], (-(-slices // GET_ROWS_THREADS), n, 1),
+                     pack_push(table.cols, first, count))

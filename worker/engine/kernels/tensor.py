@@ -1,0 +1,74 @@
+"""Weight tensors on the device, kept in their GGUF block format. A tensor whose bytes exceed
+the device's storage-buffer binding range (128 MiB on lavapipe, 4 GiB on big GPUs) is split by
+rows into parts, each bound on its own; kernels run once per part."""
+from dataclasses import dataclass, field
+from math import prod
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from vkllm.errors import VkllmError
+from worker.engine.vk.memory import Buffer
+
+
+@dataclass(eq=False)
+class DeviceTensor:
+    """A 2-D weight: `rows` rows of `cols` values (GGUF ne[1] and ne[0]); parts are
+    (buffer, first_row, n_rows) covering the rows in order. `mat_vec_shape` is the (threads,
+    rows) per mat-vec workgroup measured for this weight on this device (worker/engine/kernels/tuning.py);
+    None takes the device kind's fixed shape."""
+    ggml_type: GGMLQuantizationType
+    rows: int
+    cols: int
+    parts: list[tuple[Buffer, int, int]] = field(default_factory=list)
+    mat_vec_shape: tuple[int, int] | None = None
+
+    @property
+    def row_bytes(self) -> int:
+        return row_bytes(self.ggml_type, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+
+def row_bytes(ggml_type: GGMLQuantizationType, cols: int) -> int:
+    block, type_size = GGML_QUANT_SIZES[ggml_type]
+    return cols // block * type_size
+
+
+def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_uint8) -> DeviceTensor:
+    """`shape` in GGUF order (ne[0] = row length first); dimensions past the first are rows."""
+    ggml_type = GGMLQuantizationType(ggml_type)
+    if ggml_type not in SUPPORTED_TYPES:
+        raise VkllmError(f"tensor {name}: type {ggml_type.name} is not supported")
+    cols, rows = int(shape[0]), prod(int(d) for d in shape[1:])
+    block = GGML_QUANT_SIZES[ggml_type][0]
+    if cols % block:
+        raise VkllmError(f"tensor {name}: row length {cols} is not a multiple of {ggml_type.name}'s block {block}")
+    data = np.ascontiguousarray(data_uint8).reshape(-1).view(np.uint8)
+    stride = row_bytes(ggml_type, cols)
+    if data.nbytes != rows * stride:
+        raise VkllmError(f"tensor {name}: {data.nbytes} bytes for {rows} rows of {stride} bytes")
+    per_part = (ctx.max_binding_range & ~15) // stride  # parts are padded to 16 bytes
+    if per_part == 0:
+        raise VkllmError(f"tensor {name}: one row ({stride} bytes) exceeds the binding range")
+    tensor = DeviceTensor(ggml_type, rows, cols)
+    for first in range(0, rows, per_part):
+        count = min(per_part, rows - first)
+        buffer = ctx.alloc(-(-count * stride // 16) * 16)  # float kernels read 4-vectors
+        ctx.upload(buffer, data[first * stride:(first + count) * stride])
+        tensor.parts.append((buffer, first, count))
+    return tensor
+
+
+def free_tensor(ctx, tensor: DeviceTensor):
+    for buffer, _, _ in tensor.parts:
+        ctx.free(buffer)
+    tensor.parts = []
+
+
+# The types every weight kernel has a variant for (shaders/variants.toml).
+SUPPORTED_TYPES = frozenset(GGMLQuantizationType[t] for t in (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"))

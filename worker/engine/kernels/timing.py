@@ -1,0 +1,43 @@
+"""Timing helpers shared by the mat-vec tuner and the benchmarks: weights of any type with
+random content, recordings that rotate over weight copies, and a warm-up replay."""
+import time
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from worker.engine.kernels.matmul import matmul
+
+PATTERN_BYTES = 64 << 20     # random bytes repeated to fill the weights: content is irrelevant
+
+
+def random_weights(qtype: GGMLQuantizationType, nbytes: int) -> np.ndarray:
+    """Random bytes are valid blocks except for NaN/inf scales, which cost no extra time; float
+    types get normal floats."""
+    rng, size = np.random.default_rng(0), min(nbytes, PATTERN_BYTES)
+    floats = rng.standard_normal(size // 4 + 1).astype(np.float32)
+    pattern = {GGMLQuantizationType.F32: floats, GGMLQuantizationType.F16: floats.astype(np.float16),
+               GGMLQuantizationType.BF16: (floats.view(np.uint32) >> 16).astype(np.uint16)}.get(
+        qtype, rng.integers(0, 256, size, dtype=np.uint8))
+    return np.resize(pattern.view(np.uint8), nbytes)
+
+
+def record_products(ctx, weights, x, y, n: int = 1):
+    """One product per weight copy, each followed by a barrier and a timestamp: rotating over
+    copies whose total is well past the L2 cache times reads from memory, as a real step does."""
+    rec = ctx.recording(max_sets=len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
+    rec.timestamp("start")
+    for i, w in enumerate(weights):
+        matmul(rec, w, x, y, n)
+        rec.barrier()
+        rec.timestamp(f"copy{i}")
+    return rec.finish()
+
+
+def replay_for(ctx, rec, seconds: float):
+    """Replays a recording until `seconds` have passed, so timings that follow see a busy GPU
+    (an idle GPU drops its clock: the H200's to 345 MHz about a second after it idles)."""
+    end = time.perf_counter() + seconds
+    while True:
+        ctx.run(rec)
+        if time.perf_counter() >= end:
+            return

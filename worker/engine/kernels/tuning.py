@@ -1,0 +1,169 @@
+"""Mat-vec workgroup shapes (threads and rows per workgroup: the kernel's specialization
+constants 0 and 1) chosen per device by measurement. The best shape depends on the GPU (subgroup
+width, compute units, caches, clocks) and on the weight's type and size, and no fixed guess
+holds across AMD, NVIDIA and Intel gaming GPUs. So each distinct weight (type, rows, K) of a
+model is timed once per machine, on random weights of its shape, for a handful of candidate
+shapes, and the fastest is kept in <cache_dir>/tuning.json, keyed by the device, its driver and
+API version and a hash of the compiled kernel: a driver update or a kernel change measures again.
+
+Timing follows `vkllm bench kernels`: GPU timestamps around each product, distinct copies of
+the weight cycled through so that a product never finds its weight in the cache, the GPU kept
+busy before timing so its clock is up, medians. Candidates are interleaved run by run, so a
+clock that drifts affects all of them alike."""
+import hashlib
+import json
+import logging
+import os
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from worker.engine.kernels.matmul import (
+    CPU_MAT_VEC_SHAPE,
+    GPU_MAT_VEC_SHAPE,
+    MAT_VEC_MAX_COLS,
+)
+from worker.engine.kernels.tensor import free_tensor, row_bytes, upload_tensor
+from worker.engine.kernels.timing import random_weights, record_products, replay_for
+from worker.engine.shaderbuild import load_spirv
+
+log = logging.getLogger(__name__)
+
+Key = tuple[GGMLQuantizationType, int, int]   # a weight: (type, rows, K)
+Shape = tuple[int, int]                        # (threads, rows) per workgroup
+
+SUBGROUPS = (1, 2, 4, 8)
+ROWS = (1, 2, 4, 8)
+# Subgroups x rows per workgroup: fewer than 4 leaves each workgroup too little work for its fixed
+# cost (reduction, scheduling); more than 16 leaves too few workgroups to fill a GPU on the
+# narrow weights (K and V projections of a few hundred rows).
+WORK_RANGE = (4, 16)
+MAX_COPIES = 256   # bounds recording time for small weights; 256 copies of even 0.6 MB pass most caches
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How hard to measure: bytes of distinct weight copies cycled through (well past the
+    last-level cache: 60 MB on an H200, up to 128 MB on RDNA), seconds of warm-up per weight,
+    timed runs per candidate."""
+    rotation_bytes: int
+    warmup_seconds: float
+    runs: int
+
+
+GPU_BUDGET = Budget(512 << 20, 0.5, 5)
+CPU_BUDGET = Budget(1 << 20, 0.02, 5)
+
+
+def wanted(setting: bool | None, ctx) -> bool:
+    """Settings.tune; None (auto) tunes on GPUs only: a CPU driver's timings are noisy (other
+    processes share the cores) and the fixed CPU shape is known to be good there."""
+    return ctx.info.kind != "cpu" if setting is None else setting
+
+
+def candidates(info) -> list[Shape]:
+    """Threads in 1-8 subgroups and 1-8 rows per workgroup, within WORK_RANGE, plus both fixed
+    shapes (the defaults are always measured against); all within the device's workgroup and
+    shared-memory limits (the reduction keeps a float per thread, row and column)."""
+    grid = [(s, r) for s in SUBGROUPS for r in ROWS if WORK_RANGE[0] <= s * r <= WORK_RANGE[1]]
+    shapes = [(s * info.subgroup_size, r) for s, r in grid + [GPU_MAT_VEC_SHAPE, CPU_MAT_VEC_SHAPE]]
+    return [(t, r) for t, r in dict.fromkeys(shapes)
+            if t <= info.max_workgroup_size and 4 * MAT_VEC_MAX_COLS * r * t <= info.max_shared_memory]
+
+
+def model_shapes(ctx, settings, keys) -> dict[Key, Shape]:
+    """The shapes a model's weights run with: measured (or cached) when settings.tune asks for
+    it; empty otherwise, which leaves every weight on its fixed shape."""
+    if not wanted(settings.tune, ctx):
+        return {}
+    tuner = MatVecTuner(ctx, settings.cache_dir)
+    shapes = tuner.shapes(keys)
+    if tuner.measured:
+        log.info("mat-vec shapes: timed %d weights on %s (cached in %s)", tuner.measured, ctx.info.name, tuner.path)
+    return shapes
+
+
+class MatVecTuner:
+    """The cache is read once, at construction; `shapes` times only what it lacks."""
+
+    def __init__(self, ctx, cache_dir: Path, budget: Budget | None = None):
+        self.ctx, self.path = ctx, Path(cache_dir) / "tuning.json"
+        self.budget = budget or (CPU_BUDGET if ctx.info.kind == "cpu" else GPU_BUDGET)
+        info = ctx.info
+        self.device = f"{info.name} | driver {info.driver_version:#x} | api {info.api_version:#x}"
+        self._entries = _read(self.path).get(self.device, {})
+        self._kernel_hashes: dict[GGMLQuantizationType, str] = {}
+        self.measured = 0   # weights timed by this tuner (the others came from the cache)
+
+    def shapes(self, keys) -> dict[Key, Shape]:
+        keys = sorted(set(keys))
+        missing = [key for key in keys if self._name(key) not in self._entries]
+        if missing:
+            self.store({key: self.measure(key) for key in missing})
+        return {key: tuple(self._entries[self._name(key)]["shape"]) for key in keys}
+
+    def store(self, tables: dict[Key, dict[Shape, float]]):
+        """Keeps the fastest shape of each table (with the table, for reading) and writes the
+        file, merged with what other processes wrote since it was read."""
+        for key, table in tables.items():
+            best = min(table, key=table.get)
+            self._entries[self._name(key)] = {"shape": list(best),
+                                              "us": {f"{t}x{r}": round(s * 1e6, 2) for (t, r), s in table.items()}}
+        on_disk = _read(self.path)
+        on_disk[self.device] = on_disk.get(self.device, {}) | self._entries
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+
+    def measure(self, key: Key) -> dict[Shape, float]:
+        """Median seconds of one product with each candidate shape."""
+        ctx, budget = self.ctx, self.budget
+        qtype, rows, cols = key
+        nbytes = rows * row_bytes(qtype, cols)
+        used, total = ctx.memory_budget()
+        rotation = min(budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
+        copies = min(MAX_COPIES, max(2, -(-rotation // nbytes)))
+        data = random_weights(qtype, nbytes)
+        x, y = ctx.alloc(4 * cols), ctx.alloc(4 * rows)
+        ctx.upload(x, np.ones(cols, np.float32))
+        weights, recordings = [], {}
+        try:
+            for i in range(copies):
+                weights.append(upload_tensor(ctx, f"tune{i}", qtype, (cols, rows), data))
+            for shape in candidates(ctx.info):
+                recordings[shape] = record_products(ctx, [replace(w, mat_vec_shape=shape) for w in weights], x, y)
+            for rec in recordings.values():   # slow first submissions; the clock brought up
+                replay_for(ctx, rec, budget.warmup_seconds / len(recordings))
+            times = {shape: [] for shape in recordings}
+            for _ in range(budget.runs):
+                for shape, rec in recordings.items():
+                    ctx.run(rec)
+                    times[shape] += [ns * 1e-9 for _, ns in rec.timings_ns()]
+        finally:
+            for rec in recordings.values():
+                rec.destroy()
+            for w in weights:
+                free_tensor(ctx, w)
+            ctx.free(x)
+            ctx.free(y)
+        self.measured += 1
+        return {shape: statistics.median(t) for shape, t in times.items()}
+
+    def _name(self, key: Key) -> str:
+        qtype, rows, cols = key
+        if qtype not in self._kernel_hashes:
+            spirv, _ = load_spirv(f"mul_mat_vec_{qtype.name.lower()}", Path(self.ctx.settings.cache_dir))
+            self._kernel_hashes[qtype] = hashlib.sha256(spirv).hexdigest()[:16]
+        return f"{qtype.name} {rows}x{cols} {self._kernel_hashes[qtype]}"
+
+
+def _read(path: Path) -> dict:
+    """A missing or damaged file reads as empty: its shapes are measured again."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

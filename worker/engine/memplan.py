@@ -1,0 +1,85 @@
+"""The device memory a model needs, computed from the file before anything is uploaded, and
+checked against the device's budget so a model that cannot fit fails with a useful message.
+
+weights: every tensor's bytes as stored (weights stay in their GGUF blocks on the GPU).
+kv: f16 K and V for every layer and context position: 2 * n_layer * n_ctx * n_head_kv *
+    head_dim * 2 bytes.
+scratch: float32 activations of one prefill chunk (residual, norm output, q, k, v, attention
+    output, the two FFN intermediates) plus the chunk's logits. Attention kernels stream over
+    the cache, so scratch does not grow with the context.
+"""
+from dataclasses import dataclass
+
+from vkllm.errors import VkllmError
+
+PREFILL_CHUNK = 512
+KV_BYTES = 2          # f16
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    n_ctx: int
+    weights_bytes: int
+    kv_bytes: int
+    scratch_bytes: int
+    kv_bytes_per_token: int
+
+    @classmethod
+    def compute(cls, model_file, config, n_ctx: int, chunk: int = PREFILL_CHUNK) -> "MemoryPlan":
+        c = config
+        per_token = 2 * c.n_layer * c.n_head_kv * c.head_dim * KV_BYTES
+        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        floats_per_row = 3 * c.n_embd + 2 * q_dim + 2 * kv_dim + 2 * c.n_ff + c.vocab_size
+        return cls(n_ctx=n_ctx,
+                   weights_bytes=sum(t.n_bytes for t in model_file.tensors.values()),
+                   kv_bytes=per_token * n_ctx,
+                   scratch_bytes=4 * chunk * floats_per_row,
+                   kv_bytes_per_token=per_token)
+
+    @property
+    def total(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.scratch_bytes
+
+    def largest_context(self, budget_bytes: int) -> int:
+        """Largest n_ctx (a multiple of 256) whose plan fits the budget; 0 if none does."""
+        free = budget_bytes - self.weights_bytes - self.scratch_bytes
+        return max(0, free // self.kv_bytes_per_token // 256 * 256)
+
+    def check(self, budget_bytes: int) -> None:
+        """Raise VkllmError saying what would fit when the plan exceeds budget_bytes."""
+        if self.total <= budget_bytes:
+            return
+        fits = self.largest_context(budget_bytes)
+        need = (f"needs {human_bytes(self.total)} (weights {human_bytes(self.weights_bytes)}, KV cache "
+                f"{human_bytes(self.kv_bytes)} for {self.n_ctx} tokens, scratch {human_bytes(self.scratch_bytes)})"
+                f" but the device budget is {human_bytes(budget_bytes)}")
+        if fits == 0:
+            raise VkllmError(f"model does not fit: it {need}; the weights alone leave no room "
+                             "for a context, use a smaller quantization or a bigger device")
+        raise VkllmError(f"model does not fit: it {need}; the largest context that fits is "
+                         f"{fits} tokens")
+
+    def describe(self) -> dict[str, int]:
+        return {"n_ctx": self.n_ctx, "weights_bytes": self.weights_bytes,
+                "kv_bytes": self.kv_bytes, "scratch_bytes": self.scratch_bytes,
+                "total_bytes": self.total}
+
+
+def plan_context(model_file, config, requested: int | None, default: int, chunk: int,
+                 budget_bytes: int) -> MemoryPlan:
+    """The plan to load with. An explicit context is checked as asked; without one, the context
+    is the default capped by the model's own and, when that does not fit, by the largest that
+    does. Raises what `check` raises when nothing fits."""
+    n_ctx = min(requested or default, config.context_length)
+    plan = MemoryPlan.compute(model_file, config, n_ctx, chunk)
+    if requested is None and plan.total > budget_bytes and plan.largest_context(budget_bytes) > 0:
+        plan = MemoryPlan.compute(model_file, config, min(n_ctx, plan.largest_context(budget_bytes)), chunk)
+    plan.check(budget_bytes)
+    return plan

@@ -1,0 +1,86 @@
+"""GLSL -> SPIR-V. Variants come from shaders/variants.toml; each is compiled by glslc with its
+defines into a cache keyed by a hash of the sources, the defines and the compiler version."""
+import hashlib
+import shutil
+import subprocess
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from vkllm.errors import VkllmError
+
+SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
+
+
+class ShaderBuildError(VkllmError):
+    pass
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    source: str
+    defines: tuple[tuple[str, str], ...]
+    bindings: int
+
+
+def _expand(op: str, entry: dict) -> list[Variant]:
+    """One entry of the table: a plain kernel, or one variant per quant type (`types`)."""
+    base = tuple(sorted((k, str(v)) for k, v in entry.get("defines", {}).items()))
+    if "types" not in entry:
+        return [Variant(op, entry["source"], base, entry["bindings"])]
+    return [Variant(f"{op}_{t.lower()}", entry["source"], base + ((f"DATA_A_{t}", "1"),), entry["bindings"])
+            for t in entry["types"]]
+
+
+@cache
+def variants() -> dict[str, Variant]:
+    table = tomllib.loads((SHADER_DIR / "variants.toml").read_text())
+    return {v.name: v for op, entry in table.items() for v in _expand(op, entry)}
+
+
+@cache
+def _glslc() -> tuple[str, str]:
+    path = shutil.which("glslc")
+    if path is None:
+        raise ShaderBuildError("glslc (the GLSL compiler) is missing: install the 'glslc' package")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    return path, version.splitlines()[0]
+
+
+@cache
+def _sources_digest() -> str:
+    """Every shader file takes part: an include may change what any entry point compiles to."""
+    h = hashlib.sha256()
+    for f in sorted(SHADER_DIR.glob("*.comp")) + sorted(SHADER_DIR.glob("*.glsl")):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def spirv_path(variant: Variant, cache_dir: Path) -> Path:
+    glslc, version = _glslc()
+    key = hashlib.sha256(repr((variant, version, _sources_digest())).encode()).hexdigest()[:24]
+    out = cache_dir / "spirv" / f"{variant.name}-{key}.spv"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [glslc, "--target-env=vulkan1.2", "-fshader-stage=compute", "-O", "-I", str(SHADER_DIR),
+           *[f"-D{k}={v}" for k, v in variant.defines], str(SHADER_DIR / variant.source), "-o", f"{out}.tmp"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ShaderBuildError(f"compiling {variant.name} failed:\n{result.stderr.strip()}")
+    Path(f"{out}.tmp").replace(out)
+    return out
+
+
+def load_spirv(name: str, cache_dir: Path) -> tuple[bytes, Variant]:
+    try:
+        variant = variants()[name]
+    except KeyError:
+        raise ShaderBuildError(f"no shader variant named '{name}' in shaders/variants.toml") from None
+    return spirv_path(variant, cache_dir).read_bytes(), variant
+
+
+def build_all(cache_dir: Path) -> list[Path]:
+    return [spirv_path(v, cache_dir) for v in variants().values()]

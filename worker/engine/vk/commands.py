@@ -1,0 +1,115 @@
+"""Command buffers recorded once and replayed: dispatches with their descriptor sets, barriers,
+copies and GPU timestamps. A Recording owns everything its command buffer refers to."""
+import struct
+
+import numpy as np
+
+from worker.engine.vk.loader import load_vulkan
+from worker.engine.vk.memory import Buffer
+from worker.engine.vk.pipeline import PUSH_CONSTANT_BYTES, Kernel
+
+vk = load_vulkan()
+
+# Host writes made before a submit are visible to it without a barrier (queue submit guarantees it).
+_ACCESS = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT \
+    | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+
+
+def pack_push(*values) -> bytes:
+    """Push constants from ints (uint32, or int32 when negative) and floats (float32), in order."""
+    fmt = "".join("f" if isinstance(v, float) else ("i" if v < 0 else "I") for v in values)
+    return struct.pack("<" + fmt, *values)
+
+
+class Recording:
+    """Record with dispatch/barrier/copy/timestamp, then `finish()`; submit through the Context."""
+
+    def __init__(self, ctx, max_sets: int = 4096, max_timestamps: int = 0, profile: bool = False):
+        """`profile` writes a timestamp after every dispatch, labelled with the kernel's name."""
+        self.ctx, self.device = ctx, ctx.device
+        self.max_sets = max_sets
+        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max_sets * 8)]
+        pool_info = vk.VkDescriptorPoolCreateInfo(maxSets=max_sets, poolSizeCount=1, pPoolSizes=sizes)
+        self.descriptor_pool = vk.vkCreateDescriptorPool(self.device, pool_info, None)
+        alloc = vk.VkCommandBufferAllocateInfo(commandPool=ctx.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                               commandBufferCount=1)
+        self.command_buffer = vk.vkAllocateCommandBuffers(self.device, alloc)[0]
+        vk.vkBeginCommandBuffer(self.command_buffer, vk.VkCommandBufferBeginInfo())
+        self.query_pool, self.labels = None, []
+        if max_timestamps or profile:
+            max_timestamps = max(max_timestamps, max_sets + 1) if profile else max_timestamps
+            query_info = vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=max_timestamps)
+            self.query_pool = vk.vkCreateQueryPool(self.device, query_info, None)
+            vk.vkCmdResetQueryPool(self.command_buffer, self.query_pool, 0, max_timestamps)
+        self.sets_used, self.dispatches = 0, 0
+        self.profile = profile
+        if profile:
+            self.timestamp("start")
+
+    def dispatch(self, kernel: Kernel, buffers: list[Buffer], groups: tuple[int, int, int], push: bytes = b""):
+        assert len(buffers) == kernel.bindings, f"{kernel.name} takes {kernel.bindings} buffers"
+        assert len(push) <= PUSH_CONSTANT_BYTES
+        layouts = [kernel.descriptor_set_layout]
+        set_alloc = vk.VkDescriptorSetAllocateInfo(descriptorPool=self.descriptor_pool, descriptorSetCount=1,
+                                                   pSetLayouts=layouts)
+        descriptor_set = vk.vkAllocateDescriptorSets(self.device, set_alloc)[0]
+        self.sets_used += 1
+        infos = [[vk.VkDescriptorBufferInfo(buffer=b.vk_buffer, offset=b.offset, range=b.size)] for b in buffers]
+        writes = [vk.VkWriteDescriptorSet(dstSet=descriptor_set, dstBinding=i, descriptorCount=1,
+                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=info)
+                  for i, info in enumerate(infos)]
+        vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
+        cb = self.command_buffer
+        vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.compute_pipeline)
+        sets = [descriptor_set]
+        vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline_layout, 0, 1, sets, 0, None)
+        if push:
+            data = push + bytes(-len(push) % 4)
+            vk.vkCmdPushConstants(cb, kernel.pipeline_layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(data),
+                                  vk.ffi.from_buffer(data))
+        vk.vkCmdDispatch(cb, *groups)
+        self.dispatches += 1
+        if self.profile:
+            self.timestamp(kernel.name)
+
+    def barrier(self):
+        """Shader and transfer work before is finished and visible to all that comes after."""
+        barrier = [vk.VkMemoryBarrier(srcAccessMask=_ACCESS, dstAccessMask=_ACCESS)]
+        vk.vkCmdPipelineBarrier(self.command_buffer, _STAGES, _STAGES, 0,
+                                1, barrier, 0, None, 0, None)
+
+    def copy(self, src: Buffer, dst: Buffer, size: int | None = None):
+        size = min(src.size, dst.size) if size is None else size
+        regions = [vk.VkBufferCopy(srcOffset=src.offset, dstOffset=dst.offset, size=size)]
+        vk.vkCmdCopyBuffer(self.command_buffer, src.vk_buffer, dst.vk_buffer, 1, regions)
+
+    def timestamp(self, label: str):
+        vk.vkCmdWriteTimestamp(self.command_buffer, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool,
+                               len(self.labels))
+        self.labels.append(label)
+
+    def finish(self) -> "Recording":
+        """Ends recording; a final barrier makes shader writes visible to host reads after the fence."""
+        barrier = [vk.VkMemoryBarrier(srcAccessMask=_ACCESS, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)]
+        vk.vkCmdPipelineBarrier(self.command_buffer, _STAGES, vk.VK_PIPELINE_STAGE_HOST_BIT, 0,
+                                1, barrier, 0, None, 0, None)
+        vk.vkEndCommandBuffer(self.command_buffer)
+        self._command_buffers = [self.command_buffer]  # kept alive: the submit struct points at it
+        self.submit_infos = [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=self._command_buffers)]
+        return self
+
+    def timings_ns(self) -> list[tuple[str, float]]:
+        """(label, ns since the previous timestamp) for each timestamp after the first."""
+        n = len(self.labels)
+        data = np.zeros(n, np.uint64)
+        vk.vkGetQueryPoolResults(self.device, self.query_pool, 0, n, data.nbytes, vk.ffi.from_buffer(data), 8,
+                                 vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        ticks = np.diff(data.astype(np.float64)) * self.ctx.info.timestamp_period_ns
+        return list(zip(self.labels[1:], ticks.tolist()))
+
+    def destroy(self):
+        vk.vkFreeCommandBuffers(self.device, self.ctx.command_pool, 1, [self.command_buffer])
+        vk.vkDestroyDescriptorPool(self.device, self.descriptor_pool, None)
+        if self.query_pool is not None:
+            vk.vkDestroyQueryPool(self.device, self.query_pool, None)

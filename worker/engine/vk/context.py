@@ -1,0 +1,151 @@
+"""The Vulkan context a model runs on: device, memory pools, kernels, submission."""
+from pathlib import Path
+
+import numpy as np
+
+from worker.engine.config import Settings
+from worker.engine.shaderbuild import load_spirv
+from worker.engine.vk import device as vkdevice
+from worker.engine.vk.commands import Recording
+from worker.engine.vk.debug import ValidationLog
+from worker.engine.vk.loader import load_vulkan
+from worker.engine.vk.memory import (
+    _HOST,
+    _LOCAL,
+    Buffer,
+    Pool,
+    find_memory_type,
+    memory_type_flags,
+)
+from worker.engine.vk.pipeline import Kernel
+
+vk = load_vulkan()
+
+STAGING_BYTES = 64 << 20
+
+
+class Context:
+    """Owns one logical device. `block_size` and `max_binding_range` can be lowered (tests do,
+    to exercise block spill-over and row splitting on small data); `direct_upload=False` forces
+    uploads through the staging buffer even when device memory is host-visible."""
+
+    def __init__(self, settings: Settings | None = None, *, block_size: int = 1 << 30,
+                 max_binding_range: int | None = None, direct_upload: bool | None = None):
+        self.settings = settings or Settings()
+        self.instance = vkdevice.create_instance(self.settings.validation)
+        self.validation = ValidationLog(self.instance) if self.settings.validation else None
+        self.info, self.physical_device = vkdevice.choose_device(vkdevice.list_devices(self.instance),
+                                                                 self.settings.device)
+        self.queue_family = vkdevice.compute_queue_family(self.physical_device)
+        self.device, self.queue, self.extensions = vkdevice.create_logical_device(
+            self.physical_device, self.info, self.queue_family)
+        self.max_binding_range = min(self.info.max_storage_buffer_range, max_binding_range or 1 << 62)
+        block_size = min(block_size, self.info.max_allocation)
+        alignment = max(self.info.storage_offset_alignment, 16)
+        local_type = find_memory_type(self.physical_device, _LOCAL, _HOST)
+        local_host_visible = memory_type_flags(self.physical_device, local_type) & _HOST == _HOST
+        self.direct_upload = local_host_visible if direct_upload is None else direct_upload and local_host_visible
+        self.device_pool = Pool(self.device, local_type, local_host_visible, block_size, alignment)
+        host_type = find_memory_type(self.physical_device, _HOST, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+        self.host_pool = Pool(self.device, host_type, True, min(block_size, 256 << 20), alignment)
+        pool_info = vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.queue_family,
+                                               flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT)
+        self.command_pool = vk.vkCreateCommandPool(self.device, pool_info, None)
+        self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+        self._fences = [self.fence]
+        self._kernels: dict[tuple, Kernel] = {}
+        self._staging: Buffer | None = None
+
+    # -- memory -------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Buffer:
+        """Device-local memory (host-visible too where the device allows it)."""
+        return self.device_pool.allocate(nbytes)
+
+    def alloc_host(self, nbytes: int) -> Buffer:
+        """Host-visible memory: step buffers, readbacks."""
+        return self.host_pool.allocate(nbytes)
+
+    def free(self, buffer: Buffer):
+        (self.host_pool if buffer.block in self.host_pool.blocks else self.device_pool).release(buffer)
+
+    def upload(self, buffer: Buffer, data):
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        assert raw.nbytes <= buffer.size, f"{raw.nbytes} bytes into a {buffer.size}-byte buffer"
+        if buffer.host_visible and (self.direct_upload or buffer.block in self.host_pool.blocks):
+            buffer.view()[:raw.nbytes] = raw
+            return
+        staging = self._staging_buffer()
+        for start in range(0, raw.nbytes, staging.size):
+            chunk = raw[start:start + staging.size]
+            staging.view()[:chunk.nbytes] = chunk
+            self._copy_now(staging, Buffer(buffer.block, buffer.offset + start, chunk.nbytes), chunk.nbytes)
+
+    def download(self, buffer: Buffer, dtype=np.float32, count: int | None = None) -> np.ndarray:
+        nbytes = buffer.size if count is None else count * np.dtype(dtype).itemsize
+        if buffer.host_visible:
+            return buffer.view()[:nbytes].copy().view(dtype)
+        staging = self._staging_buffer()
+        out = np.empty(nbytes, np.uint8)
+        for start in range(0, nbytes, staging.size):
+            n = min(staging.size, nbytes - start)
+            self._copy_now(Buffer(buffer.block, buffer.offset + start, n), staging, n)
+            out[start:start + n] = staging.view()[:n]
+        return out.view(dtype)
+
+    def _staging_buffer(self) -> Buffer:
+        if self._staging is None:
+            self._staging = self.alloc_host(STAGING_BYTES)
+        return self._staging
+
+    def _copy_now(self, src: Buffer, dst: Buffer, size: int):
+        rec = self.recording(max_sets=1)
+        rec.copy(src, dst, size)
+        self.run(rec.finish())
+        rec.destroy()
+
+    # -- kernels and submission ---------------------------------------------------------------
+    def kernel(self, name: str, spec: dict[int, int] | None = None) -> Kernel:
+        key = (name, tuple(sorted((spec or {}).items())))
+        if key not in self._kernels:
+            spirv, variant = load_spirv(name, Path(self.settings.cache_dir))
+            self._kernels[key] = Kernel(self.device, name, spirv, variant.bindings, dict(spec or {}))
+        return self._kernels[key]
+
+    def recording(self, max_sets: int = 4096, max_timestamps: int = 0, profile: bool = False) -> Recording:
+        return Recording(self, max_sets, max_timestamps, profile)
+
+    def run(self, recording: Recording):
+        """Submit a finished recording and wait for it (once per token: the structs are prebuilt)."""
+        vk.vkQueueSubmit(self.queue, 1, recording.submit_infos, self.fence)
+        vk.vkWaitForFences(self.device, 1, self._fences, vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
+        vk.vkResetFences(self.device, 1, self._fences)
+
+    # -- accounting ---------------------------------------------------------------------------
+    def memory_budget(self) -> tuple[int, int]:
+        """(used, total) bytes of device-local memory: VK_EXT_memory_budget where the device
+        reports it, else our own allocations against the device-local heap size."""
+        if "VK_EXT_memory_budget" in self.extensions:
+            budget = vk.VkPhysicalDeviceMemoryBudgetPropertiesEXT()
+            props = vk.VkPhysicalDeviceMemoryProperties2(pNext=budget)
+            vk.vkGetPhysicalDeviceMemoryProperties2(self.physical_device, props)
+            heaps = props.memoryProperties
+            local = [i for i in range(heaps.memoryHeapCount)
+                     if heaps.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT]
+            total = sum(budget.heapBudget[i] for i in local)
+            if total:
+                return sum(budget.heapUsage[i] for i in local), total
+        return self.device_pool.reserved, self.info.device_local_bytes
+
+    def close(self):
+        vk.vkDeviceWaitIdle(self.device)
+        for kernel in self._kernels.values():
+            kernel.destroy()
+        self._kernels.clear()
+        self.device_pool.destroy()
+        self.host_pool.destroy()
+        vk.vkDestroyFence(self.device, self.fence, None)
+        vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+        vk.vkDestroyDevice(self.device, None)
+        if self.validation is not None:
+            self.validation.destroy()
+        vk.vkDestroyInstance(self.instance, None)

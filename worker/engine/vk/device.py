@@ -1,0 +1,127 @@
+"""Vulkan instance, physical-device choice and the logical device with its compute queue."""
+from dataclasses import dataclass
+
+from vkllm.errors import VkllmError
+from worker.engine.vk.loader import VulkanUnavailable, load_vulkan
+
+vk = load_vulkan()
+
+_TYPE_NAME = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete", vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+              "integrated", vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: "virtual", vk.VK_PHYSICAL_DEVICE_TYPE_CPU: "cpu",
+              vk.VK_PHYSICAL_DEVICE_TYPE_OTHER: "other"}
+# Preference when no device is configured: discrete, integrated, virtual, then CPU (lavapipe).
+_KIND_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4}
+VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget",)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What we need to know about a physical device to choose it and to tune kernels for it."""
+    index: int
+    name: str
+    kind: str
+    device_local_bytes: int
+    subgroup_size: int
+    max_storage_buffer_range: int
+    storage_offset_alignment: int
+    max_allocation: int
+    max_workgroup_count: int
+    max_push_constants: int
+    timestamp_period_ns: float
+    extensions: frozenset
+    # Defaults are the minimums every Vulkan device guarantees.
+    max_workgroup_size: int = 128      # invocations in one workgroup (x dimension and in total)
+    max_shared_memory: int = 16384     # bytes of shared memory per workgroup
+    driver_version: int = 0            # vendor-encoded: tuned kernel shapes are kept per driver
+    api_version: int = 0
+
+    def describe(self) -> str:
+        return (f"[{self.index}] {self.name} ({self.kind}, {self.device_local_bytes / 2**30:.1f} GiB, "
+                f"subgroup {self.subgroup_size})")
+
+
+def create_instance(validation: bool):
+    layers = [VALIDATION_LAYER] if validation else []
+    if validation and VALIDATION_LAYER not in {l.layerName for l in vk.vkEnumerateInstanceLayerProperties()}:
+        raise VkllmError("the Vulkan validation layer is missing: install 'vulkan-validationlayers'")
+    extensions = ["VK_EXT_debug_utils"] if validation else []
+    app = vk.VkApplicationInfo(pApplicationName="vkllm", applicationVersion=1, pEngineName="vkllm",
+                               engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 2, 0))
+    create_info = vk.VkInstanceCreateInfo(pApplicationInfo=app, enabledLayerCount=len(layers),
+                                          ppEnabledLayerNames=layers, enabledExtensionCount=len(extensions),
+                                          ppEnabledExtensionNames=extensions)
+    try:
+        return vk.vkCreateInstance(create_info, None)
+    except vk.VkErrorIncompatibleDriver as e:
+        raise VulkanUnavailable("no Vulkan driver found: install 'mesa-vulkan-drivers' (AMD, Intel, or the "
+                                "CPU driver lavapipe) or your GPU vendor's driver") from e
+
+
+def describe_physical_device(index, physical_device) -> DeviceInfo:
+    subgroup = vk.VkPhysicalDeviceSubgroupProperties()
+    maintenance3 = vk.VkPhysicalDeviceMaintenance3Properties(pNext=subgroup)
+    props2 = vk.VkPhysicalDeviceProperties2(pNext=maintenance3)
+    vk.vkGetPhysicalDeviceProperties2(physical_device, props2)
+    props, limits = props2.properties, props2.properties.limits
+    memory = vk.vkGetPhysicalDeviceMemoryProperties(physical_device)
+    local = sum(memory.memoryHeaps[i].size for i in range(memory.memoryHeapCount)
+                if memory.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+    extensions = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical_device, None))
+    return DeviceInfo(
+        index=index, name=vk.ffi.string(props.deviceName).decode(), kind=_TYPE_NAME[props.deviceType],
+        device_local_bytes=local, subgroup_size=subgroup.subgroupSize,
+        max_storage_buffer_range=limits.maxStorageBufferRange,
+        storage_offset_alignment=limits.minStorageBufferOffsetAlignment,
+        max_allocation=maintenance3.maxMemoryAllocationSize, max_workgroup_count=limits.maxComputeWorkGroupCount[0],
+        max_push_constants=limits.maxPushConstantsSize, timestamp_period_ns=limits.timestampPeriod,
+        extensions=extensions,
+        max_workgroup_size=min(limits.maxComputeWorkGroupSize[0], limits.maxComputeWorkGroupInvocations),
+        max_shared_memory=limits.maxComputeSharedMemorySize, driver_version=props.driverVersion,
+        api_version=props.apiVersion)
+
+
+def list_devices(instance) -> list[tuple[DeviceInfo, object]]:
+    return [(describe_physical_device(i, pd), pd) for i, pd in enumerate(vk.vkEnumeratePhysicalDevices(instance))]
+
+
+def choose_device(candidates, wanted: str | None):
+    """A configured index or name substring wins; otherwise the best kind, then the most memory."""
+    if not candidates:
+        raise VulkanUnavailable("no Vulkan device found: install 'mesa-vulkan-drivers' or your GPU's driver")
+    if wanted is not None:
+        for info, pd in candidates:
+            if wanted == str(info.index) or wanted.lower() in info.name.lower():
+                return info, pd
+        names = "; ".join(info.describe() for info, _ in candidates)
+        raise VkllmError(f"no Vulkan device matches '{wanted}'; available: {names}")
+    return min(candidates, key=lambda c: (_KIND_RANK[c[0].kind], -c[0].device_local_bytes))
+
+
+def compute_queue_family(physical_device) -> int:
+    families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical_device)
+    for i, family in enumerate(families):
+        if family.queueFlags & vk.VK_QUEUE_COMPUTE_BIT and family.timestampValidBits:
+            return i
+    for i, family in enumerate(families):
+        if family.queueFlags & vk.VK_QUEUE_COMPUTE_BIT:
+            return i
+    raise VkllmError("the Vulkan device has no compute queue")
+
+
+def create_logical_device(physical_device, info: DeviceInfo, family: int):
+    extensions = [e for e in _WANTED_DEVICE_EXTENSIONS if e in info.extensions]
+    priorities = [1.0]
+    queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=priorities)
+    features12 = vk.VkPhysicalDeviceVulkan12Features(shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE,
+                                                     storageBuffer8BitAccess=vk.VK_TRUE,
+                                                     uniformAndStorageBuffer8BitAccess=vk.VK_TRUE)
+    features11 = vk.VkPhysicalDeviceVulkan11Features(pNext=features12, storageBuffer16BitAccess=vk.VK_TRUE,
+                                                     uniformAndStorageBuffer16BitAccess=vk.VK_TRUE)
+    base = vk.VkPhysicalDeviceFeatures(shaderInt16=vk.VK_TRUE, shaderInt64=vk.VK_TRUE)
+    features2 = vk.VkPhysicalDeviceFeatures2(pNext=features11, features=base)
+    queue_infos = [queue_info]
+    create_info = vk.VkDeviceCreateInfo(pNext=features2, queueCreateInfoCount=1, pQueueCreateInfos=queue_infos,
+                                        enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions)
+    device = vk.vkCreateDevice(physical_device, create_info, None)
+    return device, vk.vkGetDeviceQueue(device, family, 0), frozenset(extensions)

@@ -1,0 +1,26 @@
+"""`vkllm worker`: serve generation jobs for one or more models on this GPU.
+
+Imports stay inside the command function: `vkllm --help` loads neither RQ nor the engine."""
+from vkllm.config import CommandDefaults
+
+
+def register(sub) -> None:
+    env = CommandDefaults.from_env()
+
+    p = sub.add_parser("worker", help="serve generation jobs for one or more models on this GPU")
+    p.add_argument("-m", "--model", action="append", required=True,
+                   help="GGUF file, or its name in the models folder (repeatable)")
+    p.add_argument("--redis-url", default=env.redis_url)
+    p.add_argument("-c", "--n-ctx", type=int, default=None, help="context length (default: the engine's)")
+    p.add_argument("--name", help="worker name (default: host-pid)")
+    p.add_argument("--metrics-port", type=int, default=env.metrics_port,
+                   help="Prometheus /metrics port (0: any free one)")
+    p.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between heartbeats")
+    p.add_argument("--burst", action="store_true", help="quit when the queues are empty")
+    p.set_defaults(func=_worker)
+
+
+def _worker(args):
+    from worker.engine.config import Settings
+    from worker.service.worker import serve
+    return serve(args, Settings.from_env())

@@ -1,5 +1,0 @@
-"""Tokenizers read from GGUF metadata: byte-level BPE and SentencePiece, as llama.cpp runs them."""
-from worker.tokenizer.stream import StreamDecoder
-from worker.tokenizer.tokenizer import Tokenizer
-
-__all__ = ["StreamDecoder", "Tokenizer"]

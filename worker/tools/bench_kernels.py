@@ -1,0 +1,96 @@
+"""`vkllm bench kernels`: mat-vec (decode) speed per weight type at LLM shapes, in GB/s of
+weight bytes read, and as a share of the plain read bandwidth measured on this device in the
+same run (the decode roofline).
+
+Each shape is timed on several distinct copies of the weights, dispatched in turn, so that
+the bytes read between two uses of one copy are well past the GPU's L2 cache (60 MB on the
+H200): a real decode step never finds its weights in cache. GPU timestamps bracket each
+dispatch (with its barrier); the figure is the median.
+
+Warm-up matters on the H200: its SM clock falls to 345 MHz about a second after the GPU goes
+idle (here: while the host uploads the next weights) and rises to 1980 MHz only under load,
+which moved compute-heavy kernels by 5x. So each shape's command buffer is replayed for
+`warmup` seconds before it is timed (which also covers the slow first submissions)."""
+import statistics
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from worker.engine.config import Settings
+from worker.engine.kernels.tensor import (
+    SUPPORTED_TYPES,
+    free_tensor,
+    row_bytes,
+    upload_tensor,
+)
+from worker.engine.kernels.timing import random_weights, record_products, replay_for
+from worker.tools.roofline import WARMUP_SECONDS, read_bandwidth
+
+# rows x K: attention projection, FFN up/gate, FFN down, the Llama-3 output head.
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+QUICK_SHAPES = ((256, 1024), (1024, 256), (20000, 256))
+ROTATION_BYTES = 512 << 20   # bytes cycled through per shape: many times the L2
+QUICK_ROTATION_BYTES = 2 << 20
+QUICK_WARMUP_SECONDS = 0.02
+DEFAULT_TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F32")
+
+
+def add_arguments(parser):
+    parser.add_argument("--types", nargs="+", default=list(DEFAULT_TYPES), type=str.upper,
+                        choices=sorted(t.name for t in SUPPORTED_TYPES), metavar="TYPE",
+                        help="weight types to time (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small shapes (for CPU drivers / a smoke test)")
+    parser.add_argument("--runs", type=int, default=5, help="timed submissions after the warm-up")
+    parser.add_argument("--prefill", type=int, default=0, metavar="N",
+                        help="also time the mat-mat kernel on N token columns (TFLOP/s)")
+
+
+def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, rotation_bytes: int,
+                runs: int, warmup: float) -> tuple[float, int]:
+    """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
+    token columns (1: the mat-vec kernel)."""
+    nbytes = rows * row_bytes(qtype, cols)
+    copies = max(2, -(-rotation_bytes // nbytes))
+    data = random_weights(qtype, nbytes)
+    weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
+    x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
+    ctx.upload(x, np.ones(cols * n, np.float32))
+    rec = record_products(ctx, weights, x, y, n)
+    replay_for(ctx, rec, warmup)
+    times = []
+    for _ in range(runs):
+        ctx.run(rec)
+        times += [ns * 1e-9 for _, ns in rec.timings_ns()]
+    rec.destroy()
+    for w in weights:
+        free_tensor(ctx, w)
+    ctx.free(x)
+    ctx.free(y)
+    return statistics.median(times), copies
+
+
+def run(args):
+    from worker.engine.vk.context import Context
+    ctx = Context(Settings.from_env())
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    rotation = QUICK_ROTATION_BYTES if args.quick else ROTATION_BYTES
+    warmup = QUICK_WARMUP_SECONDS if args.quick else WARMUP_SECONDS
+    try:
+        measured = read_bandwidth(ctx, rotation, warmup=warmup)
+        print(f"device: {ctx.info.describe()}; plain read of {rotation >> 20} MiB: {measured / 1e9:.1f} GB/s")
+        print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'us':>9} {'GB/s':>8} {'% read':>7}")
+        for name in args.types:
+            qtype = GGMLQuantizationType[name]
+            for rows, cols in shapes:
+                nbytes = rows * row_bytes(qtype, cols)
+                seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup)
+                rate = nbytes / seconds
+                line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {seconds * 1e6:9.1f} "
+                        f"{rate / 1e9:8.1f} {100 * rate / measured:6.1f}%")
+                if args.prefill:
+                    seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs, warmup)
+                    line += f"   n={args.prefill}: {seconds * 1e6:9.1f} us {2 * rows * cols * args.prefill / seconds / 1e12:6.2f} TFLOP/s"
+                print(line, flush=True)
+    finally:
+        ctx.close()

@@ -1,0 +1,102 @@
+"""`vkllm models inspect | fetch-demo | synth`: look at a GGUF before loading it, get the demo
+model, write synthetic ones."""
+from collections import defaultdict
+
+from worker.engine.config import Settings
+from worker.engine.memplan import human_bytes as _size
+
+
+def register(sub):
+    models = sub.add_parser("models", help="inspect, fetch and synthesize GGUF models")
+    cmds = models.add_subparsers(dest="models_command", required=True)
+
+    inspect = cmds.add_parser("inspect", help="architecture, size, quant mix and memory plan of a GGUF")
+    inspect.add_argument("file")
+    inspect.add_argument("-c", "--ctx", type=int, help="context for the memory plan "
+                         "(default: the model's context length)")
+    inspect.set_defaults(func=_inspect)
+
+    fetch = cmds.add_parser("fetch-demo", help="put SmolLM2-135M-Instruct into the models folder")
+    fetch.add_argument("dir", nargs="?", help="target folder (default: $VKLLM_MODELS_DIR)")
+    fetch.set_defaults(func=_fetch_demo)
+
+    from worker.tools.synth import PRESETS
+    from worker.tools.synthmix import MIXES
+    synth = cmds.add_parser("synth", help="write a model with random weights in a real shape")
+    synth.add_argument("preset", choices=sorted(PRESETS))
+    synth.add_argument("out")
+    synth.add_argument("--mix", default="Q4_K_M", choices=list(MIXES))
+    synth.add_argument("--seed", type=int, default=0)
+    synth.set_defaults(func=_synth)
+
+
+def _device_budget(settings):
+    """(free bytes, device description) or (None, why not)."""
+    try:
+        from worker.engine.vk.context import Context
+        ctx = Context(settings)
+        try:
+            used, total = ctx.memory_budget()
+        finally:
+            ctx.close()
+    except ImportError as e:
+        return None, f"unavailable ({e})"
+    except Exception as e:   # no driver, no device: inspect still shows the plan
+        return None, f"unavailable ({type(e).__name__}: {e})"
+    return total - used, f"{_size(total - used)} free of {_size(total)}"
+
+
+def _inspect(args):
+    from vkllm.errors import VkllmError
+    from worker.engine.memplan import MemoryPlan
+    from worker.engine.modelfile import ModelFile
+    model = ModelFile.open(args.file)
+    c = model.config
+    n_ctx = args.ctx or c.context_length
+    mix = defaultdict(lambda: [0, 0])
+    for t in model.tensors.values():
+        mix[t.ggml_type.name][0] += 1
+        mix[t.ggml_type.name][1] += t.n_bytes
+    rows = [("file", str(model.path)), ("architecture", f"{c.arch} ({type(c).__name__})"),
+            ("name", c.name), ("parameters", f"{model.n_params / 1e6:,.1f} M"),
+            ("file size", _size(model.file_size)), ("context length", f"{c.context_length} tokens"),
+            ("shape", f"{c.n_layer} layers, {c.n_embd} wide, ffn {c.n_ff}, {c.n_head} heads "
+                      f"({c.n_head_kv} kv) of {c.head_dim}, vocab {c.vocab_size}"),
+            ("rope", f"base {c.rope_base:g}, {'neox' if c.rope_neox else 'normal'}"
+                     f"{', freq factors' if c.rope_freq_factors else ''}"),
+            ("extras", ", ".join(name for name, on in (("tied embeddings", c.tied_embeddings),
+                                 ("qkv bias", c.has_qkv_bias), ("q/k norm", c.has_qk_norm)) if on)
+             or "-")]
+    for name, value in rows:
+        print(f"{name:15} {value}")
+    print("quant mix")
+    for name, (count, n_bytes) in sorted(mix.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {name:7} {count:5} tensors  {_size(n_bytes):>12}")
+    plan = MemoryPlan.compute(model, c, n_ctx)
+    print(f"memory plan     n_ctx {n_ctx}: weights {_size(plan.weights_bytes)} + KV cache "
+          f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}")
+    budget, device = _device_budget(Settings.from_env())
+    print(f"device budget   {device}")
+    if budget is not None:
+        try:
+            plan.check(budget)
+            print("fits            yes")
+        except VkllmError as e:
+            print(f"fits            no: {e}")
+
+
+def _fetch_demo(args):
+    from vkllm.demo import fetch_demo
+    folder = args.dir or Settings.from_env().models_dir
+    print(fetch_demo(folder))
+
+
+def _synth(args):
+    from tqdm import tqdm
+
+    from worker.tools.synth import PRESETS, tensor_specs, write_model
+    n_tensors = len(tensor_specs(PRESETS[args.preset], args.mix))
+    with tqdm(total=n_tensors, unit="tensor", desc=args.preset) as bar:
+        write_model(args.preset, args.out, args.mix, args.seed,
+                    progress=lambda name, n: bar.update(1))
+    print(args.out)

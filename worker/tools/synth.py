@@ -1,0 +1,189 @@
+"""Synthetic GGUF models: random weights in the exact shapes of real models (for benchmarks and
+memory plans) or tiny ones (for tests), quantized with llama.cpp-like mixes.
+
+Weights are normal with std gain/sqrt(row length), so every matmul keeps activations near unit
+scale whatever the width (0.016-0.02 for 4096-8192 wide models); norms are near 1. Files are
+written tensor by tensor (GGUFWriter's tensor-info-first API) and each tensor is generated and
+quantized in row chunks on all cores, so a 70B file needs about one tensor of memory. Chunk i
+of tensor t draws from default_rng([seed, t, i]): the output does not depend on thread count.
+"""
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter
+
+from worker.engine.models.config import FAMILIES, llama3_rope_factors
+from worker.tools.quant import quantize, row_bytes
+from worker.tools.synthmix import MIXES, file_type
+from worker.tools.synthvocab import CHATML_TEMPLATE, build_vocab
+
+
+@dataclass(frozen=True)
+class Preset:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    context_length: int
+    rope_base: float
+    norm_eps: float
+    tied: bool
+    pre: str                                    # tokenizer.ggml.pre
+    llama3_rope: tuple | None = None            # (factor, low_freq, high_freq, original_ctx)
+
+
+PRESETS = {
+    "llama-3.2-1b": Preset("llama", 16, 2048, 8192, 32, 8, 64, 128256, 131072, 500000.0, 1e-5,
+                           True, "llama-bpe", (32.0, 1.0, 4.0, 8192)),
+    "llama-3.1-8b": Preset("llama", 32, 4096, 14336, 32, 8, 128, 128256, 131072, 500000.0, 1e-5,
+                           False, "llama-bpe", (8.0, 1.0, 4.0, 8192)),
+    "llama-3.1-70b": Preset("llama", 80, 8192, 28672, 64, 8, 128, 128256, 131072, 500000.0, 1e-5,
+                            False, "llama-bpe", (8.0, 1.0, 4.0, 8192)),
+    "qwen2.5-7b": Preset("qwen2", 28, 3584, 18944, 28, 4, 128, 152064, 32768, 1e6, 1e-6,
+                         False, "qwen2"),
+    "qwen2.5-32b": Preset("qwen2", 64, 5120, 27648, 40, 8, 128, 152064, 32768, 1e6, 1e-5,
+                          False, "qwen2"),
+    # Tiny models for tests. tiny-llama's widths are multiples of 256 so k-quants apply
+    # everywhere; tiny-qwen2 (128 wide) exercises the llama.cpp fallbacks to 32-blocks;
+    # tiny-qwen3 has head_dim * n_head != n_embd, as real Qwen3 models do.
+    "tiny-llama": Preset("llama", 2, 256, 768, 4, 2, 64, 384, 2048, 500000.0, 1e-5,
+                         False, "llama-bpe", (8.0, 1.0, 4.0, 8192)),
+    "tiny-qwen2": Preset("qwen2", 2, 128, 352, 4, 2, 32, 331, 2048, 1e6, 1e-6, False, "qwen2"),
+    "tiny-qwen3": Preset("qwen3", 2, 256, 512, 4, 2, 32, 400, 2048, 1e6, 1e-6, True, "qwen2"),
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]        # numpy order: (rows, row length) or (length,)
+    qtype: T
+    init: Callable[[np.random.Generator, tuple], np.ndarray]
+
+
+def _normal(gain: float, mean: float = 0.0):
+    def init(rng, shape):
+        x = rng.standard_normal(shape, dtype=np.float32)
+        x *= np.float32(gain / np.sqrt(shape[-1]) if len(shape) > 1 else gain)
+        return x + np.float32(mean) if mean else x
+    return init
+
+
+def _const(values):
+    return lambda rng, shape: np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
+    """Every tensor of the model with its type under `mix`, in file order."""
+    pick = MIXES[mix](p.n_layer, has_output=not p.tied)
+    q_dim, kv_dim = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
+    norm, bias = _normal(0.1, 1.0), _normal(0.1)
+    family = FAMILIES[p.arch]
+    specs = [TensorSpec("token_embd.weight", (p.n_vocab, p.n_embd), pick("token_embd", -1, p.n_embd),
+                        _normal(3.0))]
+    if p.llama3_rope:
+        factors = llama3_rope_factors(p.head_dim, p.rope_base, *p.llama3_rope)
+        specs.append(TensorSpec("rope_freqs.weight", (p.head_dim // 2,), T.F32, _const(factors)))
+    for i in range(p.n_layer):
+        def mat(name, rows, k, gain=1.0):
+            return TensorSpec(f"blk.{i}.{name}.weight", (rows, k), pick(name, i, k), _normal(gain))
+
+        def vec(name, n, init, suffix="weight"):
+            return TensorSpec(f"blk.{i}.{name}.{suffix}", (n,), T.F32, init)
+
+        specs += [vec("attn_norm", p.n_embd, norm),
+                  mat("attn_q", q_dim, p.n_embd), mat("attn_k", kv_dim, p.n_embd),
+                  mat("attn_v", kv_dim, p.n_embd)]
+        if family.QKV_BIAS:
+            specs += [vec("attn_q", q_dim, bias, "bias"), vec("attn_k", kv_dim, bias, "bias"),
+                      vec("attn_v", kv_dim, bias, "bias")]
+        if family.QK_NORM:
+            specs += [vec("attn_q_norm", p.head_dim, norm), vec("attn_k_norm", p.head_dim, norm)]
+        specs += [mat("attn_output", p.n_embd, q_dim), vec("ffn_norm", p.n_embd, norm),
+                  mat("ffn_gate", p.n_ff, p.n_embd), mat("ffn_up", p.n_ff, p.n_embd),
+                  mat("ffn_down", p.n_embd, p.n_ff)]
+    specs.append(TensorSpec("output_norm.weight", (p.n_embd,), T.F32, norm))
+    if not p.tied:
+        specs.append(TensorSpec("output.weight", (p.n_vocab, p.n_embd), pick("output", -1, p.n_embd),
+                                _normal(3.0)))
+    return specs
+
+
+def _tensor_bytes(spec: TensorSpec, index: int, seed: int, pool: ThreadPoolExecutor) -> np.ndarray:
+    k = spec.shape[-1]
+    rows = spec.shape[0] if len(spec.shape) > 1 else 1
+    out = np.empty((rows, row_bytes(k, spec.qtype)), dtype=np.uint8)
+    step = max(1, (1 << 21) // k)
+
+    def chunk(j):
+        r0 = j * step
+        r1 = min(rows, r0 + step)
+        shape = (r1 - r0, k) if len(spec.shape) > 1 else (k,)
+        values = spec.init(np.random.default_rng([seed, index, j]), shape)
+        out[r0:r1] = quantize(values.reshape(r1 - r0, k), spec.qtype)
+
+    list(pool.map(chunk, range(-(-rows // step))))
+    return out
+
+
+def _add_metadata(w: GGUFWriter, name: str, p: Preset, mix: str) -> None:
+    w.add_name(name)
+    w.add_block_count(p.n_layer)
+    w.add_context_length(p.context_length)
+    w.add_embedding_length(p.n_embd)
+    w.add_feed_forward_length(p.n_ff)
+    w.add_head_count(p.n_head)
+    w.add_head_count_kv(p.n_head_kv)
+    if p.head_dim * p.n_head != p.n_embd:
+        w.add_key_length(p.head_dim)
+        w.add_value_length(p.head_dim)
+    w.add_rope_dimension_count(p.head_dim)
+    w.add_rope_freq_base(p.rope_base)
+    w.add_layer_norm_rms_eps(p.norm_eps)
+    w.add_vocab_size(p.n_vocab)
+    w.add_file_type(file_type(mix))
+    w.add_quantization_version(2)
+    vocab = build_vocab(p.n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(p.pre)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_bos_token_id(vocab.token_id("<|endoftext|>"))
+    w.add_eos_token_id(vocab.token_id("<|im_end|>"))
+    w.add_add_bos_token(p.pre == "llama-bpe")   # Llama 3 adds BOS, Qwen does not
+    w.add_chat_template(CHATML_TEMPLATE)
+
+
+def write_model(preset: str, out: Path, mix: str = "Q4_K_M", seed: int = 0,
+                progress: Callable[[str, int], None] | None = None) -> Path:
+    """Write synthetic model `preset` to `out`; `progress(tensor_name, n_bytes)` after each."""
+    p = PRESETS[preset]
+    specs = tensor_specs(p, mix)
+    out = Path(out)
+    w = GGUFWriter(out, p.arch)
+    _add_metadata(w, f"synthetic {preset} {mix}", p, mix)
+    for s in specs:
+        byte_shape = (*s.shape[:-1], row_bytes(s.shape[-1], s.qtype))
+        w.add_tensor_info(s.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                          raw_dtype=s.qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        for index, s in enumerate(specs):
+            data = _tensor_bytes(s, index, seed, pool)
+            w.write_tensor_data(data)
+            if progress:
+                progress(s.name, data.nbytes)
+    w.close()
+    return out

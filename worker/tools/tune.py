@@ -1,0 +1,41 @@
+"""`vkllm tune -m FILE`: times every candidate mat-vec shape for each distinct weight of a model
+on this device, caches the fastest (as loading the model would, see worker/engine/kernels/tuning.py)
+and prints the tables, so a GPU run shows what was chosen and what it gains over the fixed
+shape. It always measures, replacing what the cache held for those weights."""
+from worker.engine.config import Settings
+
+
+def register(sub):
+    p = sub.add_parser("tune", help="measure and cache the mat-vec workgroup shapes of a model's weights")
+    p.add_argument("-m", "--model", required=True, help="GGUF file")
+    p.set_defaults(func=run)
+
+
+def run(args):
+    from worker.engine.kernels.matmul import mat_vec_shape
+    from worker.engine.kernels.tensor import row_bytes
+    from worker.engine.kernels.tuning import MatVecTuner
+    from worker.engine.modelfile import ModelFile
+    from worker.engine.models.llama import ARCHITECTURES
+    from worker.engine.vk.context import Context
+    settings = Settings.from_env()
+    model_file = ModelFile.open(args.model)
+    keys = sorted(ARCHITECTURES[model_file.config.arch].mat_vec_keys(model_file))
+    ctx = Context(settings)
+    try:
+        tuner, fixed = MatVecTuner(ctx, settings.cache_dir), mat_vec_shape(ctx)
+        print(f"device: {ctx.info.describe()}; fixed shape {fixed[0]} threads x {fixed[1]} rows; "
+              f"{len(keys)} distinct weights")
+        for qtype, rows, cols in keys:
+            table = tuner.measure((qtype, rows, cols))
+            tuner.store({(qtype, rows, cols): table})
+            nbytes, best = rows * row_bytes(qtype, cols), min(table, key=table.get)
+            gain = f", {table[fixed] / table[best]:.2f}x the fixed shape" if fixed in table else ""
+            print(f"{qtype.name} {rows} x {cols} ({nbytes / 1e6:.1f} MB): {best[0]} x {best[1]}{gain}")
+            for shape, seconds in sorted(table.items(), key=lambda item: item[1]):
+                marks = [label for label, s in (("chosen", best), ("fixed", fixed)) if s == shape]
+                print(f"  {shape[0]:5d} x {shape[1]:2d} {seconds * 1e6:10.1f} us {nbytes / seconds / 1e9:9.1f} GB/s "
+                      f"{' '.join(marks)}".rstrip(), flush=True)
+        print(f"cached in {tuner.path}")
+    finally:
+        ctx.close()
