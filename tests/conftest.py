@@ -15,7 +15,6 @@ import pytest
 
 from worker.engine.config import Settings
 
-
 # Fixture -> marker for every test that uses it (directly or through other fixtures).
 MARKING_FIXTURES = {"download_cache": "network", "browser": "browser"}
 

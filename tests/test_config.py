@@ -8,13 +8,7 @@ import pytest
 
 from worker.engine.errors import GGUFError
 from worker.engine.modelfile import ModelFile
-from worker.engine.models.config import (
-    LlamaConfig,
-    ModelConfig,
-    Qwen2Config,
-    Qwen3Config,
-    llama3_rope_factors,
-)
+from worker.engine.models.config import ModelConfig, llama3_rope_factors
 from worker.tools.synth import write_model
 
 
@@ -37,7 +31,7 @@ def tiny(tmp_path_factory):
 
 def test_smollm2(smollm2_path):
     c = ModelFile.open(smollm2_path).config
-    assert type(c) is LlamaConfig
+    assert c.arch == "llama"
     assert (c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim) == (30, 576, 1536, 9, 3, 64)
     assert (c.rope_dim, c.rope_base, c.context_length, c.vocab_size) == (64, 100000.0, 8192, 49152)
     assert c.norm_eps == pytest.approx(1e-5)
@@ -47,7 +41,7 @@ def test_smollm2(smollm2_path):
 
 def test_tiny_llama_has_llama3_rope_factors(tiny):
     c = tiny("tiny-llama")
-    assert type(c) is LlamaConfig and not c.rope_neox and not c.tied_embeddings
+    assert c.arch == "llama" and not c.rope_neox and not c.tied_embeddings
     expected = transformers_llama3_factors(64, 500000.0, 8.0, 1.0, 4.0, 8192)
     np.testing.assert_allclose(c.rope_freq_factors, expected, rtol=1e-6)
     assert c.rope_freq_factors[0] == 1.0 and c.rope_freq_factors[-1] == 8.0
@@ -61,7 +55,7 @@ def test_llama3_factors_of_llama_3_1_8b():
 
 def test_tiny_qwen2(tiny):
     c = tiny("tiny-qwen2")
-    assert type(c) is Qwen2Config
+    assert c.arch == "qwen2"
     assert c.rope_neox and c.has_qkv_bias and not c.has_qk_norm and not c.tied_embeddings
     assert (c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.vocab_size) == (128, 4, 2, 32, 331)
     assert c.rope_base == 1e6 and c.rope_freq_factors is None
@@ -69,9 +63,15 @@ def test_tiny_qwen2(tiny):
 
 def test_tiny_qwen3_head_dim_is_not_embd_over_heads(tiny):
     c = tiny("tiny-qwen3")
-    assert type(c) is Qwen3Config
+    assert c.arch == "qwen3"
     assert c.rope_neox and c.has_qk_norm and not c.has_qkv_bias and c.tied_embeddings
     assert (c.n_embd, c.n_head, c.head_dim, c.rope_dim) == (256, 4, 32, 32)
+
+
+def test_llama_file_with_biases_uses_them(tiny):
+    c = tiny("tiny-llama-bias")
+    assert c.arch == "llama" and c.has_qkv_bias and not c.rope_neox and not c.has_qk_norm
+    assert "blk.1.attn_q.bias" in c.required_tensors()
 
 
 def test_required_tensors_follow_the_family(tiny):

@@ -15,7 +15,8 @@ from worker.engine.sampling import SamplingParams
 from worker.tools.synth import write_model
 
 CASES = [("tiny-llama", "Q4_K_M"), ("tiny-llama", "Q8_0"), ("tiny-qwen2", "Q4_0"), ("tiny-qwen2", "Q5_K_M"),
-         ("tiny-qwen3", "Q3_K_L"), ("tiny-qwen3", "Q4_K_M")]
+         ("tiny-qwen3", "Q3_K_L"), ("tiny-qwen3", "Q4_K_M"),
+         ("tiny-llama-bias", "Q4_K_M")]     # a `llama` file that carries q/k/v biases
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,14 @@ from worker.engine.chat import chat_prompt
 from worker.engine.config import Settings
 from worker.engine.errors import PromptTooLong
 from worker.engine.generation import Event, Timings
-from worker.engine.kernels.select import MAX_K
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.memplan import plan_context
 from worker.engine.modelfile import ModelFile
-from worker.engine.models.llama import ARCHITECTURES
+from worker.engine.models.model import Model, mat_vec_keys
 from worker.engine.runner import Runner
 from worker.engine.sampling import Sampler, SamplingParams, StopMatcher
 from worker.engine.tokenizer import StreamDecoder, Tokenizer
+from worker.engine.workspace import MAX_K
 
 DEFAULT_CONTEXT = 4096
 PREFILL_CHUNK = 512
@@ -37,12 +37,11 @@ class Engine:
                      "parameters": model_file.n_params}
         self._owns_ctx = owns_ctx
         bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
-        self.model = ARCHITECTURES[config.arch](ctx, model_file, config, n_ctx, max_batch,
-                                                progress=bar.update if bar else None,
-                                                mat_vec_shapes=mat_vec_shapes)
+        self.model = Model(ctx, model_file, config, n_ctx, progress=bar.update if bar else None,
+                           mat_vec_shapes=mat_vec_shapes)
         if bar:
             bar.close()
-        self.runner = Runner(self.model)
+        self.runner = Runner(self.model, max_batch)
         self.chunk = max_batch
         self._cached: list[int] = []   # tokens whose K/V are in the cache, in order
 
@@ -64,7 +63,7 @@ class Engine:
         try:
             used, total = ctx.memory_budget()
             plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used)
-            shapes = model_shapes(ctx, settings or ctx.settings, ARCHITECTURES[config.arch].mat_vec_keys(model_file))
+            shapes = model_shapes(ctx, settings or ctx.settings, mat_vec_keys(model_file))
             return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress, shapes)
         except BaseException:
             if owns_ctx:

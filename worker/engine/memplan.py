@@ -4,13 +4,15 @@ checked against the device's budget so a model that cannot fit fails with a usef
 weights: every tensor's bytes as stored (weights stay in their GGUF blocks on the GPU).
 kv: f16 K and V for every layer and context position: 2 * n_layer * n_ctx * n_head_kv *
     head_dim * 2 bytes.
-scratch: float32 activations of one prefill chunk (residual, norm output, q, k, v, attention
-    output, the two FFN intermediates) plus the chunk's logits. Attention kernels stream over
-    the cache, so scratch does not grow with the context.
+scratch: the runner's Workspace for passes of one prefill chunk (worker/engine/workspace.py:
+    float32 activations, the last token's logits, step values and sampler readbacks): the same
+    sizes it allocates. Attention kernels stream over the cache, so it does not grow with the
+    context.
 """
 from dataclasses import dataclass
 
 from vkllm.errors import VkllmError
+from worker.engine.workspace import Workspace
 
 PREFILL_CHUNK = 512
 KV_BYTES = 2          # f16
@@ -35,12 +37,10 @@ class MemoryPlan:
     def compute(cls, model_file, config, n_ctx: int, chunk: int = PREFILL_CHUNK) -> "MemoryPlan":
         c = config
         per_token = 2 * c.n_layer * c.n_head_kv * c.head_dim * KV_BYTES
-        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        floats_per_row = 3 * c.n_embd + 2 * q_dim + 2 * kv_dim + 2 * c.n_ff + c.vocab_size
         return cls(n_ctx=n_ctx,
                    weights_bytes=sum(t.n_bytes for t in model_file.tensors.values()),
                    kv_bytes=per_token * n_ctx,
-                   scratch_bytes=4 * chunk * floats_per_row,
+                   scratch_bytes=sum(Workspace.sizes(c, chunk).values()),
                    kv_bytes_per_token=per_token)
 
     @property

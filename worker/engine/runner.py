@@ -1,24 +1,24 @@
 """Runs a model's recorded forward passes: prefill in chunks, decode by replaying one command
-buffer per token. Per token the host writes the step buffer and token id, submits, waits, and
-reads back what the sampler needs: the GPU argmax (4 bytes), the GPU top-k candidates, or, when
-penalties must see every logit, the logits themselves."""
+buffer per token. The runner owns the Workspace the passes write (worker/engine/workspace.py).
+Per token the host writes the step values and token id into it, submits, waits, and reads back
+what the sampler needs: the GPU argmax (4 bytes), the GPU top-k candidates, or, when penalties
+must see every logit, the logits themselves."""
 from collections import OrderedDict
 
 import numpy as np
 
-from worker.engine.kernels.select import MAX_K, argmax, topk
+from worker.engine.kernels.select import argmax, topk
+from worker.engine.workspace import MAX_K, Workspace
 
 SELECTIONS = ("argmax", "topk", "logits")
 _MAX_RECORDINGS = 8  # recordings kept per model, by (tokens per pass, selection)
 
 
 class Runner:
-    def __init__(self, model):
+    def __init__(self, model, max_batch: int):
+        """`max_batch`: the most tokens one pass takes (the prefill chunk)."""
         self.model, self.ctx = model, model.ctx
-        vocab = model.config.vocab_size
-        self.logits = self.ctx.alloc_host(4 * vocab)
-        self.best = self.ctx.alloc_host(4)
-        self.top_ids, self.top_values = self.ctx.alloc_host(4 * MAX_K), self.ctx.alloc_host(4 * MAX_K)
+        self.workspace = Workspace.allocate(self.ctx, model.config, max_batch)
         self._recordings: OrderedDict[tuple[int, str], object] = OrderedDict()
         self._last = None
 
@@ -26,14 +26,15 @@ class Runner:
         rec = self.ctx.recording(max_timestamps=2, profile=profile)
         if not profile:
             rec.timestamp("start")
-        self.model.record_forward(rec, n, logits or self.logits, all_logits=logits is not None)
+        ws = self.workspace
+        self.model.record_forward(rec, ws, n, logits or ws.logits, all_logits=logits is not None)
         vocab = self.model.config.vocab_size
         if select != "logits":
             rec.barrier()
         if select == "argmax":
-            argmax(rec, self.logits, self.best, 1, vocab)
+            argmax(rec, ws.logits, ws.best, 1, vocab)
         elif select == "topk":
-            topk(rec, self.logits, self.top_ids, self.top_values, vocab, min(MAX_K, vocab))
+            topk(rec, ws.logits, ws.top_ids, ws.top_values, vocab, min(MAX_K, vocab))
         if not profile:
             rec.timestamp("forward")
         return rec.finish()
@@ -49,8 +50,8 @@ class Runner:
 
     def _run(self, rec, ids, pos0: int):
         n = len(ids)
-        self.model.scratch.ids.view(np.uint32)[:n] = ids
-        self.model.step.view(np.uint32)[:2] = (pos0, n)
+        self.workspace.ids.view(np.uint32)[:n] = ids
+        self.workspace.step.view(np.uint32)[:2] = (pos0, n)
         self.ctx.run(rec)
         self._last = rec
 
@@ -68,14 +69,15 @@ class Runner:
         return self._last.timings_ns()[0][1] * 1e-9
 
     def read_logits(self) -> np.ndarray:
-        return self.logits.view(np.float32)
+        return self.workspace.logits.view(np.float32)
 
     def read_argmax(self) -> int:
-        return int(self.best.view(np.uint32)[0])
+        return int(self.workspace.best.view(np.uint32)[0])
 
     def read_topk(self) -> tuple[np.ndarray, np.ndarray]:
         k = min(MAX_K, self.model.config.vocab_size)
-        return self.top_ids.view(np.uint32)[:k].copy(), self.top_values.view(np.float32)[:k].copy()
+        ws = self.workspace
+        return ws.top_ids.view(np.uint32)[:k].copy(), ws.top_values.view(np.float32)[:k].copy()
 
     def all_logits(self, ids, pos0: int = 0) -> np.ndarray:
         """Logits for every position of one chunk (tests compare them with a reference)."""
@@ -103,5 +105,4 @@ class Runner:
         for rec in self._recordings.values():
             rec.destroy()
         self._recordings.clear()
-        for buffer in (self.logits, self.best, self.top_ids, self.top_values):
-            self.ctx.free(buffer)
+        self.workspace.free(self.ctx)

@@ -46,6 +46,13 @@ def _device_budget(settings):
     return total - used, f"{_size(total - used)} free of {_size(total)}"
 
 
+def _traits(c) -> str:
+    """The config flags the forward pass branches on."""
+    flags = (("NeoX RoPE", c.rope_neox), ("q/k/v biases", c.has_qkv_bias), ("q/k norm", c.has_qk_norm),
+             ("tied embeddings", c.tied_embeddings))
+    return ", ".join(f"{name}: {'yes' if on else 'no'}" for name, on in flags)
+
+
 def _inspect(args):
     from vkllm.errors import VkllmError
     from worker.engine.memplan import MemoryPlan
@@ -57,7 +64,7 @@ def _inspect(args):
     for t in model.tensors.values():
         mix[t.ggml_type.name][0] += 1
         mix[t.ggml_type.name][1] += t.n_bytes
-    rows = [("file", str(model.path)), ("architecture", f"{c.arch} ({type(c).__name__})"),
+    rows = [("file", str(model.path)), ("architecture", f"{c.arch} ({_traits(c)})"),
             ("name", c.name), ("parameters", f"{model.n_params / 1e6:,.1f} M"),
             ("file size", _size(model.file_size)), ("context length", f"{c.context_length} tokens"),
             ("shape", f"{c.n_layer} layers, {c.n_embd} wide, ffn {c.n_ff}, {c.n_head} heads "

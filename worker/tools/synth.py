@@ -39,6 +39,7 @@ class Preset:
     tied: bool
     pre: str                                    # tokenizer.ggml.pre
     llama3_rope: tuple | None = None            # (factor, low_freq, high_freq, original_ctx)
+    qkv_bias: bool = False                      # q/k/v biases even where the family has none
 
 
 PRESETS = {
@@ -57,6 +58,9 @@ PRESETS = {
     # tiny-qwen3 has head_dim * n_head != n_embd, as real Qwen3 models do.
     "tiny-llama": Preset("llama", 2, 256, 768, 4, 2, 64, 384, 2048, 500000.0, 1e-5,
                          False, "llama-bpe", (8.0, 1.0, 4.0, 8192)),
+    # A llama file with q/k/v biases: llama.cpp's llama architecture applies them when present.
+    "tiny-llama-bias": Preset("llama", 2, 256, 768, 4, 2, 64, 384, 2048, 500000.0, 1e-5,
+                              False, "llama-bpe", (8.0, 1.0, 4.0, 8192), qkv_bias=True),
     "tiny-qwen2": Preset("qwen2", 2, 128, 352, 4, 2, 32, 331, 2048, 1e6, 1e-6, False, "qwen2"),
     "tiny-qwen3": Preset("qwen3", 2, 256, 512, 4, 2, 32, 400, 2048, 1e6, 1e-6, True, "qwen2"),
 }
@@ -103,10 +107,10 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
         specs += [vec("attn_norm", p.n_embd, norm),
                   mat("attn_q", q_dim, p.n_embd), mat("attn_k", kv_dim, p.n_embd),
                   mat("attn_v", kv_dim, p.n_embd)]
-        if family.QKV_BIAS:
+        if family.qkv_bias or p.qkv_bias:
             specs += [vec("attn_q", q_dim, bias, "bias"), vec("attn_k", kv_dim, bias, "bias"),
                       vec("attn_v", kv_dim, bias, "bias")]
-        if family.QK_NORM:
+        if family.qk_norm:
             specs += [vec("attn_q_norm", p.head_dim, norm), vec("attn_k_norm", p.head_dim, norm)]
         specs += [mat("attn_output", p.n_embd, q_dim), vec("ffn_norm", p.n_embd, norm),
                   mat("ffn_gate", p.n_ff, p.n_embd), mat("ffn_up", p.n_ff, p.n_embd),

@@ -16,11 +16,11 @@ def run(args):
     from worker.engine.kernels.tensor import row_bytes
     from worker.engine.kernels.tuning import MatVecTuner
     from worker.engine.modelfile import ModelFile
-    from worker.engine.models.llama import ARCHITECTURES
+    from worker.engine.models.model import mat_vec_keys
     from worker.engine.vk.context import Context
     settings = Settings.from_env()
     model_file = ModelFile.open(args.model)
-    keys = sorted(ARCHITECTURES[model_file.config.arch].mat_vec_keys(model_file))
+    keys = sorted(mat_vec_keys(model_file))
     ctx = Context(settings)
     try:
         tuner, fixed = MatVecTuner(ctx, settings.cache_dir), mat_vec_shape(ctx)

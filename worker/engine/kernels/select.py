@@ -5,8 +5,7 @@ per row is left; argmax is the k = 1 case."""
 from worker.engine.kernels.launch import scratch, threads
 from worker.engine.vk.commands import Recording, pack_push
 from worker.engine.vk.memory import Buffer
-
-MAX_K = 64
+from worker.engine.workspace import MAX_K
 
 
 def per_thread(ctx) -> int:

@@ -1,9 +1,10 @@
-"""Model hyperparameters as a frozen dataclass filled from GGUF metadata.
+"""Model hyperparameters as one frozen dataclass filled from GGUF metadata.
 
-Families are declared by subclassing, as DESIGN.md asks: Mistral and SmolLM2 files say
-`llama`; Qwen2 = Llama + q/k/v biases + NeoX RoPE; Qwen3 = Qwen2 without biases + per-head q/k
-RMSNorm. `ModelConfig.from_metadata` picks the class from `general.architecture` through
-FAMILIES, and each class lists the tensors it requires, so the loader needs no if-chains.
+What differs between families is a flag on the config, which the one forward pass
+(models/model.py) reads. FAMILIES maps `general.architecture` to what the family's files always
+have (Mistral and SmolLM2 files say `llama`; Qwen2 = Llama + q/k/v biases + NeoX RoPE; Qwen3 =
+NeoX RoPE + per-head q/k RMSNorm); what a file may have besides (q/k/v biases in a `llama` file,
+tied embeddings, rope factors) is read from its tensors.
 
 RoPE frequency factors: llama.cpp divides each rotation frequency by `rope_freqs.weight`
 (written by convert_hf_to_gguf.py for Llama 3.1/3.2 "llama3" rope scaling), so that tensor is
@@ -13,7 +14,7 @@ with `rope.scaling.type = linear` gets a constant factor (the same maths as posi
 """
 import math
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from gguf.quants import dequantize
@@ -40,6 +41,24 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_fact
 
 
 @dataclass(frozen=True)
+class Family:
+    """What every file of an architecture has."""
+    rope_neox: bool = False    # NeoX rotation (x_i, x_i+d/2) rather than adjacent pairs (x0, x1)
+    qkv_bias: bool = False     # q/k/v biases required (a file of another family may still carry them)
+    qk_norm: bool = False      # RMSNorm over each head of q and k before RoPE
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(),                               # Llama 2/3.x, Mistral, SmolLM2, TinyLlama
+    "qwen2": Family(rope_neox=True, qkv_bias=True),  # Qwen2/2.5, DeepSeek-R1-Distill-Qwen
+    "qwen3": Family(rope_neox=True, qk_norm=True),   # Qwen3 (dense)
+}
+
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     arch: str
     name: str
@@ -60,14 +79,6 @@ class ModelConfig:
     has_qk_norm: bool
     rope_neox: bool
 
-    # Family traits, overridden by subclasses.
-    ROPE_NEOX: ClassVar[bool] = False
-    QKV_BIAS: ClassVar[bool] = False        # required (True) or used when present (False)
-    QK_NORM: ClassVar[bool] = False
-    LAYER_TENSORS: ClassVar[tuple[str, ...]] = (
-        "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-        "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], tensors: Mapping[str, Any] | None = None):
         """Config of the file's family. `tensors` (name -> TensorInfo) decides tied embeddings,
@@ -77,13 +88,12 @@ class ModelConfig:
         if family is None:
             raise GGUFError(f"unsupported architecture {arch!r} (supported: {', '.join(FAMILIES)})")
         try:
-            return family._build(meta, tensors or {})
+            return cls._build(arch, family, meta, tensors or {})
         except (TypeError, ValueError) as e:
             raise GGUFError(f"bad {arch} metadata: {e}") from None
 
     @classmethod
-    def _build(cls, meta, tensors):
-        arch = meta["general.architecture"]
+    def _build(cls, arch: str, family: Family, meta, tensors):
 
         def key(name, default=None):
             value = meta.get(f"{arch}.{name}", default)
@@ -94,7 +104,7 @@ class ModelConfig:
         n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", n_embd // n_head))
         vocab = key("vocab_size", len(meta.get("tokenizer.ggml.tokens", ())) or None)
-        has_bias = cls.QKV_BIAS or "blk.0.attn_q.bias" in tensors
+        has_bias = family.qkv_bias or "blk.0.attn_q.bias" in tensors
         return cls(
             arch=arch, name=str(meta.get("general.name", "")),
             n_layer=int(key("block_count")), n_embd=n_embd, n_ff=int(key("feed_forward_length")),
@@ -105,10 +115,10 @@ class ModelConfig:
             norm_eps=float(key("attention.layer_norm_rms_epsilon")),
             context_length=int(key("context_length")), vocab_size=int(vocab),
             tied_embeddings="output.weight" not in tensors, has_qkv_bias=has_bias,
-            has_qk_norm=cls.QK_NORM, rope_neox=cls.ROPE_NEOX)
+            has_qk_norm=family.qk_norm, rope_neox=family.rope_neox)
 
     def required_tensors(self) -> list[str]:
-        per_layer = list(self.LAYER_TENSORS)
+        per_layer = list(LAYER_TENSORS)
         if self.has_qkv_bias:
             per_layer += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
         if self.has_qk_norm:
@@ -140,29 +150,3 @@ def _rope_factors(meta, arch, tensors, head_dim) -> tuple[float, ...] | None:
     if kind == "linear":
         return (factor,) * (head_dim // 2)
     raise GGUFError(f"unsupported rope scaling type {kind!r}")
-
-
-@dataclass(frozen=True)
-class LlamaConfig(ModelConfig):
-    """Llama 2/3.x, Mistral, SmolLM2, TinyLlama: rotary pairs are adjacent (x0, x1)."""
-
-
-@dataclass(frozen=True)
-class Qwen2Config(LlamaConfig):
-    """Qwen2/2.5 and DeepSeek-R1-Distill-Qwen: q/k/v biases, NeoX rotation (x_i, x_i+d/2)."""
-    ROPE_NEOX: ClassVar[bool] = True
-    QKV_BIAS: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class Qwen3Config(Qwen2Config):
-    """Qwen3: no biases, RMSNorm over each head of q and k before RoPE."""
-    QKV_BIAS: ClassVar[bool] = False
-    QK_NORM: ClassVar[bool] = True
-
-
-FAMILIES: dict[str, type[ModelConfig]] = {
-    "llama": LlamaConfig,
-    "qwen2": Qwen2Config,
-    "qwen3": Qwen3Config,
-}

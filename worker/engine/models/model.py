@@ -1,8 +1,10 @@
-"""The Llama family's forward pass on the GPU, recorded once per batch size and replayed.
+"""The forward pass of every supported family on the GPU, recorded once per batch size and
+replayed. What differs between families is a flag on the config (models/config.py) that this one
+pass reads: q/k/v biases, per-head q/k RMSNorm, NeoX RoPE, tied embeddings.
 
 Weights keep their GGUF names: layer i's `blk.i.attn_q.weight` is `self.layers[i]["attn_q"]`,
-its bias `["attn_q.bias"]`. Families differ only in what happens between the QKV projection and
-RoPE (`after_qkv`): Qwen2 adds biases, Qwen3 normalises each head of q and k.
+its bias `["attn_q.bias"]`. The model holds weights and the KV cache; everything a pass writes
+besides the cache is in the Workspace the caller passes (worker/engine/workspace.py).
 """
 import re
 from math import prod
@@ -14,7 +16,6 @@ from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
 from worker.engine.kernels.matmul import get_rows, matmul, matmul_swiglu
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
-from worker.engine.models.scratch import Scratch
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -25,9 +26,17 @@ def _is_matrix(info) -> bool:
     return len(info.shape) > 1 and not (info.ggml_type == T.F32 and info.shape[1] == 1)
 
 
-class Llama:
-    def __init__(self, ctx, model_file, config, n_ctx: int, max_batch: int, progress=None,
-                 mat_vec_shapes: dict | None = None):
+def mat_vec_keys(model_file) -> set:
+    """(type, rows, K) of every weight the forward pass multiplies: all matrices except the
+    embedding table, which is looked up by row unless it is also the output head."""
+    tied = "output.weight" not in model_file.tensors
+    return {(info.ggml_type, prod(int(d) for d in info.shape[1:]), int(info.shape[0]))
+            for name, info in model_file.tensors.items()
+            if _is_matrix(info) and (tied or name != "token_embd.weight")}
+
+
+class Model:
+    def __init__(self, ctx, model_file, config, n_ctx: int, progress=None, mat_vec_shapes: dict | None = None):
         """`mat_vec_shapes`: (type, rows, K) -> tuned mat-vec shape (worker/engine/kernels/tuning.py)
         of the weights in `mat_vec_keys`; the others keep the fixed shape."""
         self.ctx, self.config, self.n_ctx = ctx, config, n_ctx
@@ -53,18 +62,6 @@ class Llama:
         kv_width = config.n_head_kv * config.head_dim
         self.k_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
         self.v_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
-        self.step = ctx.alloc_host(16)          # uint32 [pos0, n_tokens]
-        self.max_batch = max_batch
-        self.scratch = Scratch(ctx, config, max_batch)
-
-    @staticmethod
-    def mat_vec_keys(model_file) -> set:
-        """(type, rows, K) of every weight the forward pass multiplies: all matrices except the
-        embedding table, which is looked up by row unless it is also the output head."""
-        tied = "output.weight" not in model_file.tensors
-        return {(info.ggml_type, prod(int(d) for d in info.shape[1:]), int(info.shape[0]))
-                for name, info in model_file.tensors.items()
-                if _is_matrix(info) and (tied or name != "token_embd.weight")}
 
     def _upload(self, info):
         if not _is_matrix(info):
@@ -86,76 +83,57 @@ class Llama:
                 free_tensor(self.ctx, t)
             else:
                 self.ctx.free(t)
-        for buffer in [*self.k_cache, *self.v_cache, self.step] + ([self.freq_factors] if self.freq_factors else []):
+        for buffer in [*self.k_cache, *self.v_cache] + ([self.freq_factors] if self.freq_factors else []):
             self.ctx.free(buffer)
-        self.scratch.free(self.ctx)
 
     # -- the forward pass ------------------------------------------------------------------------
-    def record_forward(self, rec, n: int, logits, all_logits: bool = False):
-        """Tokens in scratch.ids at positions step[0].. -> logits of the last token (or of all)."""
-        assert n <= self.max_batch
-        c, s = self.config, self.scratch
-        get_rows(rec, self.globals["token_embd"], s.ids, s.x, n)
+    def record_forward(self, rec, ws, n: int, logits, all_logits: bool = False):
+        """Tokens in ws.ids at positions ws.step[0].. -> logits of the last token (or of all)."""
+        assert n <= ws.n
+        c = self.config
+        get_rows(rec, self.globals["token_embd"], ws.ids, ws.x, n)
         rec.barrier()
         for i, layer in enumerate(self.layers):
-            self.record_attention(rec, i, layer, s, n)
-            self.record_ffn(rec, layer, s, n)
+            self.record_attention(rec, ws, i, layer, n)
+            self.record_ffn(rec, ws, layer, n)
         rows = n if all_logits else 1
-        last = s.x if all_logits else s.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
-        norm.rms_norm(rec, last, self.globals["output_norm"], s.xb, rows, c.n_embd, c.norm_eps)
+        last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
+        norm.rms_norm(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps)
         rec.barrier()
-        matmul(rec, self.output, s.xb, logits, rows)
+        matmul(rec, self.output, ws.xb, logits, rows)
 
-    def record_attention(self, rec, i, layer, s, n):
+    def record_attention(self, rec, ws, i, layer, n):
         c = self.config
-        norm.rms_norm(rec, s.x, layer["attn_norm"], s.xb, n, c.n_embd, c.norm_eps)
+        norm.rms_norm(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps)
         rec.barrier()
-        for name, out in (("attn_q", s.q), ("attn_k", s.k), ("attn_v", s.v)):
-            matmul(rec, layer[name], s.xb, out, n)
+        for name, out in (("attn_q", ws.q), ("attn_k", ws.k), ("attn_v", ws.v)):
+            matmul(rec, layer[name], ws.xb, out, n)
         rec.barrier()
-        self.after_qkv(rec, layer, s, n)
+        if c.has_qkv_bias:
+            for name, out, width in (("attn_q", ws.q, c.n_head * c.head_dim),
+                                     ("attn_k", ws.k, c.n_head_kv * c.head_dim),
+                                     ("attn_v", ws.v, c.n_head_kv * c.head_dim)):
+                elementwise.add_bias(rec, out, layer[f"{name}.bias"], n, width)
+            rec.barrier()
+        if c.has_qk_norm:
+            norm.rms_norm(rec, ws.q, layer["attn_q_norm"], ws.q, n * c.n_head, c.head_dim, c.norm_eps)
+            norm.rms_norm(rec, ws.k, layer["attn_k_norm"], ws.k, n * c.n_head_kv, c.head_dim, c.norm_eps)
+            rec.barrier()
         # one dispatch: q rotated in place, k rotated and v copied into this layer's f16 cache
-        rope.rope_store_kv(rec, s.q, s.k, s.v, self.k_cache[i], self.v_cache[i], self.step, n, c.n_head,
+        rope.rope_store_kv(rec, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], ws.step, n, c.n_head,
                            c.n_head_kv, c.head_dim, c.rope_dim, c.rope_base, c.rope_neox, self.freq_factors)
         rec.barrier()
-        attn_ops.attention(rec, s.q, self.k_cache[i], self.v_cache[i], s.att, self.step, n, c.n_head,
+        attn_ops.attention(rec, ws.q, self.k_cache[i], self.v_cache[i], ws.att, ws.step, n, c.n_head,
                            c.n_head_kv, c.head_dim, c.head_dim ** -0.5)
         rec.barrier()
-        matmul(rec, layer["attn_output"], s.att, s.x, n, y_accumulate=True)
+        matmul(rec, layer["attn_output"], ws.att, ws.x, n, y_accumulate=True)
         rec.barrier()
 
-    def after_qkv(self, rec, layer, s, n):
-        """Between the QKV projection and RoPE: nothing for Llama."""
-
-    def record_ffn(self, rec, layer, s, n):
+    def record_ffn(self, rec, ws, layer, n):
         c = self.config
-        norm.rms_norm(rec, s.x, layer["ffn_norm"], s.xb, n, c.n_embd, c.norm_eps)
+        norm.rms_norm(rec, ws.x, layer["ffn_norm"], ws.xb, n, c.n_embd, c.norm_eps)
         rec.barrier()
-        matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], s.xb, s.gate, n, up=s.up)
+        matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], ws.xb, ws.gate, n, up=ws.up)
         rec.barrier()
-        matmul(rec, layer["ffn_down"], s.gate, s.x, n, y_accumulate=True)
+        matmul(rec, layer["ffn_down"], ws.gate, ws.x, n, y_accumulate=True)
         rec.barrier()
-
-
-class Qwen2(Llama):
-    """Llama with biases on q, k and v."""
-
-    def after_qkv(self, rec, layer, s, n):
-        c = self.config
-        for name, buf, width in (("attn_q", s.q, c.n_head * c.head_dim), ("attn_k", s.k, c.n_head_kv * c.head_dim),
-                                 ("attn_v", s.v, c.n_head_kv * c.head_dim)):
-            elementwise.add_bias(rec, buf, layer[f"{name}.bias"], n, width)
-        rec.barrier()
-
-
-class Qwen3(Llama):
-    """Llama with an RMSNorm over each head of q and k before RoPE (and no biases)."""
-
-    def after_qkv(self, rec, layer, s, n):
-        c = self.config
-        norm.rms_norm(rec, s.q, layer["attn_q_norm"], s.q, n * c.n_head, c.head_dim, c.norm_eps)
-        norm.rms_norm(rec, s.k, layer["attn_k_norm"], s.k, n * c.n_head_kv, c.head_dim, c.norm_eps)
-        rec.barrier()
-
-
-ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3}

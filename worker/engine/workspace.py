@@ -1,0 +1,55 @@
+"""Every buffer a recorded forward pass writes besides the KV cache: the per-replay inputs the host
+fills (step values, token ids), the activations, and what the sampler reads back. Allocated once
+by the Runner that owns it, for passes of up to `n` tokens; the memory plan counts the same sizes
+(`Workspace.sizes`), so what is planned is what is allocated."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.engine.vk.memory import Buffer
+
+MAX_K = 64   # top-k candidates the GPU selects for the sampler (topk.comp keeps 64 in play)
+
+
+@dataclass(eq=False)
+class Workspace:
+    step: Buffer        # uint32 [pos0, n_tokens], host-written per replay; shaders read positions from it
+    ids: Buffer         # uint32 [n] token ids, host-written per replay
+    x: Buffer           # f32 [n, n_embd] residual stream
+    xb: Buffer          # f32 [n, n_embd] normalised input of a block
+    q: Buffer           # f32 [n, n_head * head_dim]
+    k: Buffer           # f32 [n, n_head_kv * head_dim]
+    v: Buffer
+    att: Buffer         # f32 [n, n_head * head_dim] attention output
+    gate: Buffer        # f32 [n, n_ff]
+    up: Buffer
+    logits: Buffer      # f32 [vocab] of the last token, read back when the sampler needs them all
+    best: Buffer        # uint32: GPU argmax
+    top_ids: Buffer     # uint32 [MAX_K]: GPU top-k candidates
+    top_values: Buffer  # f32 [MAX_K]
+
+    HOST_VISIBLE = frozenset({"step", "ids", "logits", "best", "top_ids", "top_values"})
+
+    @staticmethod
+    def sizes(config, n: int) -> dict[str, int]:
+        """Bytes of each buffer for passes of up to n tokens of a model of `config`."""
+        c = config
+        q_width, kv_width = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        rows = {"x": c.n_embd, "xb": c.n_embd, "q": q_width, "k": kv_width, "v": kv_width,
+                "att": q_width, "gate": c.n_ff, "up": c.n_ff}
+        return {"step": 16, "ids": 4 * n, **{name: 4 * n * width for name, width in rows.items()},
+                "logits": 4 * c.vocab_size, "best": 4, "top_ids": 4 * MAX_K, "top_values": 4 * MAX_K}
+
+    @classmethod
+    def allocate(cls, ctx, config, n: int) -> Workspace:
+        buffers = {name: (ctx.alloc_host if name in cls.HOST_VISIBLE else ctx.alloc)(nbytes)
+                   for name, nbytes in cls.sizes(config, n).items()}
+        workspace = cls(**buffers)
+        workspace.n = n
+        return workspace
+
+    def free(self, ctx):
+        for f in fields(self):
+            ctx.free(getattr(self, f.name))
