@@ -80,6 +80,32 @@ def test_generate_greedy_matches_reference_argmax(vk_ctx, synth_dir):
         engine.close()
 
 
+def test_greedy_steps_ahead_of_the_caller_leave_the_cache_right(vk_ctx, synth_dir):
+    """Greedy decode queues each step before the caller has taken the previous token, so a caller
+    that stops early (max_tokens, a stop string, cancellation) leaves a step done for nothing.
+    What later prompts reuse of the cache must still be exact: the numpy reference's greedy
+    continuation, after an early stop, a cancellation and a prompt extending a cut generation."""
+    from refmodel import RefModel
+    path = _model(synth_dir, "tiny-llama", "Q8_0")
+    model_file = ModelFile.open(path)
+    engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=16)
+    greedy = SamplingParams(temperature=0.0, max_tokens=10)
+    try:
+        prompt = engine.tokenizer.encode("the cache after an early stop")
+        expected = RefModel(model_file).greedy(prompt, 10)
+
+        def run(ids, params=greedy, cancelled=lambda: False):
+            return [e.token_id for e in engine.generate_ids(ids, params, cancelled) if e.token_id is not None]
+
+        assert run(prompt, SamplingParams(temperature=0.0, max_tokens=3)) == expected[:3]
+        seen = []
+        assert run(prompt, cancelled=lambda: len(seen.append(0) or seen) >= 5) == expected[:5]
+        assert run(prompt + expected[:4]) == expected[4:10] + RefModel(model_file).greedy(prompt + expected, 4)
+        assert run(prompt) == expected
+    finally:
+        engine.close()
+
+
 def test_prompt_longer_than_context_is_refused(vk_ctx, synth_dir):
     engine = Engine.load(_model(synth_dir, "tiny-llama", "Q8_0"), n_ctx=16, ctx=vk_ctx, max_batch=8)
     try:

@@ -5,6 +5,7 @@ prompt reuses the cached prefix it shares with the previous one.
 """
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -94,27 +95,27 @@ class Engine:
         decoder, stops = StreamDecoder(self.tokenizer), StopMatcher(params.stop)
         history, generated, first_token_at = list(ids), 0, None
         finish, matched_stop = "length", False
-        while True:
-            token = self._next_token(sampler, select, history)
-            generated += 1
-            first_token_at = first_token_at or time.perf_counter()
-            if token in self.tokenizer.eog_ids:
-                finish = "stop"
-                break
-            history.append(token)
-            text, matched_stop = stops.push(decoder.push(token))
-            if matched_stop:
+        # decode steps needed at most: one after each token but the last, within the context
+        steps = max(0, min(params.max_tokens - 1, self.n_ctx - len(ids) - 1))
+        with closing(self._tokens(sampler, select, history, steps)) as tokens:
+            for token in tokens:
+                generated += 1
+                first_token_at = first_token_at or time.perf_counter()
+                if token in self.tokenizer.eog_ids:
+                    finish = "stop"
+                    break
+                history.append(token)
+                text, matched_stop = stops.push(decoder.push(token))
+                if matched_stop:
+                    yield Event(text, token)
+                    finish = "stop"
+                    break
                 yield Event(text, token)
-                finish = "stop"
-                break
-            yield Event(text, token)
-            if generated >= params.max_tokens or len(history) >= self.n_ctx:
-                break
-            if cancelled():
-                finish = "cancelled"
-                break
-            self.runner.decode(token, len(history) - 1, select)
-            self._cached.append(token)
+                if generated >= params.max_tokens or len(history) >= self.n_ctx:
+                    break
+                if cancelled():
+                    finish = "cancelled"
+                    break
         # Text held back as a possible start of a stop string is released unless one matched.
         tail = "" if matched_stop else stops.push(decoder.flush())[0] + stops.flush()
         now = time.perf_counter()
@@ -133,6 +134,27 @@ class Engine:
         self._cached = self._cached[:keep]
         self.runner.prefill(ids[keep:], keep, self.chunk, select)
         self._cached.extend(ids[keep:])
+
+    def _tokens(self, sampler, select: str, history: list[int], steps: int) -> Iterator[int]:
+        """The generated tokens: the prefill's pick, then one per decode step, at most `steps`
+        steps. A step's input token joins the cached prefix once the step has run. The caller
+        appends each token it keeps to `history` before asking for the next."""
+        start = len(history)        # position of the first generated token
+        token = self._next_token(sampler, select, history)
+        if select == "argmax":
+            yield token
+            with closing(self.runner.greedy(start, steps)) as following:
+                for token_after in following:
+                    self._cached.append(token)
+                    token = token_after
+                    yield token
+            return
+        for k in range(steps):
+            yield token
+            self.runner.decode(token, start + k, select)
+            self._cached.append(token)
+            token = self._next_token(sampler, select, history)
+        yield token
 
     def _next_token(self, sampler, select: str, history) -> int:
         if select == "argmax":

@@ -2,8 +2,11 @@
 buffer per token. The runner owns the Workspace the passes write (worker/engine/workspace.py).
 Per token the host writes the step values and token id into it, submits, waits, and reads back
 what the sampler needs: the GPU argmax (4 bytes), the GPU top-k candidates, or, when penalties
-must see every logit, the logits themselves."""
-from collections import OrderedDict
+must see every logit, the logits themselves. Greedy decode does not wait between tokens: the GPU
+takes each step's input token from the previous step's argmax, so the next step is queued while
+the host handles the current one (`greedy`)."""
+from collections import OrderedDict, deque
+from typing import Iterator
 
 import numpy as np
 
@@ -19,6 +22,7 @@ class Runner:
         """`max_batch`: the most tokens one pass takes (the prefill chunk)."""
         self.model, self.ctx = model, model.ctx
         self.workspace = Workspace.allocate(self.ctx, model.config, max_batch)
+        self._greedy_fences = (self.ctx.new_fence(), self.ctx.new_fence())
         self._recordings: OrderedDict[tuple[int, str], object] = OrderedDict()
         self._last = None
 
@@ -39,12 +43,31 @@ class Runner:
             rec.timestamp("forward")
         return rec.finish()
 
-    def _recording(self, n: int, select: str):
+    def _greedy_slot(self, slot: int):
+        """Buffers of the two greedy recordings: slot s reads its token from the other slot's
+        argmax and its position from its own step values. Slot 0's argmax is ws.best, where the
+        prefill's argmax lands, so slot 1 takes the first decode step."""
+        ws = self.workspace
+        steps, bests = (ws.step, ws.step_alt), (ws.best, ws.best_alt)
+        return steps[slot], bests[1 - slot], bests[slot]
+
+    def _record_greedy(self, slot: int):
+        step, ids, best = self._greedy_slot(slot)
+        rec = self.ctx.recording(max_timestamps=2)
+        rec.timestamp("start")
+        rec.barrier()   # the token comes from the argmax of the step submitted before this one
+        self.model.record_forward(rec, self.workspace, 1, self.workspace.logits, ids=ids, step=step)
+        rec.barrier()
+        argmax(rec, self.workspace.logits, best, 1, self.model.config.vocab_size)
+        rec.timestamp("forward")
+        return rec.finish()
+
+    def _recording(self, n: int, select: str, record=None):
         key = (n, select)
         if key not in self._recordings:
             if len(self._recordings) >= _MAX_RECORDINGS:
                 self._recordings.popitem(last=False)[1].destroy()
-            self._recordings[key] = self._record(n, select)
+            self._recordings[key] = record() if record else self._record(n, select)
         self._recordings.move_to_end(key)
         return self._recordings[key]
 
@@ -64,6 +87,36 @@ class Runner:
 
     def decode(self, token: int, pos: int, select: str = "argmax"):
         self._run(self._recording(1, select), [token], pos)
+
+    def greedy(self, pos: int, steps: int) -> Iterator[int]:
+        """Greedy decode after a prefill that selected "argmax": step k runs the previous token
+        at position pos + k and yields its argmax, at most `steps` steps. While the caller handles
+        one token the next step runs, queued before it was needed: a caller that stops early
+        leaves one step done for nothing, whose KV row lies past what it keeps."""
+        recordings = [self._recording(1, f"greedy{slot}", lambda slot=slot: self._record_greedy(slot))
+                      for slot in (0, 1)]
+        in_flight: deque[int] = deque()
+
+        def launch(k: int):
+            slot = (k + 1) % 2
+            self._greedy_slot(slot)[0].view(np.uint32)[:2] = (pos + k, 1)
+            self.ctx.submit(recordings[slot], self._greedy_fences[slot])
+            in_flight.append(slot)
+
+        try:
+            for k in range(min(2, steps)):
+                launch(k)
+            for k in range(steps):
+                slot = in_flight.popleft()
+                self.ctx.wait(self._greedy_fences[slot])
+                self._last = recordings[slot]
+                token = int(self._greedy_slot(slot)[2].view(np.uint32)[0])
+                yield token
+                if k + 2 < steps:
+                    launch(k + 2)
+        finally:
+            for slot in in_flight:
+                self.ctx.wait(self._greedy_fences[slot])
 
     def last_gpu_seconds(self) -> float:
         return self._last.timings_ns()[0][1] * 1e-9

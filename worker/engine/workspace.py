@@ -29,8 +29,11 @@ class Workspace:
     best: Buffer        # uint32: GPU argmax
     top_ids: Buffer     # uint32 [MAX_K]: GPU top-k candidates
     top_values: Buffer  # f32 [MAX_K]
+    # Greedy decode keeps two steps in flight (Runner.greedy): the second step's values and argmax.
+    step_alt: Buffer
+    best_alt: Buffer
 
-    HOST_VISIBLE = frozenset({"step", "ids", "logits", "best", "top_ids", "top_values"})
+    HOST_VISIBLE = frozenset({"step", "ids", "logits", "best", "top_ids", "top_values", "step_alt", "best_alt"})
 
     @staticmethod
     def sizes(config, n: int) -> dict[str, int]:
@@ -40,7 +43,8 @@ class Workspace:
         rows = {"x": c.n_embd, "xb": c.n_embd, "q": q_width, "k": kv_width, "v": kv_width,
                 "att": q_width, "gate": c.n_ff, "up": c.n_ff}
         return {"step": 16, "ids": 4 * n, **{name: 4 * n * width for name, width in rows.items()},
-                "logits": 4 * c.vocab_size, "best": 4, "top_ids": 4 * MAX_K, "top_values": 4 * MAX_K}
+                "logits": 4 * c.vocab_size, "best": 4, "top_ids": 4 * MAX_K, "top_values": 4 * MAX_K,
+                "step_alt": 16, "best_alt": 4}
 
     @classmethod
     def allocate(cls, ctx, config, n: int) -> Workspace:

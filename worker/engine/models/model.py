@@ -87,14 +87,15 @@ class Model:
             self.ctx.free(buffer)
 
     # -- the forward pass ------------------------------------------------------------------------
-    def record_forward(self, rec, ws, n: int, logits, all_logits: bool = False):
-        """Tokens in ws.ids at positions ws.step[0].. -> logits of the last token (or of all)."""
+    def record_forward(self, rec, ws, n: int, logits, all_logits: bool = False, ids=None, step=None):
+        """Tokens in `ids` (default ws.ids) at positions step[0].. (default ws.step) -> logits of
+        the last token (or of all)."""
         assert n <= ws.n
         c = self.config
-        get_rows(rec, self.globals["token_embd"], ws.ids, ws.x, n)
+        get_rows(rec, self.globals["token_embd"], ws.ids if ids is None else ids, ws.x, n)
         rec.barrier()
         for i, layer in enumerate(self.layers):
-            self.record_attention(rec, ws, i, layer, n)
+            self.record_attention(rec, ws, ws.step if step is None else step, i, layer, n)
             self.record_ffn(rec, ws, layer, n)
         rows = n if all_logits else 1
         last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
@@ -102,7 +103,7 @@ class Model:
         rec.barrier()
         matmul(rec, self.output, ws.xb, logits, rows)
 
-    def record_attention(self, rec, ws, i, layer, n):
+    def record_attention(self, rec, ws, step, i, layer, n):
         c = self.config
         norm.rms_norm(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps)
         rec.barrier()
@@ -120,10 +121,10 @@ class Model:
             norm.rms_norm(rec, ws.k, layer["attn_k_norm"], ws.k, n * c.n_head_kv, c.head_dim, c.norm_eps)
             rec.barrier()
         # one dispatch: q rotated in place, k rotated and v copied into this layer's f16 cache
-        rope.rope_store_kv(rec, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], ws.step, n, c.n_head,
+        rope.rope_store_kv(rec, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], step, n, c.n_head,
                            c.n_head_kv, c.head_dim, c.rope_dim, c.rope_base, c.rope_neox, self.freq_factors)
         rec.barrier()
-        attn_ops.attention(rec, ws.q, self.k_cache[i], self.v_cache[i], ws.att, ws.step, n, c.n_head,
+        attn_ops.attention(rec, ws.q, self.k_cache[i], self.v_cache[i], ws.att, step, n, c.n_head,
                            c.n_head_kv, c.head_dim, c.head_dim ** -0.5)
         rec.barrier()
         matmul(rec, layer["attn_output"], ws.att, ws.x, n, y_accumulate=True)

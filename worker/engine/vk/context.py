@@ -53,6 +53,7 @@ class Context:
         self.command_pool = vk.vkCreateCommandPool(self.device, pool_info, None)
         self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
         self._fences = [self.fence]
+        self._extra_fences = []
         self._kernels: dict[tuple, Kernel] = {}
         self._staging: Buffer | None = None
 
@@ -116,9 +117,24 @@ class Context:
 
     def run(self, recording: Recording):
         """Submit a finished recording and wait for it (once per token: the structs are prebuilt)."""
-        vk.vkQueueSubmit(self.queue, 1, recording.submit_infos, self.fence)
-        vk.vkWaitForFences(self.device, 1, self._fences, vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
-        vk.vkResetFences(self.device, 1, self._fences)
+        self.submit(recording, self._fences)
+        self.wait(self._fences)
+
+    def new_fence(self) -> list:
+        """A fence for `submit`/`wait`, as the one-element list both take (built once, not per
+        call); destroyed with the context."""
+        fence = [vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)]
+        self._extra_fences.append(fence[0])
+        return fence
+
+    def submit(self, recording: Recording, fence: list):
+        """Queue a finished recording without waiting. Recordings run in submission order; one
+        that reads what an earlier one wrote starts with a barrier."""
+        vk.vkQueueSubmit(self.queue, 1, recording.submit_infos, fence[0])
+
+    def wait(self, fence: list):
+        vk.vkWaitForFences(self.device, 1, fence, vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
+        vk.vkResetFences(self.device, 1, fence)
 
     # -- accounting ---------------------------------------------------------------------------
     def memory_budget(self) -> tuple[int, int]:
@@ -143,7 +159,8 @@ class Context:
         self._kernels.clear()
         self.device_pool.destroy()
         self.host_pool.destroy()
-        vk.vkDestroyFence(self.device, self.fence, None)
+        for fence in [self.fence, *self._extra_fences]:
+            vk.vkDestroyFence(self.device, fence, None)
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
         vk.vkDestroyDevice(self.device, None)
         if self.validation is not None:
