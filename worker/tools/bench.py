@@ -11,7 +11,7 @@ from worker.engine.config import Settings
 
 def register(sub):
     p = sub.add_parser("bench", help="benchmark a model (pp/tg tokens/s) or the kernels")
-    p.add_argument("-m", "--model", help="GGUF file")
+    p.add_argument("-m", "--model", action="append", help="GGUF file (repeatable: one table for all)")
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("-r", "--repetitions", type=int, default=3)
@@ -41,10 +41,10 @@ def time_engine(engine, n_prompt: int, n_gen: int, reps: int) -> dict:
         start = time.perf_counter()
         runner.prefill(tokens, 0, engine.chunk)
         pp.append(n_prompt / (time.perf_counter() - start))
-        token, gpu, start = tokens[0], 0.0, time.perf_counter()
-        for pos in range(n_gen):
-            runner.decode(token, pos)
-            token = runner.read_argmax()
+        # greedy decode as generation runs it (steps queued ahead), from position 1 like llama.cpp's tg
+        runner.prefill(tokens[:1], 0, engine.chunk)
+        gpu, start = 0.0, time.perf_counter()
+        for _ in runner.greedy(1, n_gen):
             gpu += runner.last_gpu_seconds()
         wall = time.perf_counter() - start
         tg.append(n_gen / wall)
@@ -54,33 +54,48 @@ def time_engine(engine, n_prompt: int, n_gen: int, reps: int) -> dict:
 
 def run(args):
     from vkllm.errors import VkllmError
-    from worker.engine.engine import Engine
     if not args.model:
         raise VkllmError("bench needs -m FILE (or the 'kernels' subcommand)")
-    engine = Engine.load(args.model, Settings.from_env(), n_ctx=args.n_prompt + args.n_gen + 16,
+    rows = []
+    for path in args.model:
+        rows.append(bench_model(path, args))
+    header = (f"{'model':28} {'GB/tok':>7} {'engine':17} {'pp' + str(args.n_prompt):>9} {'tg' + str(args.n_gen):>8} "
+              f"{'ms/tok':>7} {'host us/tok':>11} {'% roofline':>10}")
+    print(header)
+    for name, per_token, roofline, results in rows:
+        for engine_name, r in results.items():
+            _print_row(name, per_token, engine_name, r, roofline)
+        if "llama.cpp-vulkan" in results:
+            ours, peer = results["vkllm"], results["llama.cpp-vulkan"]
+            print(f"{'':28} vkllm / llama.cpp: pp {ours['pp'] / peer['pp']:.2f}x, tg {ours['tg'] / peer['tg']:.2f}x")
+
+
+def bench_model(path: str, args) -> tuple[str, int, float, dict]:
+    """(name, weight bytes per token, measured read roofline, {engine: figures}) for one file."""
+    from pathlib import Path
+
+    from worker.engine.engine import Engine
+    from worker.engine.modelfile import ModelFile
+    from worker.tools.roofline import read_bandwidth
+    engine = Engine.load(path, Settings.from_env(), n_ctx=args.n_prompt + args.n_gen + 16,
                          max_batch=min(512, args.n_prompt))
     try:
-        from worker.engine.modelfile import ModelFile
-        from worker.tools.roofline import read_bandwidth
-        model_file = ModelFile.open(args.model)
-        per_token = weight_bytes_per_token(model_file)
+        per_token = weight_bytes_per_token(ModelFile.open(path))
         _, total = engine.ctx.memory_budget()
         roofline = read_bandwidth(engine.ctx, min(1 << 30, total // 8))
-        ours = time_engine(engine, args.n_prompt, args.n_gen, args.repetitions)
+        results = {"vkllm": time_engine(engine, args.n_prompt, args.n_gen, args.repetitions)}
         if args.profile:
+            print(f"{path}:")
             print_profile(engine, args.n_prompt)
+        vocab = engine.config.vocab_size
     finally:
         engine.close()
-    print(f"model {args.model}: {per_token / 1e9:.3f} GB of weights read per token; "
-          f"measured read roofline {roofline / 1e12:.3f} TB/s -> at most {roofline / per_token:.0f} tok/s")
-    print(f"{'engine':18} {'pp' + str(args.n_prompt):>10} {'tg' + str(args.n_gen):>9} {'ms/tok':>7} "
-          f"{'host us/tok':>11} {'% roofline':>10}")
-    _print_row("vkllm", ours, per_token, roofline)
+    print(f"{path}: {per_token / 1e9:.3f} GB of weights read per token; measured read roofline "
+          f"{roofline / 1e12:.3f} TB/s -> at most {roofline / per_token:.0f} tok/s", flush=True)
     if args.peer:
         from worker.tools.bench_peer import time_llama_cpp
-        peer = time_llama_cpp(args.model, engine.config.vocab_size, args.n_prompt, args.n_gen, args.repetitions)
-        _print_row("llama.cpp-vulkan", peer, per_token, roofline)
-        print(f"vkllm / llama.cpp: pp {ours['pp'] / peer['pp']:.2f}x, tg {ours['tg'] / peer['tg']:.2f}x")
+        results["llama.cpp-vulkan"] = time_llama_cpp(path, vocab, args.n_prompt, args.n_gen, args.repetitions)
+    return Path(path).stem, per_token, roofline, results
 
 
 def print_profile(engine, n_prompt: int):
@@ -90,13 +105,15 @@ def print_profile(engine, n_prompt: int):
     for title, n, pos in (("decode step", 1, n_prompt), (f"prefill chunk of {chunk}", chunk, 0)):
         table = engine.runner.profile(n, pos)
         total = sum(ns for _, ns in table.values())
-        print(f"{title}: {total / 1e6:.3f} ms GPU in {sum(c for c, _ in table.values())} dispatches")
+        dispatches = sum(c for c, _ in table.values())
+        print(f"{title}: {total / 1e6:.3f} ms GPU in {dispatches} dispatches "
+              f"({dispatches / engine.config.n_layer:.1f} per layer)")
         for name, (count, ns) in sorted(table.items(), key=lambda item: -item[1][1]):
             print(f"  {name:28} {count:5d} x {ns / count / 1e3:8.1f} us = {ns / 1e6:8.3f} ms "
                   f"({100 * ns / total:4.1f}%)")
 
 
-def _print_row(name, r, per_token, roofline):
+def _print_row(model, per_token, engine, r, roofline):
     host_us = f"{r['host'] * 1e6:.0f}" if r.get("host") is not None else "-"
-    print(f"{name:18} {r['pp']:10.1f} {r['tg']:9.1f} {1e3 / r['tg']:7.2f} {host_us:>11} "
-          f"{100 * r['tg'] * per_token / roofline:9.1f}%", flush=True)
+    print(f"{model:28} {per_token / 1e9:7.3f} {engine:17} {r['pp']:9.1f} {r['tg']:8.1f} {1e3 / r['tg']:7.2f} "
+          f"{host_us:>11} {100 * r['tg'] * per_token / roofline:9.1f}%", flush=True)
