@@ -75,7 +75,7 @@ def _resume_after(job_id: str) -> str:
     """The stream entry a reconnecting client saw last ("-": none). An id past the stream's end
     (from another server, or made up) replays the stream from the start: following from there
     would answer an empty 200, and EventSource would reconnect with it forever."""
-    raw = (request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "-").strip()
+    raw = (request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "").strip() or "-"
     if raw == "-":
         return raw
     parsed = EVENT_ID.fullmatch(raw)
