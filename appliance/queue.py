@@ -204,7 +204,8 @@ def list_jobs(state_filter: str | None, offset: int, limit: int) -> tuple[list[d
     expired are dropped from the index on the way."""
     r = get_redis()
     if state_filter is None:
-        ids, total = [i.decode() for i in r.zrevrange(protocol.JOBS, offset, offset + limit - 1)], r.zcard(protocol.JOBS)
+        ids = [i.decode() for i in r.zrevrange(protocol.JOBS, offset, offset + limit - 1)]
+        total = r.zcard(protocol.JOBS)
     else:
         ids, total = _ids_in_state(r, state_filter, offset, limit)
     jobs = Job.fetch_many(ids, connection=r)
