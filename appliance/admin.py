@@ -6,18 +6,17 @@ from flask import (
     redirect,
     render_template,
     request,
-    session,
     url_for,
 )
 
-from appliance import auth, modelfiles, queue, schema
+from appliance import auth, limits, modelfiles, queue, schema
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 
 
 @bp.app_context_processor
 def _template_globals():
-    return {"csrf_token": auth.csrf_token}
+    return {"csrf_token": auth.csrf_token, "logged_in": auth.logged_in}
 
 
 @bp.before_request
@@ -28,18 +27,22 @@ def _csrf():
 @bp.route("/login", methods=("GET", "POST"))
 def login():
     if request.method == "POST":
+        wait = auth.login_retry_after()
+        if wait is not None:
+            flash(f"Too many failed logins from this address; try again in {wait} seconds.")
+            return render_template("login.html"), 429, {"Retry-After": str(wait)}
         if auth.key_ok(request.form.get("api_key", "").strip()):
-            session.clear()
-            session["logged_in"] = True
+            auth.open_session()
             target = request.args.get("next", "")
             return redirect(target if target.startswith("/admin/") else url_for(".dashboard"))
+        auth.login_failed()
         flash("That API key is not valid.")
     return render_template("login.html")
 
 
 @bp.post("/logout")
 def logout():
-    session.clear()
+    auth.close_session()
     return redirect(url_for(".login"))
 
 
@@ -92,7 +95,9 @@ def submit():
             body |= {"max_tokens": int(form.get("max_tokens") or 0) or None,
                      "temperature": float(form["temperature"]) if form.get("temperature") else None}
             priority, _ = schema.job_options({"priority": form.get("priority", "normal")})
-            job_id, _ = queue.submit(schema.generation(body, chat=None), priority=priority,
+            gen = schema.generation(body, chat=None)
+            limits.admit(gen["model"])
+            job_id, _ = queue.submit(gen, priority=priority,
                                      metadata={"source": "admin"}, kind="admin")
             return redirect(url_for(".job", job_id=job_id))
         except ValueError:

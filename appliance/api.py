@@ -1,20 +1,21 @@
 """REST v1: submit, list, read, stream and cancel jobs; count prompt tokens; the served models."""
 import json
+import re
 
 from flask import Blueprint, Response, jsonify, request, stream_with_context, url_for
 
-from appliance import auth, queue, schema
+from appliance import auth, limits, queue, requestbody, schema
 from appliance.openapi import document
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 bp.before_request(auth.require_key)
 
 
+EVENT_ID = re.compile(r"(\d{1,20})-(\d{1,20})")   # a Redis stream entry id, as the stream sends them
+
+
 def _body() -> dict:
-    body = request.get_json(silent=True)
-    if body is None:
-        raise schema.Invalid("the body must be a JSON object (Content-Type: application/json)")
-    return body
+    return requestbody.read()
 
 
 def _job(job_id: str):
@@ -29,6 +30,7 @@ def submit():
     body = _body()
     gen = schema.generation(body, chat=None)
     priority, metadata = schema.job_options(body)
+    limits.admit(gen["model"])
     job_id, position = queue.submit(gen, priority=priority, metadata=metadata, kind="rest")
     response = jsonify({"id": job_id, "object": "job", "state": "queued", "queue_position": position,
                         "url": url_for(".job", job_id=job_id), "stream_url": url_for(".stream", job_id=job_id)})
@@ -66,8 +68,22 @@ def sse(records) -> Response:
 def stream(job_id):
     """Replays the job's stream from the start, or after Last-Event-ID, then follows it live."""
     _job(job_id)
-    after = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "-"
-    return sse(queue.follow(job_id, after))
+    return sse(queue.follow(job_id, _resume_after(job_id)))
+
+
+def _resume_after(job_id: str) -> str:
+    """The stream entry a reconnecting client saw last ("-": none). An id past the stream's end
+    (from another server, or made up) replays the stream from the start: following from there
+    would answer an empty 200, and EventSource would reconnect with it forever."""
+    raw = (request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "").strip() or "-"
+    if raw == "-":
+        return raw
+    parsed = EVENT_ID.fullmatch(raw)
+    if parsed is None or any(int(part) >= 2**64 for part in parsed.groups()):
+        raise schema.Invalid(f"Last-Event-ID must be an event id from this job's stream (like 1700000000000-0), "
+                             f"got {raw[:40]!r}", "Last-Event-ID")
+    last = queue.last_event_id(job_id)
+    return raw if last is not None and tuple(int(p) for p in parsed.groups()) <= last else "-"
 
 
 @bp.post("/jobs/<job_id>/cancel")

@@ -4,10 +4,21 @@ import os
 import sys
 
 from flask import Flask, jsonify, redirect, request, url_for
+from redis.exceptions import OutOfMemoryError
 from werkzeug.exceptions import HTTPException
 
-from appliance import admin, api, auth, metrics, openai_api, queue
+from appliance import admin, api, auth, limits, metrics, openai_api, queue
 from appliance.schema import Invalid
+
+# Every page's scripts and styles come from /static: no inline script or handler may run, and no
+# other site may frame the UI (clickjacking) or learn its URLs from the Referer.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 
 def create_app(test_config: dict | None = None) -> Flask:
@@ -21,8 +32,15 @@ def create_app(test_config: dict | None = None) -> Flask:
         RESULT_TTL=7 * 86400,              # how long finished jobs and their streams stay readable
         JOB_TIMEOUT=24 * 3600,
         DEFAULT_MAX_TOKENS=256,
+        MAX_METADATA_BYTES=16 * 1024,      # a job's metadata, as JSON
+        MAX_QUEUED=1000,                   # jobs waiting per model; more get 429
+        JOBS_PER_MINUTE=600,               # submissions per API key per minute; more get 429
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=False,       # the cookie is Secure anyway when a page comes over https
+        PERMANENT_SESSION_LIFETIME=8 * 3600,   # seconds an admin UI login lasts
+        LOGIN_ATTEMPTS=10,                 # failed logins per client address within LOGIN_WINDOW
+        LOGIN_WINDOW=15 * 60,
         # prometheus_client switches to files in this folder by itself; /metrics must merge them
         METRICS_MULTIPROCESS=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
     )
@@ -40,13 +58,31 @@ def create_app(test_config: dict | None = None) -> Flask:
     if not app.config["SECRET_KEY"]:
         app.config["SECRET_KEY"] = auth.secret_key(redis)
 
+    app.session_interface = auth.SessionInterface()
+    app.after_request(_security_headers)
     metrics.init_app(app)
     for module in (api, openai_api, admin, metrics):
         app.register_blueprint(module.bp)
     app.add_url_rule("/", "index", lambda: redirect(url_for("admin.dashboard")))
     app.register_error_handler(Invalid, lambda e: (jsonify(e.body()), e.status))
+    app.register_error_handler(limits.Limited, lambda e: (jsonify(e.body()), e.status,
+                                                          {"Retry-After": str(e.retry_after)}))
     app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(OutOfMemoryError, _redis_full)
     return app
+
+
+def _security_headers(response):
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+def _redis_full(e: OutOfMemoryError):
+    """Redis at its maxmemory refuses writes (it never evicts queued jobs): 503 until jobs expire."""
+    body = Invalid("the job store (Redis) is full; try again once finished jobs have expired", None, 503,
+                   "store_full").body()
+    return jsonify(body), 503
 
 
 def _http_error(e: HTTPException):

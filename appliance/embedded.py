@@ -30,8 +30,10 @@ def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
     folder.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     log = open(data_dir / "redis.log", "ab")
+    # bounded, and refusing writes when full (the API answers 503) rather than evicting queued jobs
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                             "--appendonly", "yes", "--save", ""], stdout=log, stderr=log, start_new_session=True)
+                             "--appendonly", "yes", "--save", "", "--maxmemory", "1gb",
+                             "--maxmemory-policy", "noeviction"], stdout=log, stderr=log, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
         try:

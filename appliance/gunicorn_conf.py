@@ -1,4 +1,5 @@
-"""gunicorn settings for the web app in docker: threads for the long-lived event streams, and
+"""gunicorn settings for the web app in docker: threads for the long-lived event streams (in a
+gthread worker that gives a thread only to a complete request head, see gunicorn_worker.py), and
 prometheus_client's multiprocess bookkeeping so /metrics sums over the worker processes."""
 import os
 import shutil
@@ -7,7 +8,7 @@ from prometheus_client import multiprocess
 
 bind = f"0.0.0.0:{os.environ.get('VKLLM_PORT', '8000')}"
 workers = int(os.environ.get("VKLLM_WEB_PROCESSES", "2"))
-worker_class = "gthread"
+worker_class = "appliance.gunicorn_worker.Worker"
 threads = int(os.environ.get("VKLLM_WEB_THREADS", "32"))   # each open SSE stream holds a thread
 timeout = 120
 accesslog = "-"

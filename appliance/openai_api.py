@@ -1,11 +1,13 @@
 """OpenAI-compatible endpoints. They go through the same queue as REST jobs: a request is a job,
 and the response (whole or streamed as chunks) is read from the job's stream."""
 import json
+import select
+import socket
 import time
 
 from flask import Blueprint, Response, request, stream_with_context
 
-from appliance import auth, queue, schema
+from appliance import auth, limits, queue, requestbody, schema
 from vkllm import protocol
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -22,11 +24,16 @@ def models():
 
 
 def _request(chat: bool) -> tuple[dict, dict]:
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise schema.Invalid("the body must be a JSON object (Content-Type: application/json)")
-    if body.get("n", 1) != 1:
+    body = requestbody.read()
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise schema.Invalid("only n=1 is supported", "n")
+    if not isinstance(body.get("stream", False), bool | None):
+        raise schema.Invalid("stream must be true or false", "stream")
+    options = body.get("stream_options")
+    if options is not None and not (isinstance(options, dict)
+                                    and isinstance(options.get("include_usage", False), bool)):
+        raise schema.Invalid("stream_options must be an object like {\"include_usage\": true}", "stream_options")
     if chat and body.get("max_completion_tokens") is not None:
         body = body | {"max_tokens": body["max_completion_tokens"]}
     if not chat and isinstance(body.get("prompt"), list) and len(body["prompt"]) == 1:
@@ -49,15 +56,45 @@ def _failure(data: dict) -> tuple[dict, int]:
     return {"error": {"message": data["error"], "type": kind, "param": None, "code": None}}, status
 
 
+def _client_gone() -> bool:
+    """Whether the client closed its connection while waiting for a whole response. Its request
+    was read in full, so a readable socket that yields no byte has reached its end (one with
+    bytes holds a pipelined next request)."""
+    sock = request.environ.get("gunicorn.socket") or request.environ.get("werkzeug.socket")
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(0):
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except ValueError:   # a TLS socket takes no flags: no way to tell, so keep waiting
+        return False
+    except OSError:      # reset by the peer
+        return True
+
+
+CLIENT_CHECK_INTERVAL = 1.0   # seconds between looks at a waiting client's connection
+
+
 def _respond(chat: bool):
     body, gen = _request(chat)
+    limits.admit(gen["model"])
     job_id, _ = queue.submit(gen, priority="normal", metadata={}, kind="chat" if chat else "completion")
     head = {"id": ("chatcmpl-" if chat else "cmpl-") + job_id, "created": int(time.time()), "model": gen["model"]}
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return _stream(job_id, head, chat, include_usage)
-    text, end = [], None
-    for record in queue.follow(job_id):
+    text, end, next_check = [], None, time.monotonic() + CLIENT_CHECK_INTERVAL
+    for record in queue.follow(job_id, block_ms=int(CLIENT_CHECK_INTERVAL * 1000)):
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + CLIENT_CHECK_INTERVAL
+            if _client_gone():   # nobody will read the answer: free the GPU
+                job = queue.fetch(job_id)
+                if job is not None:
+                    queue.cancel(job)
+                return "", 499   # nginx's "client closed request", for the access log
         if record is None:
             continue
         _, kind, data = record

@@ -50,7 +50,8 @@ def _job() -> dict:
         "progress": {"type": ["object", "null"], "properties": {"tokens": {"type": "integer"},
                                                                "max_tokens": {"type": "integer"}}},
         "queue_position": {"type": ["integer", "null"]}, "created_at": number, "started_at": number,
-        "ended_at": number, "output": {"type": "string"}, "finish_reason": string,
+        "ended_at": number, "output": {"type": ["string", "null"], "description": "null in listings (read the job)"},
+        "finish_reason": string,
         "usage": {"type": ["object", "null"]}, "timings": {"type": ["object", "null"]}, "error": string}}
 
 
@@ -73,7 +74,7 @@ def document() -> dict:
                     "responses": {"202": _response("Queued", {"type": "object", "properties": {
                         "id": {"type": "string"}, "queue_position": {"type": "integer"}}}),
                         **_errors(400, 401, 404, 413)}},
-                "get": {"summary": "List jobs, newest first", "parameters": [
+                "get": {"summary": "List jobs, newest first (without their output)", "parameters": [
                     {"name": "state", "in": "query", "schema": _job()["properties"]["state"]},
                     {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
                     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}}],

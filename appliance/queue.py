@@ -97,6 +97,16 @@ def submit(request: dict, *, priority: str, metadata: dict, kind: str) -> tuple[
     return job.id, queue.get_job_position(job.id) or 0
 
 
+def queue_length(model: str) -> int:
+    return _queue(model).count
+
+
+def last_event_id(job_id: str) -> tuple[int, int] | None:
+    """The id of the job stream's last entry as (milliseconds, sequence); None when it has none."""
+    last = get_redis().xrevrange(protocol.stream_key(job_id), count=1)
+    return tuple(int(part) for part in last[0][0].decode().split("-")) if last else None
+
+
 def fetch(job_id: str) -> Job | None:
     return Job.fetch(job_id, connection=get_redis()) if Job.exists(job_id, get_redis()) else None
 
@@ -147,10 +157,16 @@ def follow(job_id: str, after: str = "-", block_ms: int = FOLLOW_BLOCK_MS):
         yield None
 
 
-def describe(job: Job) -> dict:
-    """Everything GET /api/v1/jobs/<id> shows: state, progress, position, output so far, error."""
-    records = stream_records(job.id)
-    text = "".join(d["text"] for _, kind, d in records if kind == protocol.TOKEN)
+def describe(job: Job, with_output: bool = True) -> dict:
+    """Everything GET /api/v1/jobs/<id> shows: state, progress, position, output so far, error.
+    Without the output (listings), only the stream's last record is read, and output is None."""
+    if with_output:
+        records = stream_records(job.id)
+        text = "".join(d["text"] for _, kind, d in records if kind == protocol.TOKEN)
+    else:
+        records = [(eid.decode(), *protocol.parse(f))
+                   for eid, f in get_redis().xrevrange(protocol.stream_key(job.id), count=1)]
+        text = None
     end = next((d for _, k, d in records if k == protocol.END), None)
     error = next((d["error"] for _, k, d in records if k == protocol.ERROR), None)
     st = "cancelled" if end and end.get("finish_reason") == "cancelled" else state(job)
@@ -179,16 +195,45 @@ def _failure_reason(job: Job) -> str:
     return text.splitlines()[-1]
 
 
+LIST_CHUNK = 500   # job ids whose status a filtered listing reads per Redis round trip
+
+
 def list_jobs(state_filter: str | None, offset: int, limit: int) -> tuple[list[dict], int]:
-    """Newest first; jobs whose records expired are dropped from the index on the way."""
+    """Newest first, from the index of submit times: only the page's jobs are read (without their
+    output), and a state filter reads no more than each job's status field. Jobs whose records
+    expired are dropped from the index on the way."""
     r = get_redis()
-    ids = [i.decode() for i in r.zrevrange(protocol.JOBS, 0, -1)]
+    if state_filter is None:
+        ids = [i.decode() for i in r.zrevrange(protocol.JOBS, offset, offset + limit - 1)]
+        total = r.zcard(protocol.JOBS)
+    else:
+        ids, total = _ids_in_state(r, state_filter, offset, limit)
     jobs = Job.fetch_many(ids, connection=r)
     gone = [i for i, j in zip(ids, jobs) if j is None]
     if gone:
         r.zrem(protocol.JOBS, *gone)
-    matching = [j for j in jobs if j is not None and (state_filter is None or state(j) == state_filter)]
-    return [describe(j) for j in matching[offset:offset + limit]], len(matching)
+    return [describe(j, with_output=False) for j in jobs if j is not None], total - len(gone)
+
+
+def _ids_in_state(r: Redis, wanted: str, offset: int, limit: int) -> tuple[list[str], int]:
+    """The ids of the page's jobs in state `wanted`, and how many there are in all."""
+    page, total, start = [], 0, 0
+    while ids := [i.decode() for i in r.zrevrange(protocol.JOBS, start, start + LIST_CHUNK - 1)]:
+        start += LIST_CHUNK
+        with r.pipeline() as pipe:
+            for job_id in ids:
+                pipe.hget(Job.key_for(job_id), "status")
+            statuses = pipe.execute()
+        gone = [i for i, s in zip(ids, statuses) if s is None]
+        if gone:
+            r.zrem(protocol.JOBS, *gone)
+            start -= len(gone)
+        for job_id, status in zip(ids, statuses):
+            if status is not None and STATES.get(status.decode(), "queued") == wanted:
+                if offset <= total < offset + limit:
+                    page.append(job_id)
+                total += 1
+    return page, total
 
 
 def cancel(job: Job) -> str:

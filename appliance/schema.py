@@ -4,6 +4,8 @@ The web app never loads the engine, so it checks requests itself: parameter type
 here, the model and its context against what the live workers registered, the prompt's length
 in tokens as a worker counts it on request. The same table feeds the OpenAPI document, so the
 document and the checks cannot drift apart."""
+import json
+
 from flask import current_app
 
 from appliance import queue
@@ -106,7 +108,8 @@ def generation(body, *, chat: bool | None) -> dict:
     prompt = _prompt(body, chat)
     params = {name: _number(body, name, *spec) for name, spec in SAMPLING.items() if body.get(name) is not None}
     default_max = current_app.config["DEFAULT_MAX_TOKENS"]
-    params["max_tokens"] = _number(body | {"max_tokens": body.get("max_tokens") or min(default_max, n_ctx)},
+    max_tokens = body.get("max_tokens")   # 0 and false are refused, not taken for unset
+    params["max_tokens"] = _number(body | {"max_tokens": min(default_max, n_ctx) if max_tokens is None else max_tokens},
                                    "max_tokens", "integer", 1, n_ctx)
     if body.get("stop") is not None:
         params["stop"] = _stop(body["stop"])
@@ -143,6 +146,10 @@ def job_options(body: dict) -> tuple[str, dict]:
     metadata = body.get("metadata", {})
     if not isinstance(metadata, dict):
         raise Invalid("metadata must be a JSON object", "metadata")
+    size, most = len(json.dumps(metadata).encode()), current_app.config["MAX_METADATA_BYTES"]
+    if size > most:
+        raise Invalid(f"metadata is {size} bytes as JSON; at most {most} are kept with a job", "metadata", 413,
+                      "metadata_too_large")
     return priority, metadata
 
 

@@ -25,6 +25,7 @@ def worker(start_worker):
 def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})   # CSP violations are logged there
     for flag in CHROMIUM_FLAGS:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
@@ -67,6 +68,8 @@ def test_submit_in_the_browser_and_watch_the_text_stream(browser, live_url, work
     browser.get(f"{live_url}/admin/models")
     models = browser.find_element(By.ID, "models").text
     assert "tiny-llama.gguf llama Q4_K_M" in models and "yes, ctx 256 on ui-w1" in models
+    # every page ran under the Content-Security-Policy without it blocking anything
+    assert not [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
 
 
 def test_forms_need_the_csrf_token_and_pages_need_a_login(client):

@@ -24,6 +24,20 @@ def cancel_key(job_id: str) -> str:
     return f"vkllm:cancel:{job_id}"
 
 
+def session_key(session_id: str) -> str:
+    """An admin UI session: the SHA-256 of the API key it was opened with, with the session's TTL."""
+    return f"vkllm:session:{session_id}"
+
+
+def login_failures_key(address: str) -> str:
+    return f"vkllm:login-failures:{address}"
+
+
+def rate_key(key_generation: str, minute: int) -> str:
+    """Jobs submitted with one API key in one minute (since the epoch)."""
+    return f"vkllm:rate:{key_generation[:16]}:{minute}"
+
+
 def tokenize_key(model: str) -> str:
     """List of token-count requests for a model, answered by any worker serving it. A request is
     JSON {"reply": key, "prompt": text} or {"reply": key, "messages": [...]}; the reply, pushed to

@@ -145,10 +145,13 @@ class GPUWorker(SimpleWorker):
         registry.cleanup()
 
     def _end_stream(self, job_id: str, fields: dict) -> None:
+        """The stream stays readable as long as its job: the web app's RESULT_TTL, kept with it."""
         key = protocol.stream_key(job_id)
+        ttl = int(self.connection.hget(Job.key_for(job_id), "result_ttl") or 0)   # RQ: -1 keeps it forever
+        ttl = ttl if ttl > 0 else self.stream_ttl
         with self.connection.pipeline() as pipe:
             pipe.xadd(key, fields)
-            pipe.expire(key, self.stream_ttl)
+            pipe.expire(key, ttl)
             pipe.execute()
 
     def generate(self, job: Job, request: dict) -> dict:

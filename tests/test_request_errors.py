@@ -1,0 +1,127 @@
+"""No 500s and no silent fixes: malformed requests get 400 JSON before any job is queued, a bad
+Last-Event-ID gets 400 (one past the stream's end replays it from the start), and a non-streaming
+OpenAI request whose client hangs up cancels its job."""
+import json
+import socket
+import time
+from urllib.parse import urlparse
+
+import pytest
+from redis import Redis
+
+from tests.conftest import API_KEY
+from tests.test_api import AUTH, sse_events, submit, wait
+from vkllm import protocol
+
+
+@pytest.fixture(scope="module")
+def worker(start_worker):
+    return start_worker("requests-w1")
+
+
+def index_size(app) -> int:
+    return Redis.from_url(app.config["REDIS_URL"]).zcard(protocol.JOBS)
+
+
+SURROGATE = "\\ud800"   # as JSON text: the escape of a lone surrogate
+DEEP = "[" * 100_000 + "]" * 100_000
+NESTED_40 = '{"a":' * 40 + "1" + "}" * 40
+
+BAD = [   # (path, raw JSON body, words in the error)
+    ("/api/v1/jobs", f'{{"model": "tiny-llama", "prompt": "{SURROGATE}"}}', "lone surrogate"),
+    ("/api/v1/jobs", f'{{"model": "tiny-llama", "prompt": "x", "metadata": {{"{SURROGATE}": 1}}}}', "lone surrogate"),
+    ("/api/v1/jobs", f'{{"model": "tiny-llama", "prompt": "x", "stop": ["a{SURROGATE}"]}}', "lone surrogate"),
+    ("/v1/completions", f'{{"model": "tiny-llama", "prompt": "x{SURROGATE}"}}', "lone surrogate"),
+    ("/v1/chat/completions", f'{{"model": "tiny-llama", "messages": [{{"role": "user", "content": "{SURROGATE}"}}]}}',
+     "lone surrogate"),
+    ("/api/v1/jobs", f'{{"model": "tiny-llama", "prompt": "x", "metadata": {{"deep": {DEEP}}}}}', "nests deeper"),
+    ("/api/v1/jobs", f'{{"model": "tiny-llama", "prompt": "x", "metadata": {NESTED_40}}}', "nests deeper"),
+    ("/v1/chat/completions", f'{{"model": "tiny-llama", "messages": {DEEP}}}', "nests deeper"),
+    ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x", "max_tokens": 0}', "max_tokens must be between"),
+    ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x", "max_tokens": false}', "max_tokens must be an integer"),
+    ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x", "max_tokens": true}', "max_tokens must be an integer"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "max_tokens": 0}', "max_tokens must be between"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"max_completion_tokens": false}', "max_tokens must be an integer"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "stream": "false"}', "stream must be"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"stream": 1}', "stream must be"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "stream": true, "stream_options": "yes"}',
+     "stream_options must be"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"stream": true, "stream_options": {"include_usage": "yes"}}', "stream_options must be"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "n": true}', "only n=1"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "n": 2}', "only n=1"),
+    ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x"', "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("path,raw,words", BAD, ids=[f"{p}:{w}:{i}" for i, (p, _, w) in enumerate(BAD)])
+def test_bad_requests_get_400_and_queue_nothing(app, client, worker, path, raw, words):
+    before = index_size(app)
+    r = client.post(path, data=raw.encode(), headers=AUTH | {"Content-Type": "application/json"})
+    assert r.status_code == 400, r.get_data(as_text=True)[:300]
+    assert r.json["error"]["type"] == "invalid_request_error" and words in r.json["error"]["message"]
+    assert index_size(app) == before
+
+
+def test_n_null_means_one(client, worker):
+    r = client.post("/v1/completions", json={"model": "tiny-llama", "prompt": "Hi", "n": None, "max_tokens": 2},
+                    headers=AUTH)
+    assert r.status_code == 200, r.json
+    assert len(r.json["choices"]) == 1 and r.json["usage"]["completion_tokens"] == 2
+
+
+@pytest.fixture(scope="module")
+def finished_job(app, worker):
+    client = app.test_client()
+    job = submit(client, max_tokens=4)
+    wait(client, job["id"])
+    events = sse_events(client.get(f"/api/v1/jobs/{job['id']}/stream", headers=AUTH).get_data(as_text=True))
+    assert events[-1][1] == "end" and len(events) == 5
+    return job["id"], events
+
+
+@pytest.mark.parametrize("value", ["abc", "1-2-3", "-5-0", "1-", "18446744073709551616-0",
+                                   "99999999999999999999999-0", "1700000000000-18446744073709551616"])
+@pytest.mark.parametrize("where", ["header", "query"])
+def test_unparseable_last_event_id_is_400(client, finished_job, value, where):
+    job_id, _ = finished_job
+    url = f"/api/v1/jobs/{job_id}/stream"
+    r = (client.get(url, headers=AUTH | {"Last-Event-ID": value}) if where == "header"
+         else client.get(url, query_string={"last_event_id": value}, headers=AUTH))
+    assert r.status_code == 400 and r.is_json and r.json["error"]["param"] == "Last-Event-ID"
+
+
+@pytest.mark.parametrize("value", ["18446744073709551615-18446744073709551615", "9999999999999-0"])
+def test_last_event_id_past_the_end_replays_from_the_start(client, finished_job, value):
+    job_id, events = finished_job
+    r = client.get(f"/api/v1/jobs/{job_id}/stream", headers=AUTH | {"Last-Event-ID": value})
+    assert r.status_code == 200 and sse_events(r.get_data(as_text=True)) == events
+    # an id the stream did send still resumes after it
+    r = client.get(f"/api/v1/jobs/{job_id}/stream", headers=AUTH | {"Last-Event-ID": events[2][0]})
+    assert sse_events(r.get_data(as_text=True)) == events[3:]
+
+
+def test_a_whole_completion_whose_client_hangs_up_is_cancelled(client, worker, live_url):
+    """Jobs ahead keep the worker busy, so the completion is still waiting when its client leaves."""
+    ahead = [submit(client, max_tokens=240, prompt="Once")["id"] for _ in range(5)]
+    try:
+        address = urlparse(live_url)
+        body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 200}).encode()
+        sock = socket.create_connection((address.hostname, address.port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        job_id, deadline = None, time.monotonic() + 60
+        while job_id is None and time.monotonic() < deadline:
+            listed = client.get("/api/v1/jobs?limit=10", headers=AUTH).json["data"]
+            job_id = next((j["id"] for j in listed if j["kind"] == "completion" and j["state"] != "finished"), None)
+            time.sleep(0.1)
+        assert job_id is not None
+        sock.close()
+        job = wait(client, job_id, timeout=120)
+        assert job["state"] == "cancelled"
+    finally:
+        for job_id in ahead:
+            client.post(f"/api/v1/jobs/{job_id}/cancel", headers=AUTH)
