@@ -3,7 +3,7 @@ blueprint per concern. Served by gunicorn in production: `gunicorn 'appliance.ap
 import os
 import sys
 
-from flask import Flask, jsonify, redirect, request, url_for
+from flask import Flask, current_app, jsonify, redirect, request, url_for
 from werkzeug.exceptions import HTTPException
 
 from appliance import admin, api, auth, metrics, openai_api, queue
@@ -21,6 +21,7 @@ def create_app(test_config: dict | None = None) -> Flask:
         RESULT_TTL=7 * 86400,              # how long finished jobs and their streams stay readable
         JOB_TIMEOUT=24 * 3600,
         DEFAULT_MAX_TOKENS=256,
+        REDIS_OUTAGE_WAIT=30,              # seconds a followed stream waits for Redis before an error event
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         # prometheus_client switches to files in this folder by itself; /metrics must merge them
@@ -46,7 +47,17 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.add_url_rule("/", "index", lambda: redirect(url_for("admin.dashboard")))
     app.register_error_handler(Invalid, lambda e: (jsonify(e.body()), e.status))
     app.register_error_handler(HTTPException, _http_error)
+    for unreachable in queue.UNAVAILABLE:
+        app.register_error_handler(unreachable, _unavailable)
     return app
+
+
+def _unavailable(e: Exception):
+    """Redis is down or unreachable: 503 in JSON for every route (the API, /metrics, the UI)."""
+    current_app.logger.warning("Redis unreachable: %s", e)
+    body = Invalid("the job queue (Redis) is unreachable; try again shortly", status=503,
+                   code="redis_unavailable").body()
+    return jsonify(body), 503, {"Retry-After": "5"}
 
 
 def _http_error(e: HTTPException):
