@@ -13,7 +13,7 @@ import pytest
 from redis import Redis
 
 from tests.conftest import API_KEY, WorkerProcess, _free_port
-from tests.test_api import AUTH, sse_events, wait
+from tests.test_api import AUTH, sse_events
 
 
 class RedisServer:
@@ -173,3 +173,72 @@ def test_worker_rides_out_a_redis_restart_mid_job(redis_server, served, workers)
     assert again["state"] == "finished" and again["output"] == done["output"]
     assert again["usage"] == done["usage"]
     assert wait_for(url, queued)["state"] == "finished"
+
+
+def test_a_job_whose_worker_died_fails_with_no_worker_left_and_new_jobs_wait_for_one(served, workers):
+    url, _ = served
+    first = workers("orphan-w1")
+    running = submit(url)
+    reader = StreamReader(url, running)
+    reader.start()
+    wait_tokens(url, running, 3)
+    os.kill(first.proc.pid, signal.SIGSTOP)   # frozen mid-job, then killed: its partial text is final
+    partial = job(url, running)["output"]
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+
+    failed = wait_for(url, running, timeout=60)
+    assert failed["state"] == "failed"
+    assert "orphan-w1" in failed["error"] and "stopped" in failed["error"]
+    assert failed["output"] == partial and partial
+    reader.join(60)
+    assert reader.error is None
+    events = sse_events(reader.body)
+    assert events[-1][1] == "error" and "orphan-w1" in events[-1][2]["error"]
+    assert "".join(d["text"] for _, kind, d in events if kind == "token") == partial
+
+    # no worker is up: a job for the model it served waits for one
+    assert http(f"{url}/readyz")[0] == 503
+    waiting = submit(url, max_tokens=4)
+    assert job(url, waiting)["state"] == "queued"
+    status, body = http(f"{url}/api/v1/jobs", "POST", {"model": "no-such-model", "prompt": "Hello"})
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    workers("orphan-w2")
+    done = wait_for(url, waiting)
+    assert done["state"] == "finished" and done["usage"]["completion_tokens"] == 4
+
+
+def test_a_followed_stream_ends_with_an_error_event_when_redis_stays_away(redis_server, served, workers):
+    url, app = served
+    app.config["REDIS_OUTAGE_WAIT"] = 2
+    worker = workers("away-w1")
+    os.kill(worker.proc.pid, signal.SIGSTOP)   # so that the job stays queued and its reader waits
+    waiting = submit(url, max_tokens=4)
+    reader = StreamReader(url, waiting)
+    reader.start()
+    time.sleep(0.5)
+    redis_server.stop()
+    reader.join(60)
+    assert not reader.is_alive() and reader.error is None
+    events = sse_events(reader.body)
+    assert [kind for _, kind, _ in events] == ["error"] and events[0][2]["kind"] == "unavailable"
+    # a worker told to stop while Redis is away stops all the same
+    os.kill(worker.proc.pid, signal.SIGCONT)
+    worker.proc.terminate()
+    assert worker.proc.wait(30) == 0
+
+
+def test_prompts_stay_out_of_the_worker_log(served, workers):
+    url, app = served
+    worker = workers("quiet-w1")
+    from appliance import queue
+    ok = wait_for(url, submit(url, prompt="Quokka marmalade", max_tokens=2))
+    with app.app_context():   # queued as the API does when no worker counted its tokens in time
+        too_long, _ = queue.submit({"model": "tiny-llama", "prompt": "quokka " * 300, "params": {"max_tokens": 2}},
+                                   priority="normal", metadata={}, kind="rest")
+    failed = wait_for(url, too_long)
+    assert ok["state"] == "finished" and failed["state"] == "failed" and "context" in failed["error"]
+    worker.log.seek(0)
+    log = worker.log.read()
+    assert too_long in log and ok["id"] in log   # the log does name the jobs
+    assert "quokka" not in log.lower() and "marmalade" not in log
