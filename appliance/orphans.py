@@ -3,8 +3,8 @@ every heartbeat) and the web app (it sweeps a job's queue when someone reads the
 failed even when no worker of its model ever comes back. Needs Redis and RQ only: no Flask, no
 engine.
 
-A job is orphaned when the worker running it no longer refreshes its key (protocol.worker_key).
-After a Redis restart a live worker's key may be gone too, until its next heartbeat: so the key
+A job is orphaned when the worker running it no longer refreshes its key (protocol.worker_key),
+or when the key belongs to a later start of a worker of the same name. After a Redis restart a live worker's key may be gone too, until its next heartbeat: so the key
 must stay missing for the worker's whole liveness window (the job's meta says how long) before
 the job is failed. The first sweep that finds it missing notes when (protocol.orphan_key); the
 worker, while alive, deletes that note at each heartbeat."""
@@ -18,8 +18,8 @@ from appliance import protocol
 DEFAULT_LIVENESS = 15   # seconds, for jobs whose worker did not say (a worker's default: 3 x 5 s)
 
 
-def reap(queues: list[Queue], stream_ttl: int, *, skip: str | None = None) -> list[str]:
-    """Fail the orphaned running jobs of these queues (skip: the sweeping worker's own name).
+def reap(queues: list[Queue], stream_ttl: int) -> list[str]:
+    """Fail the orphaned running jobs of these queues.
     Their stream gets an error record first, so readers see why and keep the partial text; then
     their registry entry is expired and RQ's abandoned-job cleanup marks them failed. Returns the
     ids of the jobs failed."""
@@ -28,24 +28,25 @@ def reap(queues: list[Queue], stream_ttl: int, *, skip: str | None = None) -> li
         if not queue.acquire_maintenance_lock():   # another sweeper is at it
             continue
         try:
-            failed += _reap(queue, stream_ttl, skip)
+            failed += _reap(queue, stream_ttl)
         finally:
             queue.release_maintenance_lock()
     return failed
 
 
-def _reap(queue: Queue, stream_ttl: int, skip: str | None) -> list[str]:
+def _reap(queue: Queue, stream_ttl: int) -> list[str]:
     r, registry, failed = queue.connection, queue.started_job_registry, []
     for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
         job = Job.fetch(job_id, connection=r) if Job.exists(job_id, r) else None
         owner = job.worker_name if job else None
-        if not owner or owner == skip:
+        if not owner:
             continue
         with r.pipeline(transaction=False) as pipe:
-            pipe.exists(protocol.worker_key(owner))
+            pipe.hget(protocol.worker_key(owner), "instance")
             pipe.get(protocol.orphan_key(job_id))
-            alive, noted = pipe.execute()
-        if alive:
+            instance, noted = pipe.execute()
+        # a job the worker has not stamped yet (it just took it) belongs to whoever has the name
+        if instance is not None and job.meta.get("worker_instance") in (None, instance.decode()):
             continue
         window = job.meta.get("liveness_ttl", DEFAULT_LIVENESS)
         if noted is None:

@@ -242,3 +242,20 @@ def test_prompts_stay_out_of_the_worker_log(served, workers):
     log = worker.log.read()
     assert too_long in log and ok["id"] in log   # the log does name the jobs
     assert "quokka" not in log.lower() and "marmalade" not in log
+
+
+def test_a_worker_killed_and_started_again_under_its_name_fails_its_old_job_and_serves(redis_server, served,
+                                                                                       workers):
+    url, _ = served
+    first = workers("same-w1")
+    running = submit(url)
+    wait_tokens(url, running, 3)
+    first.proc.kill()
+    first.proc.wait()
+    r = Redis.from_url(redis_server.url)
+    while r.exists("vkllm:worker:same-w1"):   # its liveness key expires (3 heartbeats)
+        time.sleep(0.2)
+    workers("same-w1")   # RQ alone refuses the name of a worker that never said goodbye
+    failed = wait_for(url, running, timeout=60)
+    assert failed["state"] == "failed" and "same-w1" in failed["error"]
+    assert wait_for(url, submit(url, max_tokens=3))["state"] == "finished"

@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from redis import Redis
@@ -69,6 +70,7 @@ class GPUWorker(SimpleWorker):
         # RQ logs a job's description (its arguments: the prompt) unless told not to
         super().__init__(queues, connection=connection, name=metrics.worker, log_job_description=False, **kwargs)
         self.link = link   # connection (see connect) is patient; this one answers at once
+        self.instance = uuid.uuid4().hex
         self.engines = engines
         self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer)}
                        for name, e in engines.items()}
@@ -88,6 +90,7 @@ class GPUWorker(SimpleWorker):
         return 2 * self.liveness_ttl + int(self.interval)
 
     def work(self, *args, **kwargs) -> bool:
+        self._forget_dead_namesake()
         counter = TokenCounter(self.engines, self.connection)
         counter.start()   # before publish: the web app asks for counts once it sees the models
         self.publish()
@@ -105,6 +108,13 @@ class GPUWorker(SimpleWorker):
                 self.link.delete(protocol.worker_key(self.name))
             except UNREACHABLE:   # the key expires by itself
                 pass
+
+    def _forget_dead_namesake(self) -> None:
+        """RQ refuses to start under a name whose last holder never said goodbye (killed): its
+        record lingers for minutes. That holder is dead once its liveness key is gone."""
+        if not self.connection.exists(protocol.worker_key(self.name)) and \
+                not self.connection.hexists(self.key, "death"):
+            self.connection.delete(self.key)
 
     def request_stop(self, signum, frame):
         """A stop ends the patience: from now on every Redis command (those waiting included) is
@@ -174,7 +184,7 @@ class GPUWorker(SimpleWorker):
                 "name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "models": json.dumps(self.models), "stats": json.dumps(stats),
                 "metrics_port": self.metrics_port, "job": self._job.id if self._job else "",
-                "tokens_per_second": self.last_tokens_per_second,
+                "tokens_per_second": self.last_tokens_per_second, "instance": self.instance,
             })
             pipe.expire(key, self.liveness_ttl)
             pipe.sadd(protocol.WORKERS, self.name)
@@ -185,7 +195,7 @@ class GPUWorker(SimpleWorker):
 
     def fail_orphans(self) -> None:
         """Fail started jobs of this worker's models whose worker died (appliance.orphans)."""
-        orphans.reap(self.queues, self.stream_ttl, skip=self.name)
+        orphans.reap(self.queues, self.stream_ttl)
 
     def generate(self, job: Job, request: dict) -> dict:
         """Run one job: tokens go to the job's stream as they come, progress to job.meta."""
@@ -198,7 +208,9 @@ class GPUWorker(SimpleWorker):
         timings, finish, count, pieces = Timings(), None, 0, []
         cancel_key = protocol.cancel_key(job.id)
         outbox = Outbox(self.link, protocol.stream_key(job.id), self.stream_ttl)
-        job.meta["liveness_ttl"] = self.liveness_ttl   # how long the watchdog waits for this worker
+        # for the watchdog (appliance.orphans): how long to wait for this worker, and which start
+        # of it runs the job (a worker restarted under the same name does not)
+        job.meta |= {"liveness_ttl": self.liveness_ttl, "worker_instance": self.instance}
         job.save_meta()
         # progress during generation goes through the link, so an outage does not hold it up
         progress = Job(job.id, connection=self.link)
@@ -208,7 +220,10 @@ class GPUWorker(SimpleWorker):
             messages = request.get("messages")
             prompt = engine.render_chat(messages) if messages is not None else request["prompt"]
             last_meta = 0.0
-            cancelled = lambda: bool(outbox.call(lambda: self.link.exists(cancel_key), False))  # noqa: E731
+
+            def cancelled() -> bool:   # while Redis is away: not cancelled, as far as we know
+                return bool(outbox.call(lambda: self.link.exists(cancel_key), False))
+
             for event in engine.generate(prompt, params, cancelled):
                 if event.text:
                     pieces.append(event.text)
@@ -279,7 +294,9 @@ def serve(args, settings, load=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     connection, link = connect(args.redis_url)
     engines = load_engines(args.model, settings, args.n_ctx, load)
-    name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+    # host and pid are not unique enough: a container restarted keeps both (pid 1), and RQ refuses
+    # a name whose last holder was killed (its record lingers for minutes)
+    name = args.name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     metrics = WorkerMetrics(name)
     for model, engine in engines.items():
         metrics.loaded(model, engine.stats())
