@@ -4,10 +4,11 @@ failed even when no worker of its model ever comes back. Needs Redis and RQ only
 engine.
 
 A job is orphaned when the worker running it no longer refreshes its key (protocol.worker_key),
-or when the key belongs to a later start of a worker of the same name. After a Redis restart a live worker's key may be gone too, until its next heartbeat: so the key
-must stay missing for the worker's whole liveness window (the job's meta says how long) before
-the job is failed. The first sweep that finds it missing notes when (protocol.orphan_key); the
-worker, while alive, deletes that note at each heartbeat."""
+or when that key belongs to a later start of a worker of the same name. After a Redis restart a
+live worker's key may be gone too, until its next heartbeat: so the key must stay missing for the
+worker's whole liveness window (the job's meta says how long) before the job is failed. The first
+sweep that finds it missing notes when (protocol.orphan_key); the worker, while alive, deletes
+that note at each heartbeat."""
 import time
 
 from rq import Queue

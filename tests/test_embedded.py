@@ -15,12 +15,15 @@ from tests.conftest import API_KEY, VKLLM
 from tests.test_api_cli import _children, _state
 from tests.test_resilience import http, submit, wait_for
 
+
 @pytest.fixture
 def up(tmp_path, tmp_path_factory, tiny_model):
     """`vkllm up --host 127.0.0.1` with the API key in its environment: (process, url, data folder)."""
-    env = os.environ | {"VKLLM_API_KEY": API_KEY, "VKLLM_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "vkcache-workers")}
+    env = os.environ | {"VKLLM_API_KEY": API_KEY,
+                        "VKLLM_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "vkcache-workers")}
     proc = subprocess.Popen([sys.executable, "-c", VKLLM, "up", "--host", "127.0.0.1", "--port", "0",
-                             "--data-dir", str(tmp_path), "--models-dir", str(tiny_model.parent), "-m", tiny_model.name],
+                             "--data-dir", str(tmp_path), "--models-dir", str(tiny_model.parent),
+                             "-m", tiny_model.name],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = re.search(r"vkllm is up: (http://\S+)/", proc.stdout.readline()).group(1)
     yield proc, url, tmp_path
@@ -74,7 +77,7 @@ def _listening(port: int) -> list[str]:
 
 
 def test_up_restarts_a_dead_worker_which_has_no_api_key_and_metrics_on_the_host(up):
-    proc, url, data = up
+    proc, url, _ = up
     redis_pid = _child(proc.pid, "redis-server")
     port = int(re.search(r"127\.0\.0\.1:(\d+)", " ".join(_cmdline(redis_pid))).group(1))   # redis-server's title
     redis = Redis(port=port)
