@@ -76,7 +76,7 @@ def _listening(port: int) -> list[str]:
     return found
 
 
-def test_up_restarts_a_dead_worker_which_has_no_api_key_and_metrics_on_the_host(up):
+def test_up_restarts_its_dead_worker_and_redis_and_keeps_the_key_and_metrics_to_itself(up):
     proc, url, _ = up
     redis_pid = _child(proc.pid, "redis-server")
     port = int(re.search(r"127\.0\.0\.1:(\d+)", " ".join(_cmdline(redis_pid))).group(1))   # redis-server's title
@@ -94,3 +94,14 @@ def test_up_restarts_a_dead_worker_which_has_no_api_key_and_metrics_on_the_host(
     job = wait_for(url, submit(url, max_tokens=4), timeout=120)
     assert job["state"] == "finished" and job["usage"]["completion_tokens"] == 4
     assert http(f"{url}/readyz")[0] == 200
+
+    # its redis-server killed too: started again on the same port and data, and the worker rides it out
+    os.kill(redis_pid, signal.SIGKILL)
+    _child(proc.pid, "redis-server", other_than=redis_pid)
+    deadline = time.monotonic() + 60
+    while http(f"{url}/readyz")[0] != 200:   # 503 until Redis answers and the worker has published again
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    job = wait_for(url, submit(url, max_tokens=3), timeout=120)
+    assert job["state"] == "finished" and job["usage"]["completion_tokens"] == 3
+    assert _child(proc.pid, "worker.cli") == second   # the same worker process
