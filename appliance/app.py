@@ -3,7 +3,7 @@ blueprint per concern. Served by gunicorn in production: `gunicorn 'appliance.ap
 import os
 import sys
 
-from flask import Flask, jsonify, redirect, request, url_for
+from flask import Flask, current_app, jsonify, redirect, request, url_for
 from redis.exceptions import OutOfMemoryError
 from werkzeug.exceptions import HTTPException
 
@@ -35,6 +35,7 @@ def create_app(test_config: dict | None = None) -> Flask:
         MAX_METADATA_BYTES=16 * 1024,      # a job's metadata, as JSON
         MAX_QUEUED=1000,                   # jobs waiting per model; more get 429
         JOBS_PER_MINUTE=600,               # submissions per API key per minute; more get 429
+        REDIS_OUTAGE_WAIT=30,              # seconds a followed stream waits for Redis before an error event
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_SECURE=False,       # the cookie is Secure anyway when a page comes over https
@@ -69,6 +70,8 @@ def create_app(test_config: dict | None = None) -> Flask:
                                                           {"Retry-After": str(e.retry_after)}))
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(OutOfMemoryError, _redis_full)
+    for unreachable in queue.UNAVAILABLE:
+        app.register_error_handler(unreachable, _unavailable)
     return app
 
 
@@ -83,6 +86,14 @@ def _redis_full(e: OutOfMemoryError):
     body = Invalid("the job store (Redis) is full; try again once finished jobs have expired", None, 503,
                    "store_full").body()
     return jsonify(body), 503
+
+
+def _unavailable(e: Exception):
+    """Redis is down or unreachable: 503 in JSON for every route (the API, /metrics, the UI)."""
+    current_app.logger.warning("Redis unreachable: %s", e)
+    body = Invalid("the job queue (Redis) is unreachable; try again shortly", status=503,
+                   code="redis_unavailable").body()
+    return jsonify(body), 503, {"Retry-After": "5"}
 
 
 def _http_error(e: HTTPException):

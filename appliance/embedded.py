@@ -1,6 +1,9 @@
 """`vkllm up`: the whole appliance on one machine without docker. A private redis-server (on
 localhost, its own port and data folder), one worker and the web app; Ctrl-C stops all three.
 
+This process supervises the other two: a worker or a redis-server that exits is started again
+(the same port and data for Redis), after a pause that grows while they keep dying young.
+
 The children run in their own sessions so that Ctrl-C reaches only this process, which then
 stops them in order: the web server, the worker (its current job ends failed, partial text
 kept), then Redis (which syncs its append-only file)."""
@@ -9,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,10 +29,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
+# environment the worker must not inherit: it needs no API key, and a secret is safest unseen
+_WEB_ONLY = ("VKLLM_API_KEY", "VKLLM_SECRET_KEY")
+
+
+def _start_redis(data_dir: Path, port: int) -> subprocess.Popen:
     folder = data_dir / "redis"
     folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
     log = open(data_dir / "redis.log", "ab")
     # bounded, and refusing writes when full (the API answers 503) rather than evicting queued jobs
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
@@ -38,7 +45,7 @@ def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
     for _ in range(100):
         try:
             Redis.from_url(url).ping()
-            return proc, url
+            return proc
         except Exception:
             if proc.poll() is not None:
                 break
@@ -66,6 +73,36 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+class _Supervised:
+    """A child process started again whenever it exits: after 1 s, doubling up to a minute while
+    it keeps exiting within a minute of its start."""
+
+    def __init__(self, name: str, start, log_path: Path):
+        self.name, self._start, self.log_path = name, start, log_path
+        self.proc = start()
+        self.started, self.pause, self.restart_at = time.monotonic(), 1.0, None
+
+    def check(self) -> None:
+        """Called every half second or so: notice an exit, restart when its pause is over."""
+        now = time.monotonic()
+        if self.restart_at is None:
+            code = self.proc.poll()
+            if code is not None:
+                self._again(now, f"exited (status {code})")
+        elif now >= self.restart_at:
+            self.restart_at, self.started = None, now
+            try:
+                self.proc = self._start()
+            except VkllmError as e:
+                self._again(now, f"did not start ({e})")
+
+    def _again(self, now: float, what: str) -> None:
+        self.pause = 1.0 if now - self.started > 60 else min(self.pause * 2, 60.0)
+        self.restart_at = now + self.pause
+        print(f"vkllm: the {self.name} {what}; starting it again in {self.pause:.0f} s (see {self.log_path})",
+              file=sys.stderr, flush=True)
+
+
 def run(args, api_key: str | None) -> int:
     from appliance.app import create_app
 
@@ -81,31 +118,39 @@ def run(args, api_key: str | None) -> int:
         models = [fetch_demo(models_dir).name]
 
     signal.signal(signal.SIGTERM, _interrupt)   # a service manager's stop is a Ctrl-C too
-    redis_proc, redis_url = _start_redis(data_dir)
-    worker_proc = server = None
+    port = _free_port()
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    redis = _Supervised("redis-server", lambda: _start_redis(data_dir, port), data_dir / "redis.log")
+    worker = server = None
     try:
         generated = auth.ensure_key(Redis.from_url(redis_url), api_key)
         app = create_app({"REDIS_URL": redis_url, "API_KEY": api_key, "MODELS_DIR": str(models_dir)})
         server = make_server(args.host, args.port, app, threaded=True)
-        env = os.environ | {"VKLLM_MODELS_DIR": str(models_dir)}
+        env = {k: v for k, v in os.environ.items() if k not in _WEB_ONLY} | {"VKLLM_MODELS_DIR": str(models_dir)}
         worker_log = open(data_dir / "worker.log", "ab")
-        worker_proc = subprocess.Popen(
-            [sys.executable, "-m", "vkllm.cli", "worker", "--redis-url", redis_url, "--metrics-port", "0",
-             *[a for m in models for a in ("-m", m)]],
-            stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        command = [sys.executable, "-m", "vkllm.cli", "worker", "--redis-url", redis_url, "--metrics-port", "0",
+                   "--metrics-host", args.host, *[a for m in models for a in ("-m", m)]]
+        worker = _Supervised("worker", lambda: subprocess.Popen(
+            command, stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True),
+            data_dir / "worker.log")
+        threading.Thread(target=server.serve_forever, name="vkllm-web", daemon=True).start()
         print(f"vkllm is up: http://{args.host}:{server.server_port}/  (admin UI at /admin/)", flush=True)
         if generated:
             print(f"API key (shown only now; `vkllm apikey rotate` makes a new one): {generated}", flush=True)
         elif not api_key:
             print("API key: the one printed on the first run (`vkllm apikey rotate` makes a new one)", flush=True)
         print(f"worker log: {data_dir / 'worker.log'}; Ctrl-C stops everything", flush=True)
-        server.serve_forever()
+        while True:
+            time.sleep(0.5)
+            redis.check()
+            worker.check()
     except KeyboardInterrupt:
         print("vkllm: stopping", file=sys.stderr, flush=True)
     finally:
         if server is not None:
+            server.shutdown()
             server.server_close()
-        if worker_proc is not None:
-            _stop(worker_proc)
-        _stop(redis_proc)
+        if worker is not None:
+            _stop(worker.proc)
+        _stop(redis.proc)
     return 0

@@ -95,8 +95,9 @@ def readyz():
     try:
         queue.get_redis().ping()
         workers = queue.live_workers()
-    except Exception as e:  # any Redis failure means not ready; say which
-        return {"status": "unavailable", "redis": str(e)}, 503
+    except Exception as e:  # any Redis failure means not ready; the log says which, not the body
+        current_app.logger.warning("readyz: Redis unreachable: %s", e)
+        return {"status": "unavailable", "redis": "unreachable"}, 503
     models = sorted(queue.models())
     ok = bool(models)
     return {"status": "ok" if ok else "no workers", "workers": len(workers), "models": models}, 200 if ok else 503

@@ -51,7 +51,7 @@ def _usage(end: dict) -> dict | None:
 
 
 def _failure(data: dict) -> tuple[dict, int]:
-    status = 400 if data.get("kind") == "invalid_request" else 500
+    status = {"invalid_request": 400, "unavailable": 503}.get(data.get("kind"), 500)
     kind = "invalid_request_error" if status == 400 else "server_error"
     return {"error": {"message": data["error"], "type": kind, "param": None, "code": None}}, status
 

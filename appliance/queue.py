@@ -1,15 +1,23 @@
 """The web side's only door to Redis and RQ: submitting, reading, listing and cancelling jobs,
-reading job streams and what the live workers serve, and asking them for token counts."""
+reading job streams and what the live workers serve, and asking them for token counts.
+
+While Redis is unreachable its commands raise one of UNAVAILABLE after a few quick retries; the
+app answers those with 503 (app.py), and a stream being followed waits for Redis a while."""
 import json
 import time
 import uuid
 
 from flask import current_app
 from redis import Redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+from redis.retry import Retry
 from rq import Queue
 from rq.job import Job, JobStatus
 
-from vkllm import protocol
+from vkllm import orphans, protocol
+
+UNAVAILABLE = (ConnectionError, TimeoutError)
 
 # RQ's statuses as users see them. The worker files a generation stopped by cancellation as
 # CANCELED right after RQ marks it FINISHED; describe() goes by the stream's end record meanwhile.
@@ -26,8 +34,11 @@ TOKENIZE_TIMEOUT = 2.0   # seconds a submit waits for a worker to count its prom
 
 
 def init_app(app) -> None:
-    # the socket timeout must outlast a blocking stream read (redis-py's default does not)
-    app.extensions["vkllm_redis"] = Redis.from_url(app.config["REDIS_URL"], socket_timeout=FOLLOW_BLOCK_MS / 1000 + 25)
+    # the socket timeout must outlast a blocking stream read (redis-py's default does not); a
+    # request gives up on an unreachable Redis within a second (redis-py's default: several)
+    app.extensions["vkllm_redis"] = Redis.from_url(
+        app.config["REDIS_URL"], socket_timeout=FOLLOW_BLOCK_MS / 1000 + 25, socket_connect_timeout=2,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3))
 
 
 def get_redis() -> Redis:
@@ -57,6 +68,16 @@ def models() -> dict[str, dict]:
             entry = found.setdefault(name, m | {"name": name, "workers": []})
             entry["workers"].append(w["name"])
     return found
+
+
+def model_info(name: str) -> dict | None:
+    """A model some live worker serves, or one a worker served before (its jobs wait for a worker
+    to come back; "workers" is empty then); None for a model this appliance never served."""
+    served = models()
+    if name in served:
+        return served[name]
+    known = get_redis().hget(protocol.MODELS, name)
+    return json.loads(known) | {"name": name, "workers": []} if known else None
 
 
 def count_tokens(model: str, prompt: str | None = None, messages: list[dict] | None = None,
@@ -90,6 +111,7 @@ def submit(request: dict, *, priority: str, metadata: dict, kind: str) -> tuple[
     queue = _queue(request["model"])
     job = queue.enqueue_call(
         protocol.JOB_FUNCTION, kwargs={"request": request}, at_front=priority == "high",
+        description=f"generation ({request['model']})",   # RQ's default, the arguments, shows the prompt
         timeout=cfg["JOB_TIMEOUT"], result_ttl=cfg["RESULT_TTL"], failure_ttl=cfg["RESULT_TTL"],
         meta={"model": request["model"], "metadata": metadata, "kind": kind, "priority": priority,
               "progress": {"tokens": 0, "max_tokens": request["params"]["max_tokens"]}})
@@ -131,7 +153,30 @@ def stream_records(job_id: str, after: str = "-", block_ms: int | None = None) -
 def follow(job_id: str, after: str = "-", block_ms: int = FOLLOW_BLOCK_MS):
     """Yield the job's stream records from `after` on until its end or error record; yield None
     every block_ms without news (for keep-alives). A job that ended without writing a last record
-    (cancelled before it ran, or failed by RQ's own cleanup) gets one made up from its state."""
+    (cancelled before it ran, or failed by RQ's own cleanup) gets one made up from its state.
+    While Redis is unreachable: keep-alives for up to REDIS_OUTAGE_WAIT seconds, then an error
+    record (kind "unavailable"), so that a reader is told, never cut off."""
+    patience, down_since = current_app.config["REDIS_OUTAGE_WAIT"], None
+    while True:
+        try:
+            for record in _follow(job_id, after, block_ms):
+                down_since = None
+                if record is not None:
+                    after = record[0]
+                yield record
+            return
+        except UNAVAILABLE:
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since >= patience:
+                yield (after, protocol.ERROR, {
+                    "error": "the job queue (Redis) is unreachable; the job goes on if it can: read it again "
+                             "later (Last-Event-ID resumes the stream)", "kind": "unavailable"})
+                return
+            yield None
+            time.sleep(1)
+
+
+def _follow(job_id: str, after: str, block_ms: int):
     while True:
         records = stream_records(job_id, after, block_ms)
         for record in records:
@@ -142,6 +187,8 @@ def follow(job_id: str, after: str = "-", block_ms: int = FOLLOW_BLOCK_MS):
         if records:
             continue
         job = fetch(job_id)
+        if job:
+            _settle(job)
         st = state(job) if job else "failed"
         if st in TERMINAL:
             # records written between the blocking read and the state check come first
@@ -157,9 +204,19 @@ def follow(job_id: str, after: str = "-", block_ms: int = FOLLOW_BLOCK_MS):
         yield None
 
 
+def _settle(job: Job) -> None:
+    """A running job whose worker died is failed when it is read (vkllm.orphans), also when
+    no worker of its model is left to do it."""
+    if state(job) == "running" and orphans.reap([Queue(job.origin, connection=get_redis())],
+                                                current_app.config["RESULT_TTL"]):
+        job.refresh()
+
+
 def describe(job: Job, with_output: bool = True) -> dict:
     """Everything GET /api/v1/jobs/<id> shows: state, progress, position, output so far, error.
-    Without the output (listings), only the stream's last record is read, and output is None."""
+    Without the output (listings), only the stream's last record is read, and output is None.
+    A running job whose worker died is failed first (_settle)."""
+    _settle(job)
     if with_output:
         records = stream_records(job.id)
         text = "".join(d["text"] for _, kind, d in records if kind == protocol.TOKEN)
@@ -264,9 +321,12 @@ def queue_depths() -> dict[str, int]:
 
 
 def job_counts() -> dict[str, int]:
-    """Jobs by state across the model queues, from RQ's registries."""
+    """Jobs by state across the model queues, from RQ's registries. Orphaned jobs are failed
+    first: Prometheus's scrapes make this the watchdog's clock when no one reads jobs."""
+    queues = _model_queues()
+    orphans.reap(list(queues.values()), current_app.config["RESULT_TTL"])
     counts = dict.fromkeys(("queued", "running", "finished", "failed", "cancelled"), 0)
-    for q in _model_queues().values():
+    for q in queues.values():
         counts["queued"] += q.count
         counts["running"] += q.started_job_registry.count
         counts["finished"] += q.finished_job_registry.count

@@ -69,17 +69,18 @@ def _messages(value) -> list[dict]:
 
 
 def _model(body) -> tuple[str, dict]:
-    """The requested model, which some live worker must serve, and what that worker says of it."""
+    """The requested model, which a worker serves now or served before (its jobs then wait for
+    one), and what that worker says of it."""
     if not isinstance(body, dict):
         raise Invalid("the body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise Invalid("model is required (see GET /v1/models)", "model")
-    served = queue.models()
-    if model not in served:
-        raise Invalid(f"unknown model {model!r}; served now: {sorted(served) or 'none'}", "model", 404,
+    info = queue.model_info(model)
+    if info is None:
+        raise Invalid(f"unknown model {model!r}; served now: {sorted(queue.models()) or 'none'}", "model", 404,
                       "model_not_found")
-    return model, served[model]
+    return model, info
 
 
 def _prompt(body: dict, chat: bool | None) -> dict:
@@ -125,7 +126,7 @@ def generation(body, *, chat: bool | None) -> dict:
     # the prompt must leave room for one generated token; generation stops at the context's end
     # with finish_reason "length", so max_tokens is not added (vLLM's rule would refuse most
     # prompts whenever the default max_tokens is the whole context).
-    tokens = prompt_tokens(model, prompt)
+    tokens = prompt_tokens(model, prompt) if served["workers"] else None   # no worker to count: it checks later
     if tokens is not None and tokens >= n_ctx:
         raise Invalid(f"the prompt has {tokens} tokens; the context of {model} is {n_ctx} tokens and must also "
                       f"hold at least one generated token", param, 400, "context_length_exceeded")

@@ -66,9 +66,13 @@ def test_web_app_and_worker_meet_only_in_the_neutral_package():
     assert _imports("worker", ("appliance",)) == []
 
 
-def test_neutral_package_needs_only_the_standard_library():
+def test_neutral_package_needs_neither_flask_nor_vulkan():
+    """vkllm/ holds the contract both sides share: standard library, plus the Redis and RQ clients
+    for what both sides do on the queue (the orphan watchdog)."""
     outside = {t.split(".")[0] for m, ts in GRAPH.items() if m.startswith("vkllm") for t in ts}
-    assert outside - set(sys.stdlib_module_names) - {"vkllm"} == set()
+    assert outside - set(sys.stdlib_module_names) - {"vkllm", "redis", "rq"} == set()
+    protocol_imports = {t.split(".")[0] for t in GRAPH["vkllm.protocol"] | GRAPH["vkllm.cli"]}
+    assert protocol_imports <= set(sys.stdlib_module_names) | {"vkllm"}
 
 
 def test_engine_needs_neither_flask_nor_rq_and_the_web_app_no_vulkan():

@@ -121,7 +121,8 @@ def test_results_expire_after_result_ttl(redis_url, worker):
 
 
 def test_the_redis_vkllm_up_starts_is_bounded_and_never_evicts(tmp_path):
-    proc, url = embedded._start_redis(tmp_path)
+    port = embedded._free_port()
+    proc, url = embedded._start_redis(tmp_path, port), f"redis://127.0.0.1:{port}/0"
     try:
         config = Redis.from_url(url).config_get("maxmemory*")
         assert int(config["maxmemory"]) > 0 and config["maxmemory-policy"] == "noeviction"

@@ -1,3 +1,4 @@
 """What the web app (appliance/) and the GPU worker (worker/) share, and nothing else: the Redis
-contract (protocol), user-facing errors, the demo model's download, and the `vkllm` command's
-entry point. Standard library only: importing it loads neither Flask, RQ nor Vulkan."""
+contract (protocol), user-facing errors, the commands' settings, the demo model's download, the
+watchdog both sides run over the queues (orphans: the Redis and RQ clients), and the `vkllm`
+command's entry point. Neither Flask, the engine nor Vulkan is imported here."""

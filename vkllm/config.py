@@ -12,6 +12,9 @@ class CommandDefaults:
     url: str = "http://localhost:8000"        # where `submit`, `jobs`, `follow` find the web app
     api_key: str | None = None
     models_dir: str = "models"
+    # where a worker's /metrics listens: every interface, for a Prometheus on another host or
+    # container (`vkllm up` passes its own --host instead)
+    metrics_host: str = "0.0.0.0"
 
     @classmethod
     def from_env(cls, env=None) -> "CommandDefaults":
@@ -19,6 +22,7 @@ class CommandDefaults:
         base = cls()
         return cls(redis_url=env.get("VKLLM_REDIS_URL", base.redis_url),
                    metrics_port=int(env.get("VKLLM_METRICS_PORT", base.metrics_port)),
+                   metrics_host=env.get("VKLLM_METRICS_HOST") or base.metrics_host,
                    url=env.get("VKLLM_URL", base.url),
                    api_key=env.get("VKLLM_API_KEY") or None,
                    models_dir=env.get("VKLLM_MODELS_DIR") or base.models_dir)

@@ -7,6 +7,9 @@ import json
 JOB_FUNCTION = "worker.service.worker.run_job"   # RQ imports it by name, only inside the worker
 WORKERS = "vkllm:workers"                 # set of worker names that registered once
 JOBS = "vkllm:jobs"                       # sorted set: job id -> submit time, for listings
+# hash: model name -> JSON of what its workers last published (n_ctx, info, max_token_bytes): the
+# models this appliance serves, also while none of their workers is up (their jobs then wait)
+MODELS = "vkllm:models"
 API_KEY_HASH = "vkllm:api_key_sha256"
 SECRET_KEY = "vkllm:secret_key"           # Flask session key shared by all web processes
 
@@ -55,6 +58,11 @@ TOKENIZE_REPLY_TTL = 10   # seconds a reply waits for an asker that may have giv
 def worker_key(name: str) -> str:
     """Hash a live worker refreshes with a short TTL: its models, device stats, metrics port."""
     return f"vkllm:worker:{name}"
+
+
+def orphan_key(job_id: str) -> str:
+    """When a sweep first found the job's worker gone (vkllm.orphans); the worker deletes it."""
+    return f"vkllm:orphan:{job_id}"
 
 
 # Stream records: field "type" is one of these, field "data" a JSON object.

@@ -15,6 +15,8 @@ def register(sub) -> None:
     p.add_argument("--name", help="worker name (default: host-pid)")
     p.add_argument("--metrics-port", type=int, default=env.metrics_port,
                    help="Prometheus /metrics port (0: any free one)")
+    p.add_argument("--metrics-host", default=env.metrics_host,
+                   help="address /metrics listens on (default: VKLLM_METRICS_HOST or 0.0.0.0)")
     p.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between heartbeats")
     p.add_argument("--burst", action="store_true", help="quit when the queues are empty")
     p.set_defaults(func=_worker)

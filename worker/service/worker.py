@@ -4,8 +4,12 @@ SimpleWorker runs jobs in its own process, so the weights loaded at start stay i
 jobs. A thread keeps the heartbeats alive while a long generation holds the main thread, and
 publishes what this worker serves (models, context, device stats) under a short-lived key:
 the web app learns which models exist from there, and a job whose worker stopped refreshing it
-(killed) is failed by any other worker, its partial output left in its stream. Another thread
-counts prompt tokens for the web app (worker.service.tokenize)."""
+(killed) is failed by any other worker or by the web app (vkllm.orphans), its partial output
+left in its stream. Another thread counts prompt tokens for the web app (worker.service.tokenize).
+
+Redis may go away for a while (a restart, a network cut): every command of RQ and of these threads
+waits it out (the connection retries with backoff, without end), and a running job keeps
+generating into its outbox (worker.service.outbox), which catches up once Redis is back."""
 import contextvars
 import json
 import logging
@@ -13,20 +17,26 @@ import os
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from redis import Redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+from redis.retry import Retry
 from rq import SimpleWorker, get_current_job
 from rq.job import Job, JobStatus
 
-from vkllm import protocol
+from vkllm import orphans, protocol
 from vkllm.errors import VkllmError
 from worker.engine.generation import Timings
 from worker.engine.sampling import SamplingParams
 from worker.service.metrics import WorkerMetrics
+from worker.service.outbox import Outbox
 from worker.service.tokenize import TokenCounter
 
 log = logging.getLogger(__name__)
+UNREACHABLE = (ConnectionError, TimeoutError)
 _current_worker: contextvars.ContextVar["GPUWorker"] = contextvars.ContextVar("vkllm_worker")
 
 
@@ -35,11 +45,32 @@ def run_job(request: dict) -> dict:
     return _current_worker.get().generate(get_current_job(), request)
 
 
+class _SharedRetry(Retry):
+    """redis-py copies a client's retry policy into each connection; this one stays one object,
+    so that a stop can cut short the waits already under way (see GPUWorker.request_stop)."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def connect(url: str) -> tuple[Redis, Redis]:
+    """Two clients of the worker's Redis: one whose commands wait out any outage (RQ, the
+    threads), and one that fails at once, for the running job's outbox and the outage checks."""
+    patient = Redis.from_url(url, socket_connect_timeout=5, retry_on_error=list(UNREACHABLE),
+                             retry=_SharedRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1))
+    prompt = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=Retry(
+        ExponentialWithJitterBackoff(), 0))
+    return patient, prompt
+
+
 class GPUWorker(SimpleWorker):
-    def __init__(self, engines: dict, connection: Redis, *, metrics: WorkerMetrics, metrics_port: int,
-                 heartbeat_interval: float = 5.0, stream_ttl: int = 7 * 86400, **kwargs):
+    def __init__(self, engines: dict, connection: Redis, link: Redis, *, metrics: WorkerMetrics,
+                 metrics_port: int, heartbeat_interval: float = 5.0, stream_ttl: int = 7 * 86400, **kwargs):
         queues = [protocol.queue_name(name) for name in engines]
-        super().__init__(queues, connection=connection, name=metrics.worker, **kwargs)
+        # RQ logs a job's description (its arguments: the prompt) unless told not to
+        super().__init__(queues, connection=connection, name=metrics.worker, log_job_description=False, **kwargs)
+        self.link = link   # connection (see connect) is patient; this one answers at once
+        self.instance = uuid.uuid4().hex
         self.engines = engines
         self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer)}
                        for name, e in engines.items()}
@@ -59,6 +90,7 @@ class GPUWorker(SimpleWorker):
         return 2 * self.liveness_ttl + int(self.interval)
 
     def work(self, *args, **kwargs) -> bool:
+        self._forget_dead_namesake()
         counter = TokenCounter(self.engines, self.connection)
         counter.start()   # before publish: the web app asks for counts once it sees the models
         self.publish()
@@ -72,7 +104,29 @@ class GPUWorker(SimpleWorker):
             stop.set()
             beat.join()
             counter.stop()
-            self.connection.delete(protocol.worker_key(self.name))
+            try:
+                self.link.delete(protocol.worker_key(self.name))
+            except UNREACHABLE:   # the key expires by itself
+                pass
+
+    def _forget_dead_namesake(self) -> None:
+        """RQ refuses to start under a name whose last holder never said goodbye (killed): its
+        record lingers for minutes. That holder is dead once its liveness key is gone."""
+        if not self.connection.exists(protocol.worker_key(self.name)) and \
+                not self.connection.hexists(self.key, "death"):
+            self.connection.delete(self.key)
+
+    def request_stop(self, signum, frame):
+        """A stop ends the patience: from now on every Redis command (those waiting included) is
+        tried a few times, not for ever, so that a stop during an outage ends."""
+        self.connection.get_retry().update_retries(3)
+        super().request_stop(signum, frame)
+
+    def teardown(self):
+        try:
+            super().teardown()
+        except UNREACHABLE as e:
+            log.warning("Redis unreachable at shutdown (%s); this worker's RQ record expires by itself", e)
 
     def execute_job(self, job, queue):
         token = _current_worker.set(self)
@@ -92,8 +146,19 @@ class GPUWorker(SimpleWorker):
                 pipe.execute()
 
     def _beat(self, stop: threading.Event) -> None:
+        down = False
         while not stop.wait(self.interval):
             try:
+                self.link.ping()
+            except UNREACHABLE as e:
+                if not down:
+                    log.warning("Redis unreachable (%s); waiting for it", e)
+                down = True
+                continue
+            try:
+                if down:
+                    self._register_again()
+                    down = False
                 self.publish()
                 job, execution = self._job, self.execution
                 if job is not None and execution is not None:
@@ -101,6 +166,12 @@ class GPUWorker(SimpleWorker):
                 self.fail_orphans()
             except Exception:  # a Redis hiccup must not end the heartbeat for good
                 log.exception("heartbeat failed")
+
+    def _register_again(self) -> None:
+        """After an outage: RQ's record of this worker is back with Redis's data, or made anew."""
+        log.info("Redis is back; worker %s registers again", self.name)
+        if not self.connection.exists(self.key):
+            self.register_birth()
 
     def publish(self) -> None:
         """Tell the web app what this worker serves; the key dies with the worker."""
@@ -113,46 +184,18 @@ class GPUWorker(SimpleWorker):
                 "name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "models": json.dumps(self.models), "stats": json.dumps(stats),
                 "metrics_port": self.metrics_port, "job": self._job.id if self._job else "",
-                "tokens_per_second": self.last_tokens_per_second,
+                "tokens_per_second": self.last_tokens_per_second, "instance": self.instance,
             })
             pipe.expire(key, self.liveness_ttl)
             pipe.sadd(protocol.WORKERS, self.name)
+            pipe.hset(protocol.MODELS, mapping={name: json.dumps(m) for name, m in self.models.items()})
+            if self._job is not None:   # alive: no sweep may count this job as orphaned
+                pipe.delete(protocol.orphan_key(self._job.id))
             pipe.execute()
 
     def fail_orphans(self) -> None:
-        """Fail started jobs whose worker no longer refreshes its key (killed, host gone).
-
-        Their registry entry is expired at once and RQ's own abandoned-job cleanup fails them;
-        the stream gets an error record first, so readers see why and keep the partial text."""
-        for queue in self.queues:
-            if not queue.acquire_maintenance_lock():   # another worker is at it
-                continue
-            try:
-                self._fail_orphans_of(queue.started_job_registry)
-            finally:
-                queue.release_maintenance_lock()
-
-    def _fail_orphans_of(self, registry) -> None:
-        for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
-            job = Job.fetch(job_id, connection=self.connection) if Job.exists(job_id, self.connection) else None
-            owner = job.worker_name if job else None
-            if not owner or owner == self.name or self.connection.exists(protocol.worker_key(owner)):
-                continue
-            self._end_stream(job_id, protocol.record(
-                protocol.ERROR, kind="server_error",
-                error=f"the worker running this job ({owner}) stopped; the text generated before that is kept"))
-            self.connection.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)
-        registry.cleanup()
-
-    def _end_stream(self, job_id: str, fields: dict) -> None:
-        """The stream stays readable as long as its job: the web app's RESULT_TTL, kept with it."""
-        key = protocol.stream_key(job_id)
-        ttl = int(self.connection.hget(Job.key_for(job_id), "result_ttl") or 0)   # RQ: -1 keeps it forever
-        ttl = ttl if ttl > 0 else self.stream_ttl
-        with self.connection.pipeline() as pipe:
-            pipe.xadd(key, fields)
-            pipe.expire(key, ttl)
-            pipe.execute()
+        """Fail started jobs of this worker's models whose worker died (vkllm.orphans)."""
+        orphans.reap(self.queues, self.stream_ttl)
 
     def generate(self, job: Job, request: dict) -> dict:
         """Run one job: tokens go to the job's stream as they come, progress to job.meta."""
@@ -163,29 +206,45 @@ class GPUWorker(SimpleWorker):
         self._job = job
         started = time.monotonic()
         timings, finish, count, pieces = Timings(), None, 0, []
-        cancel_key, stream = protocol.cancel_key(job.id), protocol.stream_key(job.id)
+        cancel_key = protocol.cancel_key(job.id)
+        outbox = Outbox(self.link, protocol.stream_key(job.id), orphans.stream_lifetime(job, self.stream_ttl))
+        # for the watchdog (vkllm.orphans): how long to wait for this worker, and which start
+        # of it runs the job (a worker restarted under the same name does not)
+        job.meta |= {"liveness_ttl": self.liveness_ttl, "worker_instance": self.instance}
+        job.save_meta()
+        # progress during generation goes through the link, so an outage does not hold it up
+        progress = Job(job.id, connection=self.link)
+        progress.meta = job.meta
         try:
             params = SamplingParams(**request["params"])
             messages = request.get("messages")
             prompt = engine.render_chat(messages) if messages is not None else request["prompt"]
             last_meta = 0.0
-            for event in engine.generate(prompt, params, lambda: bool(self.connection.exists(cancel_key))):
+
+            def cancelled() -> bool:   # while Redis is away: not cancelled, as far as we know
+                return bool(outbox.call(lambda: self.link.exists(cancel_key), False))
+
+            for event in engine.generate(prompt, params, cancelled):
                 if event.text:
                     pieces.append(event.text)
-                    self.connection.xadd(stream, protocol.record(protocol.TOKEN, text=event.text))
+                    outbox.send(protocol.record(protocol.TOKEN, text=event.text))
                 if event.finish_reason is not None:
                     finish, timings = event.finish_reason, event.timings
                     break
                 count += 1
                 self.metrics.token(model)
                 if time.monotonic() - last_meta > 0.5:
-                    self._progress(job, count, params.max_tokens)
+                    job.meta["progress"] = {"tokens": count, "max_tokens": params.max_tokens}
+                    outbox.call(progress.save_meta, None)
                     last_meta = time.monotonic()
-            self._progress(job, count, params.max_tokens)
+            job.meta["progress"] = {"tokens": count, "max_tokens": params.max_tokens}
+            job.save_meta()
         except BaseException as e:   # also a shutdown (SystemExit) in the middle of a job
             kind = "invalid_request" if isinstance(e, VkllmError) else "server_error"
             reason = (str(e) or type(e).__name__) if isinstance(e, Exception) else "the worker was shut down"
-            self._end_stream(job.id, protocol.record(protocol.ERROR, error=reason, kind=kind))
+            outbox.send(protocol.record(protocol.ERROR, error=reason, kind=kind))
+            # a shutdown waits for Redis a little, not for ever
+            outbox.drain(None if isinstance(e, Exception) else time.monotonic() + 5)
             raise
         finally:
             self.metrics.job_done(model, timings, time.monotonic() - started)
@@ -199,13 +258,9 @@ class GPUWorker(SimpleWorker):
                         "prompt_tokens_per_second": timings.prompt_tokens_per_second,
                         "generation_tokens_per_second": timings.generation_tokens_per_second},
         }
-        self._end_stream(job.id, protocol.record(protocol.END, **{k: v for k, v in result.items() if k != "text"}))
+        outbox.send(protocol.record(protocol.END, **{k: v for k, v in result.items() if k != "text"}))
+        outbox.drain()
         return result
-
-    @staticmethod
-    def _progress(job: Job, tokens: int, max_tokens: int) -> None:
-        job.meta["progress"] = {"tokens": tokens, "max_tokens": max_tokens}
-        job.save_meta()
 
 
 def _max_token_bytes(tokenizer) -> int:
@@ -237,15 +292,17 @@ def load_engines(specs: list[str], settings, n_ctx: int | None, load=None) -> di
 def serve(args, settings, load=None) -> int:
     """`vkllm worker`: load the models, expose metrics, serve their queues until stopped."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    connection = Redis.from_url(args.redis_url)
+    connection, link = connect(args.redis_url)
     engines = load_engines(args.model, settings, args.n_ctx, load)
-    name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+    # host and pid are not unique enough: a container restarted keeps both (pid 1), and RQ refuses
+    # a name whose last holder was killed (its record lingers for minutes)
+    name = args.name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     metrics = WorkerMetrics(name)
     for model, engine in engines.items():
         metrics.loaded(model, engine.stats())
-    port = metrics.serve(args.metrics_port)
-    log.info("worker %s serving %s; metrics on port %d", name, ", ".join(engines), port)
-    worker = GPUWorker(engines, connection, metrics=metrics, metrics_port=port,
+    port = metrics.serve(args.metrics_port, args.metrics_host)
+    log.info("worker %s serving %s; metrics on %s port %d", name, ", ".join(engines), args.metrics_host, port)
+    worker = GPUWorker(engines, connection, link, metrics=metrics, metrics_port=port,
                        heartbeat_interval=args.heartbeat_interval)
     try:
         worker.work(burst=args.burst, logging_level="INFO")

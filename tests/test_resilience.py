@@ -1,0 +1,261 @@
+"""Redis outages and dead workers, for real: a private redis-server stopped and restarted by pid
+in the middle of a job, `vkllm worker` processes killed by pid, the app served over real sockets."""
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from redis import Redis
+
+from tests.conftest import API_KEY, WorkerProcess, _free_port
+from tests.test_api import AUTH, sse_events
+
+
+class RedisServer:
+    """A redis-server of one test, with its append-only file in a temp folder, so that a restart
+    on the same port finds the data again (as `vkllm up` and the compose stack run it)."""
+
+    def __init__(self, folder):
+        self.folder, self.port = folder, _free_port()
+        folder.mkdir(parents=True, exist_ok=True)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
+             "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)
+        for _ in range(200):
+            try:
+                Redis.from_url(self.url).ping()
+                return
+            except Exception:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self):
+        """SIGTERM by pid: Redis writes its append-only file and exits, as on a restart."""
+        os.kill(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    if server.proc.poll() is None:
+        server.stop()
+
+
+@pytest.fixture
+def served(redis_server, tiny_model):
+    """The app on a real socket over the test's own Redis: (url, app)."""
+    from werkzeug.serving import make_server
+
+    from appliance.app import create_app
+    app = create_app({"REDIS_URL": redis_server.url, "API_KEY": API_KEY, "SECRET_KEY": "test-secret",
+                      "TESTING": True, "MODELS_DIR": str(tiny_model.parent)})
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", app
+    server.shutdown()
+
+
+@pytest.fixture
+def workers(redis_server, tiny_model, tmp_path, tmp_path_factory):
+    started, cache = [], tmp_path_factory.getbasetemp() / "vkcache-workers"
+
+    def start(name):
+        w = WorkerProcess(redis_server.url, tiny_model, name, cache, tmp_path)
+        started.append(w)
+        w.registration()
+        return w
+    yield start
+    for w in started:
+        w.stop()
+
+
+def http(url, method="GET", body=None, timeout=30):
+    """(status, parsed JSON or text) over a real socket."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers=AUTH | ({"Content-Type": "application/json"} if data else {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw, ctype = r.status, r.read(), r.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as e:
+        status, raw, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
+    return status, json.loads(raw) if "json" in ctype else raw.decode()
+
+
+def submit(url, **body):
+    status, job = http(f"{url}/api/v1/jobs", "POST",
+                       {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 200, "temperature": 0} | body)
+    assert status == 202, job
+    return job["id"]
+
+
+def job(url, job_id):
+    status, view = http(f"{url}/api/v1/jobs/{job_id}")
+    assert status == 200, view
+    return view
+
+
+def wait_for(url, job_id, states=("finished", "failed", "cancelled"), timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = job(url, job_id)
+        if view["state"] in states:
+            return view
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} stayed {view['state']}")
+
+
+def wait_tokens(url, job_id, n):
+    deadline = time.monotonic() + 60
+    while (job(url, job_id)["progress"] or {}).get("tokens", 0) < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+class StreamReader(threading.Thread):
+    """Reads a job's SSE stream over a socket to its end; keeps the raw body and how it ended."""
+
+    def __init__(self, url, job_id):
+        super().__init__(daemon=True)
+        self.url, self.job_id, self.body, self.error = url, job_id, "", None
+
+    def run(self):
+        req = urllib.request.Request(f"{self.url}/api/v1/jobs/{self.job_id}/stream", headers=AUTH)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                self.body = r.read().decode()
+        except Exception as e:   # a cut stream: what this test is about
+            self.error = e
+
+
+def test_worker_rides_out_a_redis_restart_mid_job(redis_server, served, workers):
+    url, _ = served
+    worker = workers("outage-w1")
+    running = submit(url)
+    queued = submit(url, max_tokens=5)
+    reader = StreamReader(url, running)
+    reader.start()
+    wait_tokens(url, running, 3)
+
+    redis_server.stop()
+    status, body = http(f"{url}/api/v1/jobs/{running}")
+    assert status == 503 and body["error"]["code"] == "redis_unavailable"
+    status, body = http(f"{url}/metrics")
+    assert status == 503 and body["error"]["code"] == "redis_unavailable"
+    status, body = http(f"{url}/readyz")
+    assert status == 503 and str(redis_server.port) not in json.dumps(body)
+    time.sleep(3)
+    redis_server.start()
+
+    done = wait_for(url, running)
+    assert done["state"] == "finished", done
+    assert worker.proc.poll() is None
+    reader.join(60)
+    assert reader.error is None
+    events = sse_events(reader.body)
+    assert events[-1][1] == "end"
+    assert "".join(d["text"] for _, kind, d in events if kind == "token") == done["output"]
+    # the same request again, without an outage: temperature 0 gives the same text token for token
+    again = wait_for(url, submit(url))
+    assert again["state"] == "finished" and again["output"] == done["output"]
+    assert again["usage"] == done["usage"]
+    assert wait_for(url, queued)["state"] == "finished"
+
+
+def test_a_job_whose_worker_died_fails_with_no_worker_left_and_new_jobs_wait_for_one(served, workers):
+    url, _ = served
+    first = workers("orphan-w1")
+    running = submit(url)
+    reader = StreamReader(url, running)
+    reader.start()
+    wait_tokens(url, running, 3)
+    os.kill(first.proc.pid, signal.SIGSTOP)   # frozen mid-job, then killed: its partial text is final
+    partial = job(url, running)["output"]
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+
+    failed = wait_for(url, running, timeout=60)
+    assert failed["state"] == "failed"
+    assert "orphan-w1" in failed["error"] and "stopped" in failed["error"]
+    assert failed["output"] == partial and partial
+    reader.join(60)
+    assert reader.error is None
+    events = sse_events(reader.body)
+    assert events[-1][1] == "error" and "orphan-w1" in events[-1][2]["error"]
+    assert "".join(d["text"] for _, kind, d in events if kind == "token") == partial
+
+    # no worker is up: a job for the model it served waits for one
+    assert http(f"{url}/readyz")[0] == 503
+    waiting = submit(url, max_tokens=4)
+    assert job(url, waiting)["state"] == "queued"
+    status, body = http(f"{url}/api/v1/jobs", "POST", {"model": "no-such-model", "prompt": "Hello"})
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    workers("orphan-w2")
+    done = wait_for(url, waiting)
+    assert done["state"] == "finished" and done["usage"]["completion_tokens"] == 4
+
+
+def test_a_followed_stream_ends_with_an_error_event_when_redis_stays_away(redis_server, served, workers):
+    url, app = served
+    app.config["REDIS_OUTAGE_WAIT"] = 2
+    worker = workers("away-w1")
+    os.kill(worker.proc.pid, signal.SIGSTOP)   # so that the job stays queued and its reader waits
+    waiting = submit(url, max_tokens=4)
+    reader = StreamReader(url, waiting)
+    reader.start()
+    time.sleep(0.5)
+    redis_server.stop()
+    reader.join(60)
+    assert not reader.is_alive() and reader.error is None
+    events = sse_events(reader.body)
+    assert [kind for _, kind, _ in events] == ["error"] and events[0][2]["kind"] == "unavailable"
+    # a worker told to stop while Redis is away stops all the same
+    os.kill(worker.proc.pid, signal.SIGCONT)
+    worker.proc.terminate()
+    assert worker.proc.wait(30) == 0
+
+
+def test_prompts_stay_out_of_the_worker_log(served, workers):
+    url, app = served
+    worker = workers("quiet-w1")
+    from appliance import queue
+    ok = wait_for(url, submit(url, prompt="Quokka marmalade", max_tokens=2))
+    with app.app_context():   # queued as the API does when no worker counted its tokens in time
+        too_long, _ = queue.submit({"model": "tiny-llama", "prompt": "quokka " * 300, "params": {"max_tokens": 2}},
+                                   priority="normal", metadata={}, kind="rest")
+    failed = wait_for(url, too_long)
+    assert ok["state"] == "finished" and failed["state"] == "failed" and "context" in failed["error"]
+    worker.log.seek(0)
+    log = worker.log.read()
+    assert too_long in log and ok["id"] in log   # the log does name the jobs
+    assert "quokka" not in log.lower() and "marmalade" not in log
+
+
+def test_a_worker_killed_and_started_again_under_its_name_fails_its_old_job_and_serves(redis_server, served,
+                                                                                       workers):
+    url, _ = served
+    first = workers("same-w1")
+    running = submit(url)
+    wait_tokens(url, running, 3)
+    first.proc.kill()
+    first.proc.wait()
+    r = Redis.from_url(redis_server.url)
+    while r.exists("vkllm:worker:same-w1"):   # its liveness key expires (3 heartbeats)
+        time.sleep(0.2)
+    workers("same-w1")   # RQ alone refuses the name of a worker that never said goodbye
+    failed = wait_for(url, running, timeout=60)
+    assert failed["state"] == "failed" and "same-w1" in failed["error"]
+    assert wait_for(url, submit(url, max_tokens=3))["state"] == "finished"

@@ -1,0 +1,76 @@
+"""The watchdog for jobs whose worker died: shared by the workers (each sweeps its models' queues
+every heartbeat) and the web app (it sweeps a job's queue when someone reads the job), so a job is
+failed even when no worker of its model ever comes back. Needs Redis and RQ only: no Flask, no
+engine.
+
+A job is orphaned when the worker running it no longer refreshes its key (protocol.worker_key),
+or when that key belongs to a later start of a worker of the same name. After a Redis restart a
+live worker's key may be gone too, until its next heartbeat: so the key must stay missing for the
+worker's whole liveness window (the job's meta says how long) before the job is failed. The first
+sweep that finds it missing notes when (protocol.orphan_key); the worker, while alive, deletes
+that note at each heartbeat."""
+import time
+
+from rq import Queue
+from rq.job import Job
+
+from vkllm import protocol
+
+DEFAULT_LIVENESS = 15   # seconds, for jobs whose worker did not say (a worker's default: 3 x 5 s)
+
+
+def reap(queues: list[Queue], stream_ttl: int) -> list[str]:
+    """Fail the orphaned running jobs of these queues.
+    Their stream gets an error record first, so readers see why and keep the partial text; then
+    their registry entry is expired and RQ's abandoned-job cleanup marks them failed. Returns the
+    ids of the jobs failed."""
+    failed = []
+    for queue in queues:
+        if not queue.acquire_maintenance_lock():   # another sweeper is at it
+            continue
+        try:
+            failed += _reap(queue, stream_ttl)
+        finally:
+            queue.release_maintenance_lock()
+    return failed
+
+
+def stream_lifetime(job: Job, default: int) -> int:
+    """Seconds a job's stream stays readable: as long as the job itself (its result_ttl, the web
+    app's RESULT_TTL), else `default` (RQ's -1 keeps a job forever)."""
+    return job.result_ttl if job.result_ttl and job.result_ttl > 0 else default
+
+
+def _reap(queue: Queue, stream_ttl: int) -> list[str]:
+    r, registry, failed = queue.connection, queue.started_job_registry, []
+    for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
+        job = Job.fetch(job_id, connection=r) if Job.exists(job_id, r) else None
+        owner = job.worker_name if job else None
+        if not owner:
+            continue
+        with r.pipeline(transaction=False) as pipe:
+            pipe.hget(protocol.worker_key(owner), "instance")
+            pipe.get(protocol.orphan_key(job_id))
+            instance, noted = pipe.execute()
+        # a job the worker has not stamped yet (it just took it) belongs to whoever has the name
+        if instance is not None and job.meta.get("worker_instance") in (None, instance.decode()):
+            continue
+        window = job.meta.get("liveness_ttl", DEFAULT_LIVENESS)
+        if noted is None:
+            r.set(protocol.orphan_key(job_id), time.time(), ex=4 * window)
+            continue
+        if time.time() - float(noted) < window:
+            continue
+        stream = protocol.stream_key(job_id)
+        with r.pipeline() as pipe:
+            pipe.xadd(stream, protocol.record(
+                protocol.ERROR, kind="server_error",
+                error=f"the worker running this job ({owner}) stopped; the text generated before that is kept"))
+            pipe.expire(stream, stream_lifetime(job, stream_ttl))
+            pipe.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)
+            pipe.delete(protocol.orphan_key(job_id))
+            pipe.execute()
+        failed.append(job_id)
+    if failed:
+        registry.cleanup()
+    return failed
