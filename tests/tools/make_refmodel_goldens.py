@@ -1,6 +1,9 @@
 """Write tests/golden/refmodel/*.npz from llama-cpp-python (CPU, default f16 KV cache).
 
-    python tests/tools/make_refmodel_goldens.py [MODELS_DIR]
+    python tests/tools/make_refmodel_goldens.py [MODELS_DIR] [--tiny PRESET ...]
+
+With --tiny, only those tiny presets are run, their entries replacing the ones in tiny.npz (the
+rest of the file and smollm2.npz are left as they are).
 
 Two llama.cpp runs per model:
 - as shipped (`last`, `greedy`, `top2`): the quantized file with llama.cpp's defaults. Its CPU
@@ -18,6 +21,7 @@ it), prompt tokens, last-position logits and 8-token greedy continuations; Q4_K_
 exact logits at every position.
 Needs llama-cpp-python; tests only read the .npz files.
 """
+import argparse
 import hashlib
 import sys
 import tempfile
@@ -45,9 +49,11 @@ SMOLLM2_PROMPTS = [
     "def fibonacci(n):\n",
     "Once upon a time, in a small village,",
 ]
-TINY_PRESETS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
 TINY_MIXES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
               "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q4_K_M", "Q5_K_M", "Q3_K_L")
+# preset -> mixes; tiny-llama-bias (a llama file with q/k/v biases) needs no full sweep of types
+TINY_PRESETS = {"tiny-llama": TINY_MIXES, "tiny-qwen2": TINY_MIXES, "tiny-qwen3": TINY_MIXES,
+                "tiny-llama-bias": ("F32", "Q8_0", "Q4_K_M")}
 TINY_PROMPT = b"The weather is nice, so we will go for a walk in the park."
 
 
@@ -112,11 +118,11 @@ def smollm2(models_dir: Path) -> dict:
     return data
 
 
-def tiny() -> dict:
+def tiny(presets) -> dict:
     data = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for preset in TINY_PRESETS:
-            for mix in TINY_MIXES:
+        for preset in presets:
+            for mix in TINY_PRESETS[preset]:
                 path = write_model(preset, Path(tmp) / f"{preset}-{mix}.gguf", mix, seed=0)
                 shipped, exact = runs(path, tmp, 128)
                 tokens = shipped.tokenize(TINY_PROMPT)
@@ -134,10 +140,17 @@ def tiny() -> dict:
 
 
 def main() -> None:
-    models_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.gettempdir()) / "vkllm-models"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models_dir", nargs="?", type=Path, default=Path(tempfile.gettempdir()) / "vkllm-models")
+    parser.add_argument("--tiny", nargs="+", choices=sorted(TINY_PRESETS), help="only these tiny presets")
+    args = parser.parse_args()
     GOLDEN.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(GOLDEN / "smollm2.npz", **smollm2(models_dir))
-    np.savez_compressed(GOLDEN / "tiny.npz", **tiny())
+    if args.tiny:
+        kept = {k: v for k, v in np.load(GOLDEN / "tiny.npz").items() if k.split("__")[0] not in args.tiny}
+        np.savez_compressed(GOLDEN / "tiny.npz", **kept, **tiny(args.tiny))
+        return
+    np.savez_compressed(GOLDEN / "smollm2.npz", **smollm2(args.models_dir))
+    np.savez_compressed(GOLDEN / "tiny.npz", **tiny(TINY_PRESETS))
 
 
 if __name__ == "__main__":
