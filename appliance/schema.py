@@ -6,7 +6,7 @@ in tokens as a worker counts it on request. The same table feeds the OpenAPI doc
 document and the checks cannot drift apart."""
 from flask import current_app
 
-from appliance import queue
+from appliance import queue, sampling_defaults
 
 # name -> (JSON type, minimum, maximum, whether the minimum itself is allowed): the sampling
 # parameters a request may set, within what the worker's SamplingParams accepts.
@@ -105,6 +105,9 @@ def generation(body, *, chat: bool | None) -> dict:
     n_ctx = served["n_ctx"]
     prompt = _prompt(body, chat)
     params = {name: _number(body, name, *spec) for name, spec in SAMPLING.items() if body.get(name) is not None}
+    # unset ones as the model's worker says (its GGUF's recommendations, else llama.cpp's), so the
+    # job records what it runs with
+    params = sampling_defaults.fill(params, served.get("sampling_defaults"))
     default_max = current_app.config["DEFAULT_MAX_TOKENS"]
     params["max_tokens"] = _number(body | {"max_tokens": body.get("max_tokens") or min(default_max, n_ctx)},
                                    "max_tokens", "integer", 1, n_ctx)

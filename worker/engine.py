@@ -18,7 +18,7 @@ from worker.memplan import plan_context
 from worker.modelfile import ModelFile
 from worker.models.llama import ARCHITECTURES
 from worker.runner import Runner
-from worker.sampling import Sampler, SamplingParams, StopMatcher
+from worker.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
 from worker.tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_CONTEXT = 4096
@@ -38,6 +38,8 @@ class Engine:
         self.info = {"architecture": config.arch, "context_length": config.context_length,
                      "file_size": model_file.file_size, "quant": _quant_name(model_file),
                      "parameters": model_file.n_params}
+        # what a request that sets no sampling parameter runs with on this model
+        self.sampling_defaults = model_defaults(model_file.metadata, n_ctx)
         self._owns_ctx = owns_ctx
         bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
         self.model = ARCHITECTURES[config.arch](ctx, model_file, config, n_ctx, max_batch,

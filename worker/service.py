@@ -19,7 +19,7 @@ from redis import Redis
 from rq import SimpleWorker, get_current_job
 from rq.job import Job, JobStatus
 
-from appliance import protocol
+from appliance import protocol, sampling_defaults
 from worker.errors import VkllmError
 from worker.generation import Timings
 from worker.metrics import WorkerMetrics
@@ -41,7 +41,8 @@ class GPUWorker(SimpleWorker):
         queues = [protocol.queue_name(name) for name in engines]
         super().__init__(queues, connection=connection, name=metrics.worker, **kwargs)
         self.engines = engines
-        self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer)}
+        self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer),
+                              "sampling_defaults": e.sampling_defaults}
                        for name, e in engines.items()}
         self.metrics = metrics
         self.metrics_port = metrics_port
@@ -162,7 +163,7 @@ class GPUWorker(SimpleWorker):
         timings, finish, count, pieces = Timings(), None, 0, []
         cancel_key, stream = protocol.cancel_key(job.id), protocol.stream_key(job.id)
         try:
-            params = SamplingParams(**request["params"])
+            params = SamplingParams(**sampling_defaults.fill(request["params"], engine.sampling_defaults))
             messages = request.get("messages")
             prompt = engine.render_chat(messages) if messages is not None else request["prompt"]
             last_meta = 0.0
