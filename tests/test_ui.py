@@ -67,6 +67,7 @@ def test_submit_in_the_browser_and_watch_the_text_stream(browser, live_url, work
     browser.get(f"{live_url}/admin/models")
     models = browser.find_element(By.ID, "models").text
     assert "tiny-llama.gguf llama Q4_K_M" in models and "yes, ctx 256 on ui-w1" in models
+    assert "yes, ctx 256 on ui-w1 temperature 0.8, top_k 40, top_p 0.95, min_p 0.05," in models
 
 
 def test_forms_need_the_csrf_token_and_pages_need_a_login(client):
