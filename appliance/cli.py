@@ -39,7 +39,8 @@ def register(sub) -> None:
             p.add_argument("prompt")
             p.add_argument("-m", "--model", required=True)
             p.add_argument("-n", "--max-tokens", type=int, default=None)
-            for param, default in SAMPLING_DEFAULTS.items():   # left out: the model's default, applied by the API
+            # left out: the model's default, which the API applies
+            for param, default in SAMPLING_DEFAULTS.items():
                 p.add_argument("--" + param.replace("_", "-"), type=type(default), default=None,
                                help=describe(param))
             p.add_argument("--seed", type=int, default=None)
