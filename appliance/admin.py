@@ -70,7 +70,7 @@ def job(job_id):
     if found is None:
         flash(f"No job {job_id} (never submitted, or expired).")
         return redirect(url_for(".jobs"))
-    return render_template("job.html", job=queue.describe(found))
+    return render_template("job.html", job=queue.describe(found), asked=queue.asked(found))
 
 
 @bp.post("/jobs/<job_id>/cancel")

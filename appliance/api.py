@@ -33,7 +33,8 @@ def submit():
     limits.admit(gen["model"])
     job_id, position = queue.submit(gen, priority=priority, metadata=metadata, kind="rest")
     response = jsonify({"id": job_id, "object": "job", "state": "queued", "queue_position": position,
-                        "url": url_for(".job", job_id=job_id), "stream_url": url_for(".stream", job_id=job_id)})
+                        "params": gen["params"], "url": url_for(".job", job_id=job_id),
+                        "stream_url": url_for(".stream", job_id=job_id)})
     response.status_code = 202
     response.headers["Location"] = url_for(".job", job_id=job_id)
     return response

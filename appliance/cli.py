@@ -2,6 +2,8 @@
 
 Imports stay inside the command functions: `vkllm --help` loads neither Flask nor Redis."""
 from vkllm.config import CommandDefaults
+from vkllm.sampling_defaults import SERVER as SAMPLING_DEFAULTS
+from vkllm.sampling_defaults import describe
 
 
 def register(sub) -> None:
@@ -24,7 +26,11 @@ def register(sub) -> None:
             p.add_argument("prompt")
             p.add_argument("-m", "--model", required=True)
             p.add_argument("-n", "--max-tokens", type=int, default=None)
-            p.add_argument("--temperature", type=float, default=None)
+            # left out: the model's default, which the API applies
+            for param, default in SAMPLING_DEFAULTS.items():
+                p.add_argument("--" + param.replace("_", "-"), type=type(default), default=None,
+                               help=describe(param))
+            p.add_argument("--seed", type=int, default=None)
             p.add_argument("--chat", action="store_true", help="send the prompt as a user message")
             p.add_argument("--priority", choices=("normal", "high"), default="normal")
             p.add_argument("--follow", action="store_true", help="then stream the text")

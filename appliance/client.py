@@ -6,6 +6,7 @@ import urllib.error
 import urllib.request
 
 from vkllm.errors import VkllmError
+from vkllm.sampling_defaults import SERVER as SAMPLING_DEFAULTS
 
 
 class Client:
@@ -73,9 +74,11 @@ def run(args) -> int:
     if args.command == "submit":
         body = {"model": args.model, "priority": args.priority}
         body |= {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
-        body |= {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature)) if v is not None}
+        options = ("max_tokens", "seed", *SAMPLING_DEFAULTS)
+        body |= {k: getattr(args, k) for k in options if getattr(args, k) is not None}
         job = client.call("POST", "/api/v1/jobs", body)
-        print(f"{job['id']} queued at position {job['queue_position']}", file=sys.stderr)
+        applied = ", ".join(f"{k} {v}" for k, v in job["params"].items())
+        print(f"{job['id']} queued at position {job['queue_position']} ({applied})", file=sys.stderr)
         return follow(client, job["id"]) if args.follow else 0
     if args.command == "jobs":
         query = f"?limit={args.limit}" + (f"&state={args.state}" if args.state else "")

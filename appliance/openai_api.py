@@ -20,7 +20,9 @@ FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 @bp.get("/models")
 def models():
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "vkllm",
-                                        "context_length": m["n_ctx"]} for name, m in queue.models().items()]}
+                                        "context_length": m["n_ctx"],
+                                        "sampling_defaults": m.get("sampling_defaults")}
+                                       for name, m in queue.models().items()]}
 
 
 def _request(chat: bool) -> tuple[dict, dict]:

@@ -1,7 +1,10 @@
 """The OpenAPI 3.1 document of the REST API, built from the same parameter table the checks use."""
 from appliance import schema
+from vkllm import sampling_defaults
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+PARAMS = {"type": ["object", "null"],
+          "description": "the sampling parameters the job runs with, the defaults it took included"}
 
 
 def _response(description: str, schema_ref: dict | None = None, media: str = "application/json") -> dict:
@@ -30,7 +33,10 @@ def _prompt_request(props: dict) -> dict:
 
 def _job_request() -> dict:
     props = {name: {"type": kind, "minimum" if lo_ok else "exclusiveMinimum": lo, "maximum": hi}
+             | ({"description": sampling_defaults.describe(name)} if name in sampling_defaults.SERVER else {})
              for name, (kind, lo, hi, lo_ok) in schema.SAMPLING.items()}
+    props["seed"]["description"] = "unset: a different draw every run"
+    props["temperature"]["description"] += "; 0 decodes greedily"
     props |= {
         "max_tokens": {"type": "integer", "minimum": 1, "description": "at most the model's context"},
         "stop": {"oneOf": [{"type": "string"}, {"type": "array", "maxItems": schema.MAX_STOP,
@@ -52,7 +58,8 @@ def _job() -> dict:
         "queue_position": {"type": ["integer", "null"]}, "created_at": number, "started_at": number,
         "ended_at": number, "output": {"type": ["string", "null"], "description": "null in listings (read the job)"},
         "finish_reason": string,
-        "usage": {"type": ["object", "null"]}, "timings": {"type": ["object", "null"]}, "error": string}}
+        "usage": {"type": ["object", "null"]}, "timings": {"type": ["object", "null"]}, "error": string,
+        "params": PARAMS}}
 
 
 def document() -> dict:
@@ -72,7 +79,7 @@ def document() -> dict:
                     "requestBody": {"required": True, "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}}}},
                     "responses": {"202": _response("Queued", {"type": "object", "properties": {
-                        "id": {"type": "string"}, "queue_position": {"type": "integer"}}}),
+                        "id": {"type": "string"}, "queue_position": {"type": "integer"}, "params": PARAMS}}),
                         **_errors(400, 401, 404, 413)}},
                 "get": {"summary": "List jobs, newest first (without their output)", "parameters": [
                     {"name": "state", "in": "query", "schema": _job()["properties"]["state"]},
@@ -104,6 +111,8 @@ def document() -> dict:
                                                      "n_ctx": {"type": "integer"}}}),
                     **_errors(400, 401, 404, 413, 503)}}},
             "/models": {"get": {"summary": "Models the live workers serve",
+                                "description": "Each with its context (n_ctx) and sampling_defaults: what a "
+                                               "request that leaves a sampling parameter unset gets",
                                 "responses": {"200": _response("Models", {"type": "object"}), **_errors(401)}}},
         },
         "components": {

@@ -237,10 +237,17 @@ def describe(job: Job, with_output: bool = True) -> dict:
         "created_at": job.created_at.timestamp() if job.created_at else None,
         "started_at": job.started_at.timestamp() if job.started_at else None,
         "ended_at": job.ended_at.timestamp() if job.ended_at else None,
+        "params": asked(job).get("params"),
         "output": text, "finish_reason": end.get("finish_reason") if end else None,
         "usage": end.get("usage") if end else None, "timings": end.get("timings") if end else None,
         "error": error,
     }
+
+
+def asked(job: Job) -> dict:
+    """The request the job runs: model, prompt or messages, and the sampling parameters as
+    applied (defaults filled in when it was queued)."""
+    return job.kwargs.get("request") or {}
 
 
 def _failure_reason(job: Job) -> str:

@@ -9,6 +9,7 @@ import json
 from flask import current_app
 
 from appliance import queue
+from vkllm import sampling_defaults
 
 # name -> (JSON type, minimum, maximum, whether the minimum itself is allowed): the sampling
 # parameters a request may set, within what the worker's SamplingParams accepts.
@@ -108,6 +109,9 @@ def generation(body, *, chat: bool | None) -> dict:
     n_ctx = served["n_ctx"]
     prompt = _prompt(body, chat)
     params = {name: _number(body, name, *spec) for name, spec in SAMPLING.items() if body.get(name) is not None}
+    # unset ones as the model's worker says (its GGUF's recommendations, else llama.cpp's), so the
+    # job records what it runs with
+    params = sampling_defaults.fill(params, served.get("sampling_defaults"))
     default_max = current_app.config["DEFAULT_MAX_TOKENS"]
     max_tokens = body.get("max_tokens")   # 0 and false are refused, not taken for unset
     params["max_tokens"] = _number(body | {"max_tokens": min(default_max, n_ctx) if max_tokens is None else max_tokens},

@@ -45,6 +45,11 @@ def test_up_submit_follow_jobs_then_ctrl_c(appliance):
     run = vkllm("submit", "-m", "tiny-llama", "-n", "5", "--temperature", "0", "Hello", "--follow", env=env)
     assert run.returncode == 0, run.stderr
     job_id = re.search(r"^(\S+) queued at position \d+", run.stderr, re.M).group(1)
+    # what the job runs with: the temperature asked for, llama.cpp's defaults for the rest
+    applied = re.search(r"queued at position \d+ \((.*)\)$", run.stderr, re.M).group(1)
+    assert dict(pair.split(" ") for pair in applied.split(", ")) == {
+        "temperature": "0.0", "top_k": "40", "top_p": "0.95", "min_p": "0.05", "repeat_penalty": "1.0",
+        "repeat_last_n": "64", "presence_penalty": "0.0", "frequency_penalty": "0.0", "max_tokens": "5"}
     assert "[length]" in run.stderr
     listed = vkllm("jobs", env=env)
     assert re.search(rf"^{job_id}\s+finished\s+tiny-llama\s+5/5 tokens$", listed.stdout, re.M)

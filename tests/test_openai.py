@@ -66,3 +66,11 @@ def test_real_model_answers_through_the_queue(start_worker, smollm2_path, live_u
         messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert "Paris" in answer.choices[0].message.content
     assert answer.choices[0].finish_reason == "stop"   # the model ended its turn itself
+    # No sampling parameter: llama.cpp server's defaults (SmolLM2's GGUF recommends none), the
+    # same tokens as a request that spells them out with the same seed.
+    ask = {"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 12, "seed": 7,
+           "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    default = client.chat.completions.create(**ask)
+    spelled_out = client.chat.completions.create(**ask, temperature=0.8, top_p=0.95,
+                                                 extra_body={"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0})
+    assert default.choices[0].message.content == spelled_out.choices[0].message.content

@@ -68,6 +68,7 @@ def test_submit_in_the_browser_and_watch_the_text_stream(browser, live_url, work
     browser.get(f"{live_url}/admin/models")
     models = browser.find_element(By.ID, "models").text
     assert "tiny-llama.gguf llama Q4_K_M" in models and "yes, ctx 256 on ui-w1" in models
+    assert "yes, ctx 256 on ui-w1 temperature 0.8, top_k 40, top_p 0.95, min_p 0.05," in models
     # every page ran under the Content-Security-Policy without it blocking anything
     assert not [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
 
@@ -84,3 +85,44 @@ def test_forms_need_the_csrf_token_and_pages_need_a_login(client):
     assert client.get("/api/v1/models").status_code == 200
     assert client.post("/api/v1/jobs", json={"model": "tiny-llama", "prompt": "x"}).status_code == 401
     assert client.post("/api/v1/jobs", json={}, headers=AUTH).status_code == 400
+
+
+def test_job_page_shows_the_request_parameters_timings_and_usage(browser, live_url, worker, client):
+    """A REST job that sets no sampling parameter: the page shows its prompt as text (markup
+    escaped, a long one folded), the defaults it ran with, its timings and usage, and no error."""
+    prompt = "<b>not bold</b> & " + "the " * 150
+    r = client.post("/api/v1/jobs", json={"model": "tiny-llama", "prompt": prompt, "max_tokens": 4, "seed": 1},
+                    headers=AUTH)
+    assert r.status_code == 202, r.json
+    job = wait(client, r.json["id"])
+    login(browser, live_url)
+    WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.ID, "workers")))
+    browser.get(f"{live_url}/admin/jobs/{job['id']}")
+    WebDriverWait(browser, 60).until(EC.text_to_be_present_in_element((By.ID, "state"), "finished"))
+    shown = browser.find_element(By.ID, "prompt")
+    assert shown.get_attribute("open") is None   # long: folded until clicked
+    assert f"Prompt ({len(prompt)} characters)" in shown.text
+    shown.find_element(By.TAG_NAME, "summary").click()
+    assert shown.find_element(By.TAG_NAME, "pre").get_attribute("textContent") == prompt
+    assert browser.find_elements(By.TAG_NAME, "b") == []   # the markup stayed text
+    rows = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#params tbody tr")]
+    assert sorted(rows) == sorted(f"{name} {value}" for name, value in job["params"].items())
+    assert {"temperature 0.8", "top_k 40", "top_p 0.95", "min_p 0.05", "seed 1", "max_tokens 4"} <= set(rows)
+    assert browser.find_element(By.ID, "model").text == "tiny-llama"
+    assert browser.find_element(By.ID, "usage").text == (
+        f"{job['usage']['prompt_tokens']} prompt tokens, 4 completion tokens")
+    t = job["timings"]
+    assert browser.find_element(By.ID, "timings").text == (
+        f"time to first token {t['time_to_first_token']:.3f} s, prompt {t['prompt_tokens_per_second']:.1f} "
+        f"tokens/s, generation {t['generation_tokens_per_second']:.1f} tokens/s")
+    assert not browser.find_element(By.ID, "error-row").is_displayed()
+
+    # a chat, short: its messages shown open, by role
+    r = client.post("/api/v1/jobs", json={"model": "tiny-llama", "max_tokens": 2, "temperature": 0, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <there>"}]}, headers=AUTH)
+    wait(client, r.json["id"])
+    browser.get(f"{live_url}/admin/jobs/{r.json['id']}")
+    second = browser.find_element(By.ID, "message-1")
+    assert second.get_attribute("open") is not None
+    assert second.text == "user (10 characters)\nHi <there>"
+    assert "temperature 0" in [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#params tbody tr")]

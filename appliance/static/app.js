@@ -24,14 +24,35 @@ function followJob(output) {
   };
   source.addEventListener("end", (e) => {
     const data = JSON.parse(e.data);
+    showFigures(data.usage, data.timings);
     finish(data.finish_reason === "cancelled" ? "cancelled" : "finished");
   });
   source.addEventListener("error", (e) => {
     if (e.data) {  // our error record; a bare "error" is the connection, which EventSource retries
       error.textContent = JSON.parse(e.data).error;
+      document.getElementById("error-row").hidden = false;
       finish("failed");
     }
   });
+}
+
+// Usage and timings from a job's end record, as the job page renders them for a finished job.
+function showFigures(usage, timings) {
+  const put = (id, value, digits) => {
+    const cell = document.getElementById(id);
+    if (cell && value !== null && value !== undefined) {
+      cell.textContent = digits === undefined ? String(value) : value.toFixed(digits);
+    }
+  };
+  if (usage) {
+    put("prompt-tokens", usage.prompt_tokens);
+    put("completion-tokens", usage.completion_tokens);
+  }
+  if (timings) {
+    put("ttft", timings.time_to_first_token, 3);
+    put("prompt-tps", timings.prompt_tokens_per_second, 1);
+    put("generation-tps", timings.generation_tokens_per_second, 1);
+  }
 }
 
 function localTimes() {

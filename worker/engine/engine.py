@@ -19,7 +19,7 @@ from worker.engine.memplan import plan_context
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, mat_vec_keys
 from worker.engine.runner import Runner
-from worker.engine.sampling import Sampler, SamplingParams, StopMatcher
+from worker.engine.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
 from worker.engine.tokenizer import StreamDecoder, Tokenizer
 from worker.engine.workspace import MAX_K
 
@@ -36,6 +36,8 @@ class Engine:
         self.info = {"architecture": config.arch, "context_length": config.context_length,
                      "file_size": model_file.file_size, "quant": _quant_name(model_file),
                      "parameters": model_file.n_params}
+        # what a request that sets no sampling parameter runs with on this model
+        self.sampling_defaults = model_defaults(model_file.metadata, n_ctx)
         self._owns_ctx = owns_ctx
         bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
         self.model = Model(ctx, model_file, config, n_ctx, progress=bar.update if bar else None,

@@ -1,12 +1,16 @@
 """Choosing the next token on the CPU, in llama.cpp's sampler order: penalties, top-k, top-p,
 min-p, temperature, then a seeded draw. Greedy decoding without penalties never gets here:
 the engine takes the GPU argmax (see SamplingParams.needs_full_logits)."""
+import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from vkllm.errors import VkllmError
+from vkllm.sampling_defaults import SERVER, model_values
+
+log = logging.getLogger(__name__)
 
 # field -> (type, lowest, highest, whether the lowest is allowed), checked in __post_init__
 _RANGES = {
@@ -24,15 +28,16 @@ _RANGES = {
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Defaults are llama.cpp server's."""
-    temperature: float = 0.8
-    top_k: int = 40            # 0 disables
-    top_p: float = 0.95        # 1 disables
-    min_p: float = 0.05        # 0 disables
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64    # how many recent tokens the penalties look at
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    """Defaults are llama.cpp server's (vkllm.sampling_defaults.SERVER); a model's own
+    recommended values come from model_defaults."""
+    temperature: float = SERVER["temperature"]
+    top_k: int = SERVER["top_k"]                # 0 disables
+    top_p: float = SERVER["top_p"]              # 1 disables
+    min_p: float = SERVER["min_p"]              # 0 disables
+    repeat_penalty: float = SERVER["repeat_penalty"]
+    repeat_last_n: int = SERVER["repeat_last_n"]   # how many recent tokens the penalties look at
+    presence_penalty: float = SERVER["presence_penalty"]
+    frequency_penalty: float = SERVER["frequency_penalty"]
     seed: int | None = None    # None: a different draw every run
     max_tokens: int = 128
     stop: tuple[str, ...] = ()
@@ -60,6 +65,21 @@ class SamplingParams:
     def needs_full_logits(self) -> bool:
         """False when the GPU argmax alone decides the token."""
         return not self.is_greedy or self.has_penalties
+
+
+def model_defaults(metadata: dict, n_ctx: int) -> dict:
+    """What a request that sets nothing samples with on this model: llama.cpp server's defaults,
+    with the values the GGUF recommends (general.sampling.*). A recommended value SamplingParams
+    would refuse is left out, with a warning, rather than failing every request."""
+    defaults = dict(SERVER)
+    for name, value in model_values(metadata, n_ctx).items():
+        try:
+            SamplingParams(**{name: value})
+        except VkllmError as e:
+            log.warning("ignoring the model's recommended %s: %s", name, e)
+            continue
+        defaults[name] = value
+    return defaults
 
 
 def _is_int(value) -> bool:

@@ -27,7 +27,7 @@ from redis.retry import Retry
 from rq import SimpleWorker, get_current_job
 from rq.job import Job, JobStatus
 
-from vkllm import orphans, protocol
+from vkllm import orphans, protocol, sampling_defaults
 from vkllm.errors import VkllmError
 from worker.engine.generation import Timings
 from worker.engine.sampling import SamplingParams
@@ -72,7 +72,8 @@ class GPUWorker(SimpleWorker):
         self.link = link   # connection (see connect) is patient; this one answers at once
         self.instance = uuid.uuid4().hex
         self.engines = engines
-        self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer)}
+        self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer),
+                              "sampling_defaults": e.sampling_defaults}
                        for name, e in engines.items()}
         self.metrics = metrics
         self.metrics_port = metrics_port
@@ -216,7 +217,7 @@ class GPUWorker(SimpleWorker):
         progress = Job(job.id, connection=self.link)
         progress.meta = job.meta
         try:
-            params = SamplingParams(**request["params"])
+            params = SamplingParams(**sampling_defaults.fill(request["params"], engine.sampling_defaults))
             messages = request.get("messages")
             prompt = engine.render_chat(messages) if messages is not None else request["prompt"]
             last_meta = 0.0

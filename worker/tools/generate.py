@@ -1,6 +1,7 @@
 """`vkllm generate`: stream a completion to stdout, timings to stderr."""
 import sys
 
+from vkllm.sampling_defaults import SERVER, describe
 from worker.engine.config import Settings
 
 
@@ -12,27 +13,22 @@ def register(sub):
     p.add_argument("--system", help="system message (with --chat)")
     p.add_argument("-n", "--max-tokens", type=int, default=128)
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: 4096 or the model's)")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    for name, default in SERVER.items():   # left out: the model's default (Engine.sampling_defaults)
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=None, help=describe(name))
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args):
+    from vkllm.sampling_defaults import fill
     from worker.engine.engine import Engine
     from worker.engine.sampling import SamplingParams
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty, seed=args.seed,
-                            max_tokens=args.max_tokens, stop=tuple(args.stop))
     engine = Engine.load(args.model, Settings.from_env(), n_ctx=args.ctx_size, progress=sys.stderr.isatty())
     try:
+        chosen = {name: getattr(args, name) for name in SERVER}
+        params = SamplingParams(**fill(chosen, engine.sampling_defaults), seed=args.seed,
+                                max_tokens=args.max_tokens, stop=tuple(args.stop))
         prompt = args.prompt
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])

@@ -76,6 +76,7 @@ def _inspect(args):
              or "-")]
     for name, value in rows:
         print(f"{name:15} {value}")
+    print(f"sampling        {_sampling(model.metadata, n_ctx)}")
     print("quant mix")
     for name, (count, n_bytes) in sorted(mix.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:7} {count:5} tensors  {_size(n_bytes):>12}")
@@ -90,6 +91,15 @@ def _inspect(args):
             print("fits            yes")
         except VkllmError as e:
             print(f"fits            no: {e}")
+
+
+def _sampling(metadata: dict, n_ctx: int) -> str:
+    """What a request that sets no sampling parameter gets, marking the values the GGUF gives."""
+    from vkllm.sampling_defaults import model_values
+    from worker.engine.sampling import model_defaults
+    own = model_values(metadata, n_ctx)
+    return ", ".join(f"{name} {value:g}{' (GGUF)' if name in own and own[name] == value else ''}"
+                     for name, value in model_defaults(metadata, n_ctx).items())
 
 
 def _fetch_demo(args):

@@ -169,13 +169,17 @@ def _add_metadata(w: GGUFWriter, name: str, p: Preset, mix: str) -> None:
 
 
 def write_model(preset: str, out: Path, mix: str = "Q4_K_M", seed: int = 0,
-                progress: Callable[[str, int], None] | None = None) -> Path:
-    """Write synthetic model `preset` to `out`; `progress(tensor_name, n_bytes)` after each."""
+                progress: Callable[[str, int], None] | None = None, extra: dict | None = None) -> Path:
+    """Write synthetic model `preset` to `out`; `progress(tensor_name, n_bytes)` after each.
+    `extra`: more metadata, key -> int (stored int32), float (float32) or str."""
     p = PRESETS[preset]
     specs = tensor_specs(p, mix)
     out = Path(out)
     w = GGUFWriter(out, p.arch)
     _add_metadata(w, f"synthetic {preset} {mix}", p, mix)
+    for key, value in (extra or {}).items():
+        add = {int: w.add_int32, float: w.add_float32, str: w.add_string}[type(value)]
+        add(key, value)
     for s in specs:
         byte_shape = (*s.shape[:-1], row_bytes(s.shape[-1], s.qtype))
         w.add_tensor_info(s.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
