@@ -31,9 +31,10 @@ class Runner:
         if select != "logits":
             rec.barrier()
         if select == "argmax":
-            argmax(rec, self.logits, self.best, 1, vocab)
+            argmax(rec, self.logits, self.best, 1, vocab, self.model.scratch.select)
         elif select == "topk":
-            topk(rec, self.logits, self.top_ids, self.top_values, vocab, min(MAX_K, vocab))
+            topk(rec, self.logits, self.top_ids, self.top_values, vocab, min(MAX_K, vocab),
+                 self.model.scratch.select)
         if not profile:
             rec.timestamp("forward")
         return rec.finish()

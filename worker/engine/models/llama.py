@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
 from worker.engine.kernels.matmul import get_rows, matmul, matmul_swiglu
+from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
 from worker.engine.models.scratch import Scratch
 
@@ -55,7 +56,8 @@ class Llama:
         self.v_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
         self.step = ctx.alloc_host(16)          # uint32 [pos0, n_tokens]
         self.max_batch = max_batch
-        self.scratch = Scratch(ctx, config, max_batch)
+        self.attention_shape = AttentionShape.from_config(config, n_ctx)
+        self.scratch = Scratch(ctx, config, max_batch, self.attention_shape)
 
     @staticmethod
     def mat_vec_keys(model_file) -> set:
@@ -115,11 +117,11 @@ class Llama:
         rec.barrier()
         self.after_qkv(rec, layer, s, n)
         # one dispatch: q rotated in place, k rotated and v copied into this layer's f16 cache
-        rope.rope_store_kv(rec, s.q, s.k, s.v, self.k_cache[i], self.v_cache[i], self.step, n, c.n_head,
-                           c.n_head_kv, c.head_dim, c.rope_dim, c.rope_base, c.rope_neox, self.freq_factors)
+        shape = self.attention_shape
+        rope.rope_store_kv(rec, shape, s.q, s.k, s.v, self.k_cache[i], self.v_cache[i], self.step, n,
+                           self.freq_factors)
         rec.barrier()
-        attn_ops.attention(rec, s.q, self.k_cache[i], self.v_cache[i], s.att, self.step, n, c.n_head,
-                           c.n_head_kv, c.head_dim, c.head_dim ** -0.5)
+        attn_ops.attention(rec, shape, s.q, self.k_cache[i], self.v_cache[i], s.att, self.step, n, s.attention)
         rec.barrier()
         matmul(rec, layer["attn_output"], s.att, s.x, n, y_accumulate=True)
         rec.barrier()
