@@ -3,11 +3,11 @@ lengths come from the step buffer ([0] = position of the first token), so a reco
 buffer replays for every token.
 
 Attention runs one workgroup per (token, KV head, split of the sequence); the query heads of a
-GQA group share the workgroup and its K/V reads (attention.comp says how the work is laid out). When tokens x KV heads alone give too few
-workgroups (decode), the sequence is split (flash-decoding) and attention_merge combines the
-partials by log-sum-exp; the split count is fixed at record time from the cache capacity, and
-splits past the current length finish at once. The partials live in a buffer the caller owns,
-of split_scratch_bytes."""
+GQA group share the workgroup and its K/V reads (attention.comp says how the work is laid
+out). When tokens x KV heads alone give too few workgroups (decode), the sequence is split
+(flash-decoding) and attention_merge combines the partials by log-sum-exp; the split count is
+fixed at record time from the cache capacity, and splits past the current length finish at
+once. The partials live in a buffer the caller owns, of split_scratch_bytes."""
 from dataclasses import dataclass
 
 from worker.engine.intmath import cdiv, round_up
