@@ -86,3 +86,19 @@ def test_recorded_decode_replays_with_the_step_buffer(dev):
         got = dev.get(out, count=q.size).reshape(q.shape)
         np.testing.assert_allclose(got, attention_reference(q, k, v, pos, 0.125), rtol=1e-4, atol=1e-5)
     rec.destroy()
+
+
+def test_split_without_enough_scratch_is_refused(dev):
+    shape = AttentionShape(4, 2, 64, 700)
+    need = split_scratch_bytes(shape, 1)
+    assert need > 0
+    buffers = [dev.empty(4 * 64 * 4), dev.empty(700 * 2 * 64 * 2), dev.empty(700 * 2 * 64 * 2), dev.empty(4 * 64 * 4),
+               dev.host(np.array([650, 1], np.uint32))]
+    for scratch in (None, dev.empty(need // 2)):
+        rec = dev.ctx.recording()
+        try:
+            with pytest.raises(ValueError, match="bytes of scratch"):
+                attention(rec, shape, *buffers, 1, scratch)
+        finally:
+            rec.finish().destroy()
+

@@ -61,3 +61,18 @@ def test_topk_ties_across_chunks_keep_index_order(dev):
     np.testing.assert_array_equal(dev.get(ids, np.uint32, k), want_ids)
     np.testing.assert_array_equal(dev.get(vals, count=k), want_vals)
     assert dev.get(ids, np.uint32, 4).tolist() == [5, 20000, 40000, 69999]
+
+
+def test_stages_without_enough_scratch_are_refused(dev):
+    cols, k = 128256, 64
+    need = select.scratch_bytes(dev.ctx, 1, cols, k)
+    assert need > 0
+    x, ids, vals = dev.empty(4 * cols), dev.empty(4 * k), dev.empty(4 * k)
+    for scratch in (None, dev.empty(need // 2)):
+        rec = dev.ctx.recording()
+        try:
+            with pytest.raises(ValueError, match="bytes of scratch"):
+                select.topk(rec, x, ids, vals, cols, k, scratch)
+        finally:
+            rec.finish().destroy()
+

@@ -37,6 +37,7 @@ def _select(rec: Recording, x: Buffer, out_ids: Buffer, out_vals: Buffer, rows: 
     size, values = threads(ctx), per_thread(ctx)
     chunk = size * values
     assert 0 < k <= min(MAX_K, cols) and 2 * k <= chunk and rows <= ctx.info.max_workgroup_count
+    assert values <= MAX_PER_THREAD
     slot = _slot_bytes(ctx, rows, cols, k)
     if slot and (scratch is None or scratch.size < 4 * slot):
         raise ValueError(f"top-{k} of {rows} x {cols} needs {4 * slot} bytes of scratch")
