@@ -16,7 +16,7 @@
 // attention_merge (flash-decoding); otherwise the finished output.
 layout(constant_id = 1) const uint HEAD_DIM = 128;
 layout(constant_id = 2) const uint ROWS = 1;
-const uint LANES = 8;
+layout(constant_id = 3) const uint LANES = 8;            // attention.py's LANES
 const uint WG = gl_WorkGroupSize.x;
 const uint STREAMS = WG / LANES;
 const uint BLOCKS = HEAD_DIM / 4;                      // f16vec4 blocks in a row

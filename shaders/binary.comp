@@ -1,8 +1,8 @@
 #version 450
 #include "common.glsl"
 
-// out[i] = a[i] (op) b[i]: add, swiglu (silu(a) * b), or with BROADCAST_B b[i % b_len] (a bias
-// row added to every row). `out` may be bound to the same memory as `a` (in place).
+// out[i] = a[i] (op) b[i % b_len]: a + b (with b_len the row length: a bias row added to every
+// row) or, with OP_SWIGLU, silu(a) * b. `out` may be bound to the same memory as `a` (in place).
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) readonly buffer B { float b[]; };
 layout(std430, binding = 2) writeonly buffer O { float o[]; };
@@ -19,10 +19,6 @@ float op(float x, float y) {
 void main() {
     const uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
-#if defined(BROADCAST_B)
         o[i] = op(a[i], b[i % p.b_len]);
-#else
-        o[i] = op(a[i], b[i]);
-#endif
     }
 }

@@ -3,26 +3,31 @@
 #include "dequant.glsl"
 
 // Matrix x matrix (prefill): y[t, y_offset + r] (+)= sum_k W[r, k] * x[t, k] for the rows of one
-// part and n token columns. Tiles of BM rows x BN columns per workgroup of 256 threads, K in
-// steps of BK through shared memory: half the threads dequantize the BM x BK weight tile (one
-// 16-value slice each), the other half load the BN x BK activation tile as 4-vectors along K
-// (neighbouring threads read neighbouring memory); then each thread accumulates the 4 x 4
-// outputs of 4 consecutive rows and 4 consecutive columns in fp32, from two 4-vector loads of
-// shared memory per step of k.
-#define BM 64
-#define BN 64
-#define BK 32
+// part and n token columns. Tiles of BM rows x BN columns (TILE, a specialization constant from
+// matmul.py) per workgroup of (TILE / 4)^2 threads, K in steps of BK through shared memory: the
+// first A_LOADERS threads dequantize the BM x BK weight tile (one 16-value slice each), the
+// others load the BN x BK activation tile as 4-vectors along K (neighbouring threads read
+// neighbouring memory); then each thread accumulates the 4 x 4 outputs of 4 consecutive rows
+// and 4 consecutive columns in fp32, from two 4-vector loads of shared memory per step of k.
+// TILE 64: 256 threads, half of them loading weights.
+layout(constant_id = 1) const uint TILE = 64;
+const uint BM = TILE;
+const uint BN = TILE;
+const uint BK = 32;
+const uint A_LOADERS = BM * BK / 16;
+const uint THREADS_PER_COL = BM / 4;   // threads along a column of the tile, 4 rows each
 
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 
+// The same block as mul_mat_vec_base.glsl's: matmul.py packs both alike.
 layout(push_constant) uniform Push {
     uint ncols;       // K
     uint rows;        // rows of this part
-    uint n;           // token columns
-    uint y_offset;    // index in a row of y of this part's first row
-    uint y_stride;    // length of a row of y: all rows of the tensor
+    uint n;           // columns of x and y (tokens)
+    uint y_offset;    // index in a column of y of this part's first row
+    uint y_stride;    // length of a column of y: all rows of the tensor
     uint accumulate;  // 1: add to what y holds (residual), 0: overwrite
 } p;
 
@@ -43,15 +48,15 @@ mat4 load_a16(uint row, uint k) {
 }
 
 void load_tiles(uint tid, uint row0, uint col0, uint k0) {
-    if (tid < 128) {
-        const uint row = tid / 2, k = k0 + 16 * (tid % 2);
+    if (tid < A_LOADERS) {
+        const uint slice = tid % (BK / 16), row = tid / (BK / 16), k = k0 + 16 * slice;
         const mat4 v = row0 + row < p.rows && k < p.ncols ? load_a16(row0 + row, k) : mat4(0.0);
         for (uint j = 0; j < 16; j++) {
-            tile_a[16 * (tid % 2) + j][row / 4][row % 4] = v[j / 4][j % 4];
+            tile_a[16 * slice + j][row / 4][row % 4] = v[j / 4][j % 4];
         }
         return;
     }
-    for (uint v = tid - 128; v < BN * BK / 4; v += 128) {
+    for (uint v = tid - A_LOADERS; v < BN * BK / 4; v += gl_WorkGroupSize.x - A_LOADERS) {
         const uint col = v / (BK / 4), k = k0 + 4 * (v % (BK / 4));
         vec4 xv = vec4(0.0);
         if (col0 + col < p.n && k < p.ncols) {
@@ -73,7 +78,7 @@ void load_tiles(uint tid, uint row0, uint col0, uint k0) {
 void main() {
     const uint tid = gl_LocalInvocationID.x;
     const uint row0 = gl_WorkGroupID.x * BM, col0 = gl_WorkGroupID.y * BN;
-    const uint tr = tid % 16, tc = tid / 16;
+    const uint tr = tid % THREADS_PER_COL, tc = tid / THREADS_PER_COL;
     mat4 acc = mat4(0.0);  // acc[j][i]: column 4 tc + j, row 4 tr + i
     for (uint k0 = 0; k0 < p.ncols; k0 += BK) {
         load_tiles(tid, row0, col0, k0);

@@ -30,13 +30,14 @@ layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };
 layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = NUM_MATS + 1) buffer Y { float y[]; };
 
+// The same block as mul_mat.comp's: matmul.py packs both alike.
 layout(push_constant) uniform Push {
     uint ncols;       // K
     uint rows;        // rows of this part
-    uint y_offset;    // index in y of this part's first row
-    uint accumulate;  // 1: add to what y holds (residual), 0: overwrite; GLU: always overwrites
-    uint n;           // columns of x and y
+    uint n;           // columns of x and y (tokens)
+    uint y_offset;    // index in a column of y of this part's first row
     uint y_stride;    // length of a column of y: all rows of the tensor
+    uint accumulate;  // 1: add to what y holds (residual), 0: overwrite; GLU: always overwrites
 } p;
 
 shared float partial[NUM_COLS * NUM_MATS * NUM_ROWS][BLOCK_SIZE];

@@ -24,20 +24,6 @@ float workgroup_sum(float v) {
     return total;
 }
 
-float workgroup_max(float v) {
-    v = subgroupMax(v);
-    if (subgroupElect()) {
-        reduce_value[reduce_set][gl_SubgroupID] = v;
-    }
-    barrier();
-    float m = reduce_value[reduce_set][0];
-    for (uint i = 1; i < gl_NumSubgroups; i++) {
-        m = max(m, reduce_value[reduce_set][i]);
-    }
-    reduce_set ^= 1;
-    return m;
-}
-
 // The best (value, index) pair: the largest value, the smallest index among equal values.
 // Invocations with nothing to offer pass (-inf, 0xFFFFFFFF).
 void workgroup_best(inout float v, inout uint index) {

@@ -2,12 +2,10 @@
 #include "common.glsl"
 #include "reduce.glsl"
 
-// One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) (* weight with HAS_WEIGHT).
+// One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight.
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) writeonly buffer O { float o[]; };
-#if defined(HAS_WEIGHT)
 layout(std430, binding = 2) readonly buffer W { float w[]; };
-#endif
 layout(push_constant) uniform Push { uint cols; float eps; } p;
 
 void main() {
@@ -19,10 +17,6 @@ void main() {
     }
     const float inv = inversesqrt(workgroup_sum(sum) / float(p.cols) + p.eps);
     for (uint c = gl_LocalInvocationID.x; c < p.cols; c += gl_WorkGroupSize.x) {
-#if defined(HAS_WEIGHT)
         o[base + c] = x[base + c] * inv * w[c];
-#else
-        o[base + c] = x[base + c] * inv;
-#endif
     }
 }

@@ -1,8 +1,7 @@
 // Rotary position embedding for one pair, llama.cpp semantics: the normal layout rotates
 // (2i, 2i+1) of a head, NeoX (i, i + rope_dim/2); theta = pos * base^(-2i/rope_dim), divided by
-// freq_factors[i] with FREQ_FACTORS (Llama 3 long-context scaling). rope.comp and
-// rope_store_kv.comp both include it so they round alike: the fused kernel must give the bits
-// the separate ones give. With FREQ_FACTORS the includer declares freq_factors[] first.
+// freq_factors[i] with FREQ_FACTORS (Llama 3 long-context scaling). With FREQ_FACTORS the
+// includer declares freq_factors[] first.
 layout(constant_id = 1) const bool NEOX = false;
 
 // Offsets inside a head of the two elements of pair i.

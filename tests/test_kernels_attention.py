@@ -1,10 +1,11 @@
-"""KV-cache append and causal GQA attention over f16 caches on the real device, against a
-float64 numpy reference computed from the same f16 cache contents."""
+"""Causal GQA attention over f16 caches on the real device, against a float64 numpy reference
+computed from the same f16 cache contents."""
 import numpy as np
 import pytest
 
 from tests.kernel_io import f32
-from worker.engine.kernels.attention import attention, kv_store
+from worker.engine.kernels.attention import attention, split_scratch_bytes
+from worker.engine.kernels.shapes import AttentionShape
 
 
 def attention_reference(q, k_cache, v_cache, pos0, scale):
@@ -49,50 +50,55 @@ def test_attention(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, spli
     q = f32(rng, n_tokens, n_head, head_dim)
     k, v = caches(rng, n_ctx, n_head_kv, head_dim, pos0 + n_tokens)
     scale = float(head_dim) ** -0.5
+    shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx)
     out = dev.empty(q.nbytes)
     step = dev.host(np.array([pos0, n_tokens], np.uint32))
-    dev.run(lambda rec: attention(rec, dev.put(q), dev.put(k), dev.put(v), out, step, n_tokens, n_head,
-                                  n_head_kv, head_dim, scale, splits=splits))
+    nbytes = split_scratch_bytes(shape, n_tokens, splits)
+    scratch = dev.empty(nbytes) if nbytes else None
+    dev.run(lambda rec: attention(rec, shape, dev.put(q), dev.put(k), dev.put(v), out, step, n_tokens, scratch,
+                                  splits=splits))
     got = dev.get(out, count=q.size).reshape(q.shape)
     np.testing.assert_allclose(got, attention_reference(q, k, v, pos0, scale), rtol=1e-4, atol=1e-5)
 
 
-def test_kv_store_writes_only_its_rows(dev):
-    rng = np.random.default_rng(0)
-    n_ctx, width, pos0, n = 40, 2 * 64, 17, 5
-    cache = np.full((n_ctx, width), 7.0, np.float16)
-    src = 100 * f32(rng, n, width)
-    bc = dev.put(cache)
-    dev.run(lambda rec: kv_store(rec, dev.put(src), bc, dev.host(np.array([pos0, n], np.uint32)), n, width))
-    want = cache.copy()
-    want[pos0:pos0 + n] = src.astype(np.float16)
-    got = dev.get(bc, np.float16, cache.size).reshape(cache.shape)
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3)
-    np.testing.assert_array_equal(got[:pos0], cache[:pos0])
-    np.testing.assert_array_equal(got[pos0 + n:], cache[pos0 + n:])
-
-
 def test_recorded_decode_replays_with_the_step_buffer(dev):
-    """kv_store + attention recorded once, replayed for successive positions as the engine does."""
+    """Attention recorded once, replayed for successive positions as the engine does."""
     rng = np.random.default_rng(1)
     n_head, n_head_kv, head_dim, n_ctx, prefix = 4, 2, 64, 600, 520
     k, v = caches(rng, n_ctx, n_head_kv, head_dim, prefix)
     bk, bv = dev.put(k), dev.put(v)
-    bq, bk_new, bv_new = (dev.empty(n_head * head_dim * 4) for _ in range(3))
+    shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, scale=0.125)
+    bq = dev.empty(n_head * head_dim * 4)
     out, step = dev.empty(n_head * head_dim * 4), dev.host(np.array([0, 1], np.uint32))
+    scratch = dev.empty(split_scratch_bytes(shape, 1))
     rec = dev.ctx.recording()
-    kv_store(rec, bk_new, bk, step, 1, n_head_kv * head_dim)
-    kv_store(rec, bv_new, bv, step, 1, n_head_kv * head_dim)
-    rec.barrier()
-    attention(rec, bq, bk, bv, out, step, 1, n_head, n_head_kv, head_dim, 0.125)
+    attention(rec, shape, bq, bk, bv, out, step, 1, scratch)
     rec.finish()
+    row = n_head_kv * head_dim * 2
     for pos in range(prefix, prefix + 3):
         q, k_new, v_new = f32(rng, 1, n_head, head_dim), f32(rng, 1, n_head_kv, head_dim), f32(rng, 1, n_head_kv, head_dim)
-        for buf, data in ((bq, q), (bk_new, k_new), (bv_new, v_new)):
-            dev.ctx.upload(buf, data)
+        k[pos], v[pos] = k_new[0], v_new[0]
+        dev.ctx.upload(bq, q)
+        dev.ctx.upload(bk.sub(pos * row, row), k[pos])   # the new cache rows, as rope_store_kv writes them
+        dev.ctx.upload(bv.sub(pos * row, row), v[pos])
         dev.ctx.upload(step, np.array([pos, 1], np.uint32))
         dev.ctx.run(rec)
-        k[pos], v[pos] = k_new[0], v_new[0]
         got = dev.get(out, count=q.size).reshape(q.shape)
         np.testing.assert_allclose(got, attention_reference(q, k, v, pos, 0.125), rtol=1e-4, atol=1e-5)
     rec.destroy()
+
+
+def test_split_without_enough_scratch_is_refused(dev):
+    shape = AttentionShape(4, 2, 64, 700)
+    need = split_scratch_bytes(shape, 1)
+    assert need > 0
+    buffers = [dev.empty(4 * 64 * 4), dev.empty(700 * 2 * 64 * 2), dev.empty(700 * 2 * 64 * 2), dev.empty(4 * 64 * 4),
+               dev.host(np.array([650, 1], np.uint32))]
+    for scratch in (None, dev.empty(need // 2)):
+        rec = dev.ctx.recording()
+        try:
+            with pytest.raises(ValueError, match="bytes of scratch"):
+                attention(rec, shape, *buffers, 1, scratch)
+        finally:
+            rec.finish().destroy()
+

@@ -13,8 +13,8 @@ def test_argmax_rows_and_first_index_on_ties(dev):
     x[2, :] = -np.inf
     x[2, 4999] = -np.inf                # all equal: index 0
     x[3, -1] = 99.0                     # the last column
-    out = dev.empty(16)
-    dev.run(lambda rec: select.argmax(rec, dev.put(x), out, 4, 5003))
+    out, scratch = dev.empty(16), dev.empty(select.scratch_bytes(dev.ctx, 4, 5003, 1))
+    dev.run(lambda rec: select.argmax(rec, dev.put(x), out, 4, 5003, scratch))
     got = dev.get(out, np.uint32, 4)
     np.testing.assert_array_equal(got, np.argmax(x, axis=1))
     assert got.tolist()[1:] == [17, 0, 5002]
@@ -25,8 +25,8 @@ def test_argmax_vocab_sized_rows(dev):
     rng = np.random.default_rng(1)
     x = f32(rng, 3, 128256)
     x[1, [70000, 90000]] = 9.0
-    out = dev.empty(12)
-    dev.run(lambda rec: select.argmax(rec, dev.put(x), out, 3, x.shape[1]))
+    out, scratch = dev.empty(12), dev.empty(select.scratch_bytes(dev.ctx, 3, x.shape[1], 1))
+    dev.run(lambda rec: select.argmax(rec, dev.put(x), out, 3, x.shape[1], scratch))
     np.testing.assert_array_equal(dev.get(out, np.uint32, 3), np.argmax(x, axis=1))
     assert dev.get(out, np.uint32, 3)[1] == 70000
 
@@ -41,7 +41,9 @@ def test_topk_sorted_descending(dev, cols, k):
     rng = np.random.default_rng(cols + k)
     x = f32(rng, cols)
     ids, vals = dev.empty(4 * k), dev.empty(4 * k)
-    dev.run(lambda rec: select.topk(rec, dev.put(x), ids, vals, cols, k))
+    nbytes = select.scratch_bytes(dev.ctx, 1, cols, k)
+    scratch = dev.empty(nbytes) if nbytes else None
+    dev.run(lambda rec: select.topk(rec, dev.put(x), ids, vals, cols, k, scratch))
     want_ids, want_vals = _reference_topk(x, k)
     np.testing.assert_array_equal(dev.get(ids, np.uint32, k), want_ids)
     np.testing.assert_array_equal(dev.get(vals, count=k), want_vals)
@@ -53,9 +55,24 @@ def test_topk_ties_across_chunks_keep_index_order(dev):
     x = np.round(f32(rng, 70001), 1)  # many exact ties
     x[[5, 40000, 69999, 20000]] = 7.0
     k = 50
-    ids, vals = dev.empty(4 * k), dev.empty(4 * k)
-    dev.run(lambda rec: select.topk(rec, dev.put(x), ids, vals, x.size, k))
+    ids, vals, scratch = dev.empty(4 * k), dev.empty(4 * k), dev.empty(select.scratch_bytes(dev.ctx, 1, x.size, k))
+    dev.run(lambda rec: select.topk(rec, dev.put(x), ids, vals, x.size, k, scratch))
     want_ids, want_vals = _reference_topk(x, k)
     np.testing.assert_array_equal(dev.get(ids, np.uint32, k), want_ids)
     np.testing.assert_array_equal(dev.get(vals, count=k), want_vals)
     assert dev.get(ids, np.uint32, 4).tolist() == [5, 20000, 40000, 69999]
+
+
+def test_stages_without_enough_scratch_are_refused(dev):
+    cols, k = 128256, 64
+    need = select.scratch_bytes(dev.ctx, 1, cols, k)
+    assert need > 0
+    x, ids, vals = dev.empty(4 * cols), dev.empty(4 * k), dev.empty(4 * k)
+    for scratch in (None, dev.empty(need // 2)):
+        rec = dev.ctx.recording()
+        try:
+            with pytest.raises(ValueError, match="bytes of scratch"):
+                select.topk(rec, x, ids, vals, cols, k, scratch)
+        finally:
+            rec.finish().destroy()
+

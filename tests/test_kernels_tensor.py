@@ -6,7 +6,8 @@ from gguf import quants as gq
 
 from tests.kernel_io import own_context
 from vkllm.errors import VkllmError
-from worker.engine.kernels.tensor import free_tensor, row_bytes, upload_tensor
+from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.weight_types import row_bytes
 
 
 @pytest.fixture(scope="module")

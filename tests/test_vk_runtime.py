@@ -4,8 +4,8 @@ import pytest
 
 from tests.kernel_io import own_context
 from vkllm.errors import VkllmError
+from worker.engine.intmath import cdiv
 from worker.engine.vk import device as vkdevice
-from worker.engine.vk.commands import pack_push
 
 
 def _add(ctx, a, b):
@@ -15,7 +15,7 @@ def _add(ctx, a, b):
     ctx.upload(bufs[1], b)
     rec = ctx.recording(max_timestamps=2)
     rec.timestamp("start")
-    rec.dispatch(ctx.kernel("add", {0: 64}), bufs, (-(-n // 64), 1, 1), pack_push(n))
+    rec.dispatch(ctx.kernel("add_bias", {0: 64}), bufs, (cdiv(n, 64), 1, 1), dict(n=n, b_len=n))
     rec.timestamp("add")
     rec.finish()
     return rec, bufs
@@ -92,6 +92,6 @@ def test_missing_glslc_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     try:
         with pytest.raises(shaderbuild.ShaderBuildError, match="glslc"):
-            shaderbuild.spirv_path(shaderbuild.variants()["add"], tmp_path)
+            shaderbuild.spirv_path(shaderbuild.variants()["add_bias"], tmp_path)
     finally:
         shaderbuild._glslc.cache_clear()

@@ -14,6 +14,7 @@ from worker.engine.chat import chat_prompt
 from worker.engine.config import Settings
 from worker.engine.errors import PromptTooLong
 from worker.engine.generation import Event, Timings
+from worker.engine.kernels.shapes import MAX_K, AttentionShape
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.memplan import plan_context
 from worker.engine.modelfile import ModelFile
@@ -21,7 +22,7 @@ from worker.engine.models.model import Model, mat_vec_keys
 from worker.engine.runner import Runner
 from worker.engine.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
 from worker.engine.tokenizer import StreamDecoder, Tokenizer
-from worker.engine.workspace import MAX_K
+from worker.engine.workspace import Workspace
 
 DEFAULT_CONTEXT = 4096
 PREFILL_CHUNK = 512
@@ -65,7 +66,9 @@ class Engine:
             ctx = Context(settings or Settings())
         try:
             used, total = ctx.memory_budget()
-            plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used)
+            plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used,
+                                lambda n: sum(Workspace.kernel_sizes(ctx, config, max_batch,
+                                                                     AttentionShape.from_config(config, n)).values()))
             shapes = model_shapes(ctx, settings or ctx.settings, mat_vec_keys(model_file))
             return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress, shapes)
         except BaseException:

@@ -5,9 +5,9 @@ weights: every tensor's bytes as stored (weights stay in their GGUF blocks on th
 kv: f16 K and V for every layer and context position: 2 * n_layer * n_ctx * n_head_kv *
     head_dim * 2 bytes.
 scratch: the runner's Workspace for passes of one prefill chunk (worker/engine/workspace.py:
-    float32 activations, the last token's logits, step values and sampler readbacks): the same
-    sizes it allocates. Attention kernels stream over the cache, so it does not grow with the
-    context.
+    float32 activations, the last token's logits, step values and sampler readbacks, and, when the
+    caller knows the device, the kernels' scratch): the same sizes it allocates. Attention kernels
+    stream over the cache, so the activations do not grow with the context.
 """
 from dataclasses import dataclass
 
@@ -34,13 +34,16 @@ class MemoryPlan:
     kv_bytes_per_token: int
 
     @classmethod
-    def compute(cls, model_file, config, n_ctx: int, chunk: int = PREFILL_CHUNK) -> "MemoryPlan":
+    def compute(cls, model_file, config, n_ctx: int, chunk: int = PREFILL_CHUNK,
+                kernel_scratch: int = 0) -> "MemoryPlan":
+        """`kernel_scratch`: bytes of the kernels' own scratch (Workspace.kernel_sizes), which
+        depend on the device."""
         c = config
         per_token = 2 * c.n_layer * c.n_head_kv * c.head_dim * KV_BYTES
         return cls(n_ctx=n_ctx,
                    weights_bytes=sum(t.n_bytes for t in model_file.tensors.values()),
                    kv_bytes=per_token * n_ctx,
-                   scratch_bytes=sum(Workspace.sizes(c, chunk).values()),
+                   scratch_bytes=sum(Workspace.sizes(c, chunk).values()) + kernel_scratch,
                    kv_bytes_per_token=per_token)
 
     @property
@@ -73,13 +76,15 @@ class MemoryPlan:
 
 
 def plan_context(model_file, config, requested: int | None, default: int, chunk: int,
-                 budget_bytes: int) -> MemoryPlan:
+                 budget_bytes: int, kernel_scratch=lambda n_ctx: 0) -> MemoryPlan:
     """The plan to load with. An explicit context is checked as asked; without one, the context
     is the default capped by the model's own and, when that does not fit, by the largest that
-    does. Raises what `check` raises when nothing fits."""
+    does. `kernel_scratch(n_ctx)`: bytes of the kernels' scratch at that context. Raises what
+    `check` raises when nothing fits."""
     n_ctx = min(requested or default, config.context_length)
-    plan = MemoryPlan.compute(model_file, config, n_ctx, chunk)
+    plan = MemoryPlan.compute(model_file, config, n_ctx, chunk, kernel_scratch(n_ctx))
     if requested is None and plan.total > budget_bytes and plan.largest_context(budget_bytes) > 0:
-        plan = MemoryPlan.compute(model_file, config, min(n_ctx, plan.largest_context(budget_bytes)), chunk)
+        n_ctx = min(n_ctx, plan.largest_context(budget_bytes))
+        plan = MemoryPlan.compute(model_file, config, n_ctx, chunk, kernel_scratch(n_ctx))
     plan.check(budget_bytes)
     return plan

@@ -16,11 +16,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from worker.engine.errors import GGUFError
+from worker.engine.intmath import round_up
 from worker.engine.models.config import ModelConfig
-
-SUPPORTED_TYPES = frozenset(GGMLQuantizationType[name] for name in (
-    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"))
+from worker.engine.weight_types import WEIGHT_TYPES
 
 
 @dataclass(frozen=True)
@@ -101,8 +99,8 @@ def _tensor_type(name: str, raw: int) -> GGMLQuantizationType:
         ggml_type = GGMLQuantizationType(raw)
     except ValueError:
         raise GGUFError(f"tensor '{name}' has unknown type id {raw}") from None
-    if ggml_type not in SUPPORTED_TYPES:
-        supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
+    if ggml_type not in WEIGHT_TYPES:
+        supported = ", ".join(sorted(t.name for t in WEIGHT_TYPES))
         raise GGUFError(f"tensor '{name}' has unsupported type {ggml_type.name} "
                         f"(supported: {supported})")
     return ggml_type
@@ -115,7 +113,7 @@ def _check_ranges(ranges, data_start: int, file_size: int, alignment: int) -> No
     contiguous = True
     for offset, size, _ in sorted(ranges):
         contiguous &= offset == expected
-        expected = -(-(offset + size) // alignment) * alignment
+        expected = round_up(offset + size, alignment)
     for offset, size, name in ranges:
         end = data_start + offset + size
         if end <= file_size:

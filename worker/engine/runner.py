@@ -11,7 +11,8 @@ from typing import Iterator
 import numpy as np
 
 from worker.engine.kernels.select import argmax, topk
-from worker.engine.workspace import MAX_K, Workspace
+from worker.engine.kernels.shapes import MAX_K
+from worker.engine.workspace import Workspace
 
 SELECTIONS = ("argmax", "topk", "logits")
 _MAX_RECORDINGS = 8  # recordings kept per model, by (tokens per pass, selection)
@@ -21,7 +22,7 @@ class Runner:
     def __init__(self, model, max_batch: int):
         """`max_batch`: the most tokens one pass takes (the prefill chunk)."""
         self.model, self.ctx = model, model.ctx
-        self.workspace = Workspace.allocate(self.ctx, model.config, max_batch)
+        self.workspace = Workspace.allocate(self.ctx, model.config, max_batch, model.attention_shape)
         self._greedy_fences = (self.ctx.new_fence(), self.ctx.new_fence())
         self._recordings: OrderedDict[tuple[int, str], object] = OrderedDict()
         self._last = None
@@ -36,9 +37,9 @@ class Runner:
         if select != "logits":
             rec.barrier()
         if select == "argmax":
-            argmax(rec, ws.logits, ws.best, 1, vocab)
+            argmax(rec, ws.logits, ws.best, 1, vocab, ws.select)
         elif select == "topk":
-            topk(rec, ws.logits, ws.top_ids, ws.top_values, vocab, min(MAX_K, vocab))
+            topk(rec, ws.logits, ws.top_ids, ws.top_values, vocab, min(MAX_K, vocab), ws.select)
         if not profile:
             rec.timestamp("forward")
         return rec.finish()
@@ -58,7 +59,7 @@ class Runner:
         rec.barrier()   # the token comes from the argmax of the step submitted before this one
         self.model.record_forward(rec, self.workspace, 1, self.workspace.logits, ids=ids, step=step)
         rec.barrier()
-        argmax(rec, self.workspace.logits, best, 1, self.model.config.vocab_size)
+        argmax(rec, self.workspace.logits, best, 1, self.model.config.vocab_size, self.workspace.select)
         rec.timestamp("forward")
         return rec.finish()
 

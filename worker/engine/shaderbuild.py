@@ -1,5 +1,7 @@
 """GLSL -> SPIR-V. Variants come from shaders/variants.toml; each is compiled by glslc with its
-defines into a cache keyed by a hash of the sources, the defines and the compiler version."""
+defines into a cache keyed by a hash of the sources, the defines and the compiler version: once
+optimized (the kernel) and once as is, keeping the debug names that tell the push-constant
+block's member names (worker/engine/vk/spirv.py)."""
 import hashlib
 import shutil
 import subprocess
@@ -9,6 +11,8 @@ from functools import cache
 from pathlib import Path
 
 from vkllm.errors import VkllmError
+from worker.engine.vk.spirv import PushLayout, push_layout
+from worker.engine.weight_types import WEIGHT_TYPES
 
 SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
 
@@ -25,13 +29,21 @@ class Variant:
     bindings: int
 
 
+@dataclass(frozen=True)
+class Shader:
+    """A compiled variant: the kernel's SPIR-V, its storage-buffer count and push-constant block."""
+    variant: Variant
+    spirv: bytes
+    push: PushLayout
+
+
 def _expand(op: str, entry: dict) -> list[Variant]:
-    """One entry of the table: a plain kernel, or one variant per quant type (`types`)."""
+    """One entry of the table: a plain kernel, or one variant per weight type (`weight_types`)."""
     base = tuple(sorted((k, str(v)) for k, v in entry.get("defines", {}).items()))
-    if "types" not in entry:
+    if not entry.get("weight_types"):
         return [Variant(op, entry["source"], base, entry["bindings"])]
-    return [Variant(f"{op}_{t.lower()}", entry["source"], base + ((f"DATA_A_{t}", "1"),), entry["bindings"])
-            for t in entry["types"]]
+    return [Variant(f"{op}_{t.name.lower()}", entry["source"], base + ((f"DATA_A_{t.name}", "1"),),
+                    entry["bindings"]) for t in WEIGHT_TYPES]
 
 
 @cache
@@ -59,27 +71,39 @@ def _sources_digest() -> str:
 
 
 def spirv_path(variant: Variant, cache_dir: Path) -> Path:
+    """The optimized kernel; its unoptimized twin, with debug names, is `named_path` of it."""
     glslc, version = _glslc()
     key = hashlib.sha256(repr((variant, version, _sources_digest())).encode()).hexdigest()[:24]
     out = cache_dir / "spirv" / f"{variant.name}-{key}.spv"
-    if out.exists():
+    if out.exists() and named_path(out).exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [glslc, "--target-env=vulkan1.2", "-fshader-stage=compute", "-O", "-I", str(SHADER_DIR),
+    _compile(glslc, variant, named_path(out), [])
+    _compile(glslc, variant, out, ["-O"])
+    return out
+
+
+def named_path(spirv: Path) -> Path:
+    return spirv.with_suffix(".names.spv")
+
+
+def _compile(glslc: str, variant: Variant, out: Path, options: list[str]):
+    cmd = [glslc, "--target-env=vulkan1.2", "-fshader-stage=compute", *options, "-I", str(SHADER_DIR),
            *[f"-D{k}={v}" for k, v in variant.defines], str(SHADER_DIR / variant.source), "-o", f"{out}.tmp"]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise ShaderBuildError(f"compiling {variant.name} failed:\n{result.stderr.strip()}")
     Path(f"{out}.tmp").replace(out)
-    return out
 
 
-def load_spirv(name: str, cache_dir: Path) -> tuple[bytes, Variant]:
+def load_spirv(name: str, cache_dir: Path) -> Shader:
     try:
         variant = variants()[name]
     except KeyError:
         raise ShaderBuildError(f"no shader variant named '{name}' in shaders/variants.toml") from None
-    return spirv_path(variant, cache_dir).read_bytes(), variant
+    path = spirv_path(variant, cache_dir)
+    spirv = path.read_bytes()
+    return Shader(variant, spirv, push_layout(name, spirv, named_path(path).read_bytes()))
 
 
 def build_all(cache_dir: Path) -> list[Path]:

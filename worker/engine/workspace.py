@@ -1,16 +1,18 @@
 """Every buffer a recorded forward pass writes besides the KV cache: the per-replay inputs the host
-fills (step values, token ids), the activations, and what the sampler reads back. Allocated once
-by the Runner that owns it, for passes of up to `n` tokens; the memory plan counts the same sizes
-(`Workspace.sizes`), so what is planned is what is allocated."""
+fills (step values, token ids), the activations, the kernels' own scratch (split attention's
+partials, top-k's survivors) and what the sampler reads back. Allocated once by the Runner that
+owns it, for passes of up to `n` tokens; the memory plan counts the same sizes (`sizes` and
+`kernel_sizes`), so what is planned is what is allocated. This module loads no Vulkan until a
+device is at hand: the plan of `vkllm models inspect` needs none."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from worker.engine.kernels.shapes import MAX_K
+
 if TYPE_CHECKING:
     from worker.engine.vk.memory import Buffer
-
-MAX_K = 64   # top-k candidates the GPU selects for the sampler (topk.comp keeps 64 in play)
 
 
 @dataclass(eq=False)
@@ -32,6 +34,8 @@ class Workspace:
     # Greedy decode keeps two steps in flight (Runner.greedy): the second step's values and argmax.
     step_alt: Buffer
     best_alt: Buffer
+    attention: Buffer | None   # split attention's partials (None: attention never splits)
+    select: Buffer             # argmax's and top-k's survivors over the logits
 
     HOST_VISIBLE = frozenset({"step", "ids", "logits", "best", "top_ids", "top_values", "step_alt", "best_alt"})
 
@@ -46,14 +50,26 @@ class Workspace:
                 "logits": 4 * c.vocab_size, "best": 4, "top_ids": 4 * MAX_K, "top_values": 4 * MAX_K,
                 "step_alt": 16, "best_alt": 4}
 
+    @staticmethod
+    def kernel_sizes(ctx, config, n: int, shape) -> dict[str, int]:
+        """Bytes of the kernels' scratch for passes of up to n tokens over `shape` (an
+        AttentionShape) on the device of `ctx` (top-k's stages depend on its workgroup size)."""
+        from worker.engine.kernels import attention, select
+        vocab = config.vocab_size
+        return {"attention": attention.split_scratch_bytes(shape, n),
+                "select": max(select.scratch_bytes(ctx, 1, vocab, 1),
+                              select.scratch_bytes(ctx, 1, vocab, min(MAX_K, vocab)))}
+
     @classmethod
-    def allocate(cls, ctx, config, n: int) -> Workspace:
-        buffers = {name: (ctx.alloc_host if name in cls.HOST_VISIBLE else ctx.alloc)(nbytes)
-                   for name, nbytes in cls.sizes(config, n).items()}
+    def allocate(cls, ctx, config, n: int, shape) -> Workspace:
+        sizes = cls.sizes(config, n) | cls.kernel_sizes(ctx, config, n, shape)
+        buffers = {name: (ctx.alloc_host if name in cls.HOST_VISIBLE else ctx.alloc)(nbytes) if nbytes else None
+                   for name, nbytes in sizes.items()}
         workspace = cls(**buffers)
         workspace.n = n
         return workspace
 
     def free(self, ctx):
         for f in fields(self):
-            ctx.free(getattr(self, f.name))
+            if getattr(self, f.name) is not None:
+                ctx.free(getattr(self, f.name))

@@ -17,13 +17,10 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from worker.engine.config import Settings
-from worker.engine.kernels.tensor import (
-    SUPPORTED_TYPES,
-    free_tensor,
-    row_bytes,
-    upload_tensor,
-)
+from worker.engine.intmath import cdiv
+from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_products, replay_for
+from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 from worker.tools.roofline import WARMUP_SECONDS, read_bandwidth
 
 # rows x K: attention projection, FFN up/gate, FFN down, the Llama-3 output head.
@@ -32,13 +29,11 @@ QUICK_SHAPES = ((256, 1024), (1024, 256), (20000, 256))
 ROTATION_BYTES = 512 << 20   # bytes cycled through per shape: many times the L2
 QUICK_ROTATION_BYTES = 2 << 20
 QUICK_WARMUP_SECONDS = 0.02
-DEFAULT_TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F32")
 
 
 def add_arguments(parser):
-    parser.add_argument("--types", nargs="+", default=list(DEFAULT_TYPES), type=str.upper,
-                        choices=sorted(t.name for t in SUPPORTED_TYPES), metavar="TYPE",
+    parser.add_argument("--types", nargs="+", default=[t.name for t in WEIGHT_TYPES], type=str.upper,
+                        choices=sorted(t.name for t in WEIGHT_TYPES), metavar="TYPE",
                         help="weight types to time (default: all)")
     parser.add_argument("--quick", action="store_true", help="small shapes (for CPU drivers / a smoke test)")
     parser.add_argument("--runs", type=int, default=5, help="timed submissions after the warm-up")
@@ -51,7 +46,7 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
     """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
     token columns (1: the mat-vec kernel)."""
     nbytes = rows * row_bytes(qtype, cols)
-    copies = max(2, -(-rotation_bytes // nbytes))
+    copies = max(2, cdiv(rotation_bytes, nbytes))
     data = random_weights(qtype, nbytes)
     weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
     x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)

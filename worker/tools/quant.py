@@ -26,11 +26,6 @@ def quantize(rows: np.ndarray, qtype: T) -> np.ndarray:
     return blocks.reshape(n_rows, k // block * type_size)
 
 
-def row_bytes(k: int, qtype: T) -> int:
-    block, type_size = GGML_QUANT_SIZES[qtype]
-    return k // block * type_size
-
-
 def _f16(x: np.ndarray) -> np.ndarray:
     """Round to float16 and back, so later maths uses the scale the file will hold."""
     return x.astype(np.float16).astype(np.float32)

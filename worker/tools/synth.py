@@ -17,8 +17,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 
+from worker.engine.intmath import cdiv
 from worker.engine.models.config import FAMILIES, llama3_rope_factors
-from worker.tools.quant import quantize, row_bytes
+from worker.engine.weight_types import row_bytes
+from worker.tools.quant import quantize
 from worker.tools.synthmix import MIXES, file_type
 from worker.tools.synthvocab import CHATML_TEMPLATE, build_vocab
 
@@ -125,7 +127,7 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
 def _tensor_bytes(spec: TensorSpec, index: int, seed: int, pool: ThreadPoolExecutor) -> np.ndarray:
     k = spec.shape[-1]
     rows = spec.shape[0] if len(spec.shape) > 1 else 1
-    out = np.empty((rows, row_bytes(k, spec.qtype)), dtype=np.uint8)
+    out = np.empty((rows, row_bytes(spec.qtype, k)), dtype=np.uint8)
     step = max(1, (1 << 21) // k)
 
     def chunk(j):
@@ -135,7 +137,7 @@ def _tensor_bytes(spec: TensorSpec, index: int, seed: int, pool: ThreadPoolExecu
         values = spec.init(np.random.default_rng([seed, index, j]), shape)
         out[r0:r1] = quantize(values.reshape(r1 - r0, k), spec.qtype)
 
-    list(pool.map(chunk, range(-(-rows // step))))
+    list(pool.map(chunk, range(cdiv(rows, step))))
     return out
 
 
@@ -181,7 +183,7 @@ def write_model(preset: str, out: Path, mix: str = "Q4_K_M", seed: int = 0,
         add = {int: w.add_int32, float: w.add_float32, str: w.add_string}[type(value)]
         add(key, value)
     for s in specs:
-        byte_shape = (*s.shape[:-1], row_bytes(s.shape[-1], s.qtype))
+        byte_shape = (*s.shape[:-1], row_bytes(s.qtype, s.shape[-1]))
         w.add_tensor_info(s.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
                           raw_dtype=s.qtype)
     w.write_header_to_file()

@@ -11,12 +11,13 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf import LlamaFileType as F
 
+from worker.engine.weight_types import WEIGHT_TYPES
+
 FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0,
             T.Q4_0: T.F16, T.Q4_1: T.F16, T.Q5_0: T.F16, T.Q5_1: T.F16, T.Q8_0: T.F16,
             T.MXFP4: T.F16}
 
-UNIFORM = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
+UNIFORM = tuple(t.name for t in WEIGHT_TYPES)
 
 _FILE_TYPES = {"Q4_K_M": F.MOSTLY_Q4_K_M, "Q5_K_M": F.MOSTLY_Q5_K_M, "Q3_K_L": F.MOSTLY_Q3_K_L,
                "F32": F.ALL_F32, "F16": F.MOSTLY_F16, "BF16": F.MOSTLY_BF16,

@@ -13,11 +13,11 @@ def register(sub):
 
 def run(args):
     from worker.engine.kernels.matmul import mat_vec_shape
-    from worker.engine.kernels.tensor import row_bytes
     from worker.engine.kernels.tuning import MatVecTuner
     from worker.engine.modelfile import ModelFile
     from worker.engine.models.model import mat_vec_keys
     from worker.engine.vk.context import Context
+    from worker.engine.weight_types import row_bytes
     settings = Settings.from_env()
     model_file = ModelFile.open(args.model)
     keys = sorted(mat_vec_keys(model_file))

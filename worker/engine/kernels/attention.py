@@ -1,29 +1,26 @@
-"""The KV cache append and causal grouped-query attention over f16 caches [n_ctx, n_head_kv,
-head_dim]. Positions and lengths come from the step buffer ([0] = position of the first token),
-so a recorded command buffer replays for every token.
+"""Causal grouped-query attention over f16 caches [n_ctx, n_head_kv, head_dim]. Positions and
+lengths come from the step buffer ([0] = position of the first token), so a recorded command
+buffer replays for every token.
 
 Attention runs one workgroup per (token, KV head, split of the sequence); the query heads of a
-GQA group share the workgroup and its K/V reads (attention.comp says how the work is laid out). When tokens x KV heads alone give too few
-workgroups (decode), the sequence is split (flash-decoding) and attention_merge combines the
-partials by log-sum-exp; the split count is fixed at record time from the cache capacity, and
-splits past the current length finish at once."""
-from worker.engine.kernels.launch import scratch, stride_groups, threads
-from worker.engine.vk.commands import Recording, pack_push
+GQA group share the workgroup and its K/V reads (attention.comp says how the work is laid
+out). When tokens x KV heads alone give too few workgroups (decode), the sequence is split
+(flash-decoding) and attention_merge combines the partials by log-sum-exp; the split count is
+fixed at record time from the cache capacity, and splits past the current length finish at
+once. The partials live in a buffer the caller owns, of split_scratch_bytes."""
+from dataclasses import dataclass
+
+from worker.engine.intmath import cdiv, round_up
+from worker.engine.kernels.shapes import AttentionShape
+from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
 
-ACCUMULATORS = 64        # f32 accumulators per invocation: heads per workgroup x head_dim / 8
-LANES = 8                # invocations sharing one position (attention.comp)
+ACCUMULATORS = 64        # f32 accumulators per invocation: heads per workgroup x head_dim / LANES
+LANES = 8                # invocations sharing one position (attention.comp's LANES)
 MIN_CHUNK = 128          # positions per split at least, so a split's fixed cost stays small
 TARGET_WORKGROUPS = 1024  # enough workgroups to keep a large GPU's loads in flight in decode
 MERGE_THREADS = 64
-
-
-def kv_store(rec: Recording, src: Buffer, cache: Buffer, step: Buffer, n_tokens: int, width: int):
-    """src f32 [n_tokens, width] -> rows step[0] .. step[0] + n_tokens - 1 of the f16 cache [n_ctx, width]."""
-    size = threads(rec.ctx)
-    n = n_tokens * width
-    rec.dispatch(rec.ctx.kernel("kv_store", {0: size}), [src, cache, step],
-                 (stride_groups(rec.ctx, n, size), 1, 1), pack_push(n, width))
+OFFSET_ALIGN = 256       # the largest minStorageBufferOffsetAlignment Vulkan allows
 
 
 def attention_threads(ctx) -> int:
@@ -31,34 +28,63 @@ def attention_threads(ctx) -> int:
     return max(32, min(128, 4 * ctx.info.subgroup_size))
 
 
-def attention(rec: Recording, q: Buffer, k_cache: Buffer, v_cache: Buffer, out: Buffer, step: Buffer,
-              n_tokens: int, n_head: int, n_head_kv: int, head_dim: int, scale: float, splits: int | None = None):
+@dataclass(frozen=True)
+class _Plan:
+    rows: int          # query heads per workgroup
+    row_groups: int    # workgroups per KV head
+    splits: int        # an upper bound before the chunk is rounded to whole workgroups
+
+
+def _plan(shape: AttentionShape, n_tokens: int, splits: int | None) -> _Plan:
+    max_rows = max(1, ACCUMULATORS * LANES // shape.head_dim)
+    row_groups = cdiv(shape.group, max_rows)
+    rows = cdiv(shape.group, row_groups)
+    if splits is None:
+        base_groups = n_tokens * shape.n_head_kv * row_groups
+        splits = max(1, min(cdiv(TARGET_WORKGROUPS, base_groups), cdiv(shape.n_ctx, MIN_CHUNK)))
+    return _Plan(rows, row_groups, splits)
+
+
+def _partial_bytes(shape: AttentionShape, n_tokens: int, splits: int) -> tuple[int, int]:
+    """Bytes of the partial outputs and of their (max, sum) pairs; the pairs start at the first."""
+    return round_up(n_tokens * shape.n_head * splits * shape.head_dim * 4, OFFSET_ALIGN), \
+        n_tokens * shape.n_head * splits * 8
+
+
+def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | None = None) -> int:
+    """Bytes of the `scratch` buffer that attention needs for any pass of up to max_tokens tokens
+    (0: it never splits). `splits` as given to attention."""
+    need = 0
+    for n in range(1, max_tokens + 1):
+        s = _plan(shape, n, splits).splits
+        if s > 1:
+            need = max(need, sum(_partial_bytes(shape, n, s)))
+    return need
+
+
+def attention(rec: Recording, shape: AttentionShape, q: Buffer, k_cache: Buffer, v_cache: Buffer, out: Buffer,
+              step: Buffer, n_tokens: int, scratch: Buffer | None = None, splits: int | None = None):
     """out[t, h] = softmax(scale * q[t, h] . K[0..pos0+t, h // group]) V[...], q and out f32
     [n_tokens, n_head, head_dim]. `splits` overrides the automatic split count. With more than one
-    split this records two dispatches with a barrier between them (the partials live in scratch)."""
-    assert n_head % n_head_kv == 0 and head_dim % 4 == 0
+    split this records two dispatches with a barrier between them, the partials in `scratch`
+    (split_scratch_bytes)."""
     ctx = rec.ctx
     size = attention_threads(ctx)
-    group = n_head // n_head_kv
-    max_rows = max(1, ACCUMULATORS * LANES // head_dim)
-    row_groups = -(-group // max_rows)
-    rows = -(-group // row_groups)
-    n_ctx = k_cache.size // (n_head_kv * head_dim * 2)
-    base_groups = n_tokens * n_head_kv * row_groups
-    if splits is None:
-        splits = max(1, min(-(-TARGET_WORKGROUPS // base_groups), -(-n_ctx // MIN_CHUNK)))
-    chunk = -(-n_ctx // splits)
-    chunk = -(-chunk // size) * size
-    splits = -(-n_ctx // chunk)
-    spec = {0: size, 1: head_dim, 2: rows}
-    push = pack_push(n_head, n_head_kv, group, row_groups, chunk, float(scale))
-    groups = (splits, n_head_kv * row_groups, n_tokens)
+    plan = _plan(shape, n_tokens, splits)
+    chunk = round_up(cdiv(shape.n_ctx, plan.splits), size)
+    splits = cdiv(shape.n_ctx, chunk)
+    spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES}
+    push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, row_groups=plan.row_groups,
+                chunk=chunk, scale=float(shape.scale))
+    groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
     if splits == 1:
         rec.dispatch(ctx.kernel("attention", spec), [q, k_cache, v_cache, step, out], groups, push)
         return
-    part_o = scratch(ctx, "attention_o", n_tokens * n_head * splits * head_dim * 4)
-    part_ml = scratch(ctx, "attention_ml", n_tokens * n_head * splits * 8)
+    o_bytes, ml_bytes = _partial_bytes(shape, n_tokens, splits)
+    if scratch is None or scratch.size < o_bytes + ml_bytes:
+        raise ValueError(f"attention over {splits} splits needs {o_bytes + ml_bytes} bytes of scratch")
+    part_o, part_ml = scratch.sub(0, o_bytes), scratch.sub(o_bytes, ml_bytes)
     rec.dispatch(ctx.kernel("attention_split", spec), [q, k_cache, v_cache, step, part_o, part_ml], groups, push)
     rec.barrier()
-    rec.dispatch(ctx.kernel("attention_merge", {0: MERGE_THREADS}), [part_o, part_ml, out], (n_head, n_tokens, 1),
-                 pack_push(splits, head_dim))
+    rec.dispatch(ctx.kernel("attention_merge", {0: MERGE_THREADS}), [part_o, part_ml, out], (shape.n_head, n_tokens, 1),
+                 dict(n_splits=splits, head_dim=shape.head_dim))

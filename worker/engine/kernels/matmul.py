@@ -1,13 +1,16 @@
 """Weight x activation products and embedding-row lookup over DeviceTensors. Each function
 records one dispatch per part of the weight, no barriers: the caller orders dependent work
 (matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU)."""
+from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.tensor import DeviceTensor
-from worker.engine.vk.commands import Recording, pack_push
+from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
 
-MAT_MAT_THREADS = 256   # fixed by mul_mat.comp's 64 x 64 tile, 4 x 4 outputs per thread
+# Rows and columns of y per mul_mat.comp workgroup (its TILE), 4 x 4 per thread; 2 x TILE of the
+# threads load weights, so TILE must be over 32 to leave some for loading x.
 MAT_MAT_TILE = 64
+MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
 GET_ROWS_THREADS = 64
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 
@@ -30,7 +33,12 @@ def mat_vec_shape(ctx) -> tuple[int, int]:
 
 def _groups(ctx, count: int) -> tuple[int, int, int]:
     x = min(count, ctx.info.max_workgroup_count)
-    return x, -(-count // x), 1
+    return x, cdiv(count, x), 1
+
+
+def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool) -> dict:
+    """The push constants of mul_mat_vec.comp and mul_mat.comp (one block, mul_mat_vec_base.glsl's)."""
+    return dict(ncols=w.cols, rows=count, n=n, y_offset=first, y_stride=w.rows, accumulate=int(accumulate))
 
 
 def _tiled(ctx, n: int) -> bool:
@@ -53,15 +61,14 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         cols = min(n, MAT_VEC_MAX_COLS)
         kernel = ctx.kernel(f"mul_mat_vec_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
         for buffer, first, count in w.parts:
-            push = pack_push(w.cols, count, first, int(y_accumulate), n, w.rows)
-            x_groups, y_groups, _ = _groups(ctx, -(-count // rows_per_group))
-            rec.dispatch(kernel, [buffer, x, y], (x_groups, y_groups, -(-n // cols)), push)
+            x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
+            rec.dispatch(kernel, [buffer, x, y], (x_groups, y_groups, cdiv(n, cols)),
+                         _push(w, first, count, n, y_accumulate))
         return
-    kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS})
+    kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
     for buffer, first, count in w.parts:
-        push = pack_push(w.cols, count, n, first, w.rows, int(y_accumulate))
-        groups = (-(-count // MAT_MAT_TILE), -(-n // MAT_MAT_TILE), 1)
-        rec.dispatch(kernel, [buffer, x, y], groups, push)
+        groups = (cdiv(count, MAT_MAT_TILE), cdiv(n, MAT_MAT_TILE), 1)
+        rec.dispatch(kernel, [buffer, x, y], groups, _push(w, first, count, n, y_accumulate))
 
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
@@ -88,16 +95,16 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     spec = {0: threads, 1: rows_per_group, 2: cols}
     kernel = ctx.kernel(f"mul_mat_vec_glu_{w_gate.ggml_type.name.lower()}", spec)
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
-        push = pack_push(w_gate.cols, count, first, 0, n, w_gate.rows)
-        x_groups, y_groups, _ = _groups(ctx, -(-count // rows_per_group))
-        rec.dispatch(kernel, [gate, up_part, x, out], (x_groups, y_groups, -(-n // cols)), push)
+        x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
+        rec.dispatch(kernel, [gate, up_part, x, out], (x_groups, y_groups, cdiv(n, cols)),
+                     _push(w_gate, first, count, n, False))
 
 
 def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int):
     """out[i, :] = table row ids[i] as f32; ids uint32 [n], out f32 [n, table.cols]."""
     ctx = rec.ctx
     kernel = ctx.kernel(f"get_rows_{table.ggml_type.name.lower()}", {0: GET_ROWS_THREADS})
-    slices = -(-table.cols // 16)
+    slices = cdiv(table.cols, 16)
     for buffer, first, count in table.parts:
-        rec.dispatch(kernel, [buffer, ids, out], (-(-slices // GET_ROWS_THREADS), n, 1),
-                     pack_push(table.cols, first, count))
+        rec.dispatch(kernel, [buffer, ids, out], (cdiv(slices, GET_ROWS_THREADS), n, 1),
+                     dict(ncols=table.cols, first_row=first, rows=count))

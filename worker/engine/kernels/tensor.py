@@ -8,7 +8,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from vkllm.errors import VkllmError
+from worker.engine.intmath import round_up
 from worker.engine.vk.memory import Buffer
+from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 
 
 @dataclass(eq=False)
@@ -32,15 +34,10 @@ class DeviceTensor:
         return self.rows * self.row_bytes
 
 
-def row_bytes(ggml_type: GGMLQuantizationType, cols: int) -> int:
-    block, type_size = GGML_QUANT_SIZES[ggml_type]
-    return cols // block * type_size
-
-
 def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_uint8) -> DeviceTensor:
     """`shape` in GGUF order (ne[0] = row length first); dimensions past the first are rows."""
     ggml_type = GGMLQuantizationType(ggml_type)
-    if ggml_type not in SUPPORTED_TYPES:
+    if ggml_type not in WEIGHT_TYPES:
         raise VkllmError(f"tensor {name}: type {ggml_type.name} is not supported")
     cols, rows = int(shape[0]), prod(int(d) for d in shape[1:])
     block = GGML_QUANT_SIZES[ggml_type][0]
@@ -56,7 +53,7 @@ def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_u
     tensor = DeviceTensor(ggml_type, rows, cols)
     for first in range(0, rows, per_part):
         count = min(per_part, rows - first)
-        buffer = ctx.alloc(-(-count * stride // 16) * 16)  # float kernels read 4-vectors
+        buffer = ctx.alloc(round_up(count * stride, 16))  # float kernels read 4-vectors
         ctx.upload(buffer, data[first * stride:(first + count) * stride])
         tensor.parts.append((buffer, first, count))
     return tensor
@@ -67,8 +64,3 @@ def free_tensor(ctx, tensor: DeviceTensor):
         ctx.free(buffer)
     tensor.parts = []
 
-
-# The types every weight kernel has a variant for (shaders/variants.toml).
-SUPPORTED_TYPES = frozenset(GGMLQuantizationType[t] for t in (
-    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"))

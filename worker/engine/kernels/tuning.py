@@ -21,14 +21,16 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from worker.engine.intmath import cdiv
 from worker.engine.kernels.matmul import (
     CPU_MAT_VEC_SHAPE,
     GPU_MAT_VEC_SHAPE,
     MAT_VEC_MAX_COLS,
 )
-from worker.engine.kernels.tensor import free_tensor, row_bytes, upload_tensor
+from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_products, replay_for
 from worker.engine.shaderbuild import load_spirv
+from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ class MatVecTuner:
         nbytes = rows * row_bytes(qtype, cols)
         used, total = ctx.memory_budget()
         rotation = min(budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
-        copies = min(MAX_COPIES, max(2, -(-rotation // nbytes)))
+        copies = min(MAX_COPIES, max(2, cdiv(rotation, nbytes)))
         data = random_weights(qtype, nbytes)
         x, y = ctx.alloc(4 * cols), ctx.alloc(4 * rows)
         ctx.upload(x, np.ones(cols, np.float32))
@@ -156,8 +158,8 @@ class MatVecTuner:
     def _name(self, key: Key) -> str:
         qtype, rows, cols = key
         if qtype not in self._kernel_hashes:
-            spirv, _ = load_spirv(f"mul_mat_vec_{qtype.name.lower()}", Path(self.ctx.settings.cache_dir))
-            self._kernel_hashes[qtype] = hashlib.sha256(spirv).hexdigest()[:16]
+            shader = load_spirv(f"mul_mat_vec_{qtype.name.lower()}", Path(self.ctx.settings.cache_dir))
+            self._kernel_hashes[qtype] = hashlib.sha256(shader.spirv).hexdigest()[:16]
         return f"{qtype.name} {rows}x{cols} {self._kernel_hashes[qtype]}"
 
 

@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
 from worker.engine.kernels.matmul import get_rows, matmul, matmul_swiglu
+from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -62,6 +63,7 @@ class Model:
         kv_width = config.n_head_kv * config.head_dim
         self.k_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
         self.v_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
+        self.attention_shape = AttentionShape.from_config(config, n_ctx)
 
     def _upload(self, info):
         if not _is_matrix(info):
@@ -121,11 +123,10 @@ class Model:
             norm.rms_norm(rec, ws.k, layer["attn_k_norm"], ws.k, n * c.n_head_kv, c.head_dim, c.norm_eps)
             rec.barrier()
         # one dispatch: q rotated in place, k rotated and v copied into this layer's f16 cache
-        rope.rope_store_kv(rec, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], step, n, c.n_head,
-                           c.n_head_kv, c.head_dim, c.rope_dim, c.rope_base, c.rope_neox, self.freq_factors)
+        shape = self.attention_shape
+        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], step, n, self.freq_factors)
         rec.barrier()
-        attn_ops.attention(rec, ws.q, self.k_cache[i], self.v_cache[i], ws.att, step, n, c.n_head,
-                           c.n_head_kv, c.head_dim, c.head_dim ** -0.5)
+        attn_ops.attention(rec, shape, ws.q, self.k_cache[i], self.v_cache[i], ws.att, step, n, ws.attention)
         rec.barrier()
         matmul(rec, layer["attn_output"], ws.att, ws.x, n, y_accumulate=True)
         rec.barrier()

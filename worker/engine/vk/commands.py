@@ -1,7 +1,5 @@
 """Command buffers recorded once and replayed: dispatches with their descriptor sets, barriers,
 copies and GPU timestamps. A Recording owns everything its command buffer refers to."""
-import struct
-
 import numpy as np
 
 from worker.engine.vk.loader import load_vulkan
@@ -14,12 +12,6 @@ vk = load_vulkan()
 _ACCESS = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT \
     | vk.VK_ACCESS_TRANSFER_WRITE_BIT
 _STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-
-
-def pack_push(*values) -> bytes:
-    """Push constants from ints (uint32, or int32 when negative) and floats (float32), in order."""
-    fmt = "".join("f" if isinstance(v, float) else ("i" if v < 0 else "I") for v in values)
-    return struct.pack("<" + fmt, *values)
 
 
 class Recording:
@@ -47,8 +39,11 @@ class Recording:
         if profile:
             self.timestamp("start")
 
-    def dispatch(self, kernel: Kernel, buffers: list[Buffer], groups: tuple[int, int, int], push: bytes = b""):
+    def dispatch(self, kernel: Kernel, buffers: list[Buffer], groups: tuple[int, int, int],
+                 push: dict | None = None):
+        """`push`: {name: value} for every member of the kernel's push-constant block."""
         assert len(buffers) == kernel.bindings, f"{kernel.name} takes {kernel.bindings} buffers"
+        push = kernel.push.pack(push or {})
         assert len(push) <= PUSH_CONSTANT_BYTES
         layouts = [kernel.descriptor_set_layout]
         set_alloc = vk.VkDescriptorSetAllocateInfo(descriptorPool=self.descriptor_pool, descriptorSetCount=1,
@@ -65,9 +60,8 @@ class Recording:
         sets = [descriptor_set]
         vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline_layout, 0, 1, sets, 0, None)
         if push:
-            data = push + bytes(-len(push) % 4)
-            vk.vkCmdPushConstants(cb, kernel.pipeline_layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(data),
-                                  vk.ffi.from_buffer(data))
+            vk.vkCmdPushConstants(cb, kernel.pipeline_layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
+                                  vk.ffi.from_buffer(push))
         vk.vkCmdDispatch(cb, *groups)
         self.dispatches += 1
         if self.profile:

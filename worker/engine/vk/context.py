@@ -108,8 +108,8 @@ class Context:
     def kernel(self, name: str, spec: dict[int, int] | None = None) -> Kernel:
         key = (name, tuple(sorted((spec or {}).items())))
         if key not in self._kernels:
-            spirv, variant = load_spirv(name, Path(self.settings.cache_dir))
-            self._kernels[key] = Kernel(self.device, name, spirv, variant.bindings, dict(spec or {}))
+            shader = load_spirv(name, Path(self.settings.cache_dir))
+            self._kernels[key] = Kernel(self.device, name, shader, dict(spec or {}))
         return self._kernels[key]
 
     def recording(self, max_sets: int = 4096, max_timestamps: int = 0, profile: bool = False) -> Recording:

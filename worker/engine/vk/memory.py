@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkllm.errors import VkllmError
+from worker.engine.intmath import round_up
 from worker.engine.vk.loader import load_vulkan
 
 vk = load_vulkan()
@@ -67,7 +68,7 @@ class Block:
 
     def allocate(self, size: int, alignment: int) -> int | None:
         for i, (start, hole) in enumerate(self.free):
-            aligned = -(-start // alignment) * alignment
+            aligned = round_up(start, alignment)
             if aligned + size <= start + hole:
                 pieces = [(start, aligned - start), (aligned + size, start + hole - aligned - size)]
                 self.free[i:i + 1] = [p for p in pieces if p[1] > 0]
@@ -109,7 +110,7 @@ class Pool:
             offset = block.allocate(size, self.alignment)
             if offset is not None:
                 return Buffer(block, offset, size)
-        block = Block(self.device, max(self.block_size, -(-size // self.alignment) * self.alignment),
+        block = Block(self.device, max(self.block_size, round_up(size, self.alignment)),
                       self.type_index, self.host_visible)
         self.blocks.append(block)
         return Buffer(block, block.allocate(size, self.alignment), size)

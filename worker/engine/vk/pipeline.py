@@ -1,5 +1,6 @@
 """Compute pipelines from SPIR-V: one descriptor-set layout of N storage buffers, a push-constant
-block, and specialization constants fixed at build time (cached per value set)."""
+block (packed by name, worker/engine/vk/spirv.py), and specialization constants fixed at build
+time (cached per value set)."""
 import struct
 
 from worker.engine.vk.loader import load_vulkan
@@ -12,8 +13,11 @@ PUSH_CONSTANT_BYTES = 128  # the minimum every Vulkan device guarantees
 class Kernel:
     """A compute pipeline plus the layouts a dispatch needs."""
 
-    def __init__(self, device, name: str, spirv: bytes, bindings: int, spec: dict[int, int]):
-        self.device, self.name, self.bindings = device, name, bindings
+    def __init__(self, device, name: str, shader, spec: dict[int, int]):
+        """`shader`: a shaderbuild.Shader."""
+        self.device, self.name = device, name
+        self.bindings, self.push = shader.variant.bindings, shader.push
+        bindings, spirv = self.bindings, shader.spirv
         module_info = vk.VkShaderModuleCreateInfo(codeSize=len(spirv), pCode=spirv)
         self.shader_module = vk.vkCreateShaderModule(device, module_info, None)
         layout_bindings = [vk.VkDescriptorSetLayoutBinding(
