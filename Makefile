@@ -1,7 +1,7 @@
 # Two entry points for a fresh Debian machine: `make up` runs the appliance, `make test` the tests.
 PY ?= python3
 APT_PACKAGES = mesa-vulkan-drivers libvulkan1 glslc glslang-tools vulkan-validationlayers \
-               spirv-tools redis-server chromium chromium-driver docker-compose
+               spirv-tools redis-server chromium chromium-driver docker-compose docker.io mmdebstrap
 
 .PHONY: setup up test
 setup: .setup-stamp

@@ -10,6 +10,7 @@ here (its provisioning files are checked in test_compose.py). Everything lives i
 (dockerd's data and exec roots, socket, pidfile, the compose project) that is removed at the end.
 Takes about 6 minutes on 2 cores."""
 import json
+import logging
 import math
 import os
 import re
@@ -29,6 +30,7 @@ import yaml
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).parent.parent
+log = logging.getLogger(__name__)     # each phase, with pytest's timestamps (--log-cli-level=INFO)
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 API_KEY = "compose-test-key-0123456789"
 SERVICES = ("redis", "api", "worker", "prometheus")
@@ -143,23 +145,27 @@ def from_image(dockerfile: Path) -> str:
 @pytest.fixture(scope="module")
 def images(engine):
     """Every image the four services run: the base the Dockerfile names, the two stand-ins and vkllm's."""
+    log.info("dockerd up; making the base image")
     base = from_image(ROOT / "Dockerfile")
     assert base == "debian:bookworm-slim", "the base image is made here from Debian bookworm"
     # the proxy to PyPI presents a certificate of this machine's CA: pip in the build needs it
     certs = "/usr/local/share/ca-certificates"
     hook = f'mkdir -p "$1{certs}" && if [ -d {certs} ]; then cp -r {certs}/. "$1{certs}/"; fi'
-    log = engine.folder / "mmdebstrap.log"
-    with open(log, "w") as errors:
+    trace = engine.folder / "mmdebstrap.log"
+    with open(trace, "w") as errors:
         mmdebstrap = subprocess.Popen(["mmdebstrap", "--variant=minbase", f"--customize-hook={hook}",
                                        "bookworm", "-", apt_mirror("bookworm")], stdout=subprocess.PIPE, stderr=errors)
         engine.docker("import", "-", base, stdin=mmdebstrap.stdout)
-    assert mmdebstrap.wait() == 0, log.read_text()[-4000:]
+    assert mmdebstrap.wait() == 0, trace.read_text()[-4000:]
+    log.info("base image imported; building the stand-ins")
     for name, dockerfile in (("redis", REDIS_DOCKERFILE), ("prometheus", PROMETHEUS_DOCKERFILE)):
         context = engine.folder / f"stand-in-{name}"
         context.mkdir()
         (context / "Dockerfile").write_text(dockerfile.format(base=base))
         engine.build(COMPOSE["services"][name]["image"], context)
+    log.info("building vkllm's image")
     engine.build(COMPOSE["x-vkllm"]["image"], ROOT)
+    log.info("images built")
 
 
 class Stack:
@@ -234,10 +240,13 @@ def stack(engine, images, tiny_model):
     stack = Stack(engine, project, tiny_model.stem, ports)
     try:
         stack.compose("up", "--detach", "--no-build", *SERVICES, timeout=900)
+        log.info("stack started")
         stack.wait_healthy(timeout=600)
+        log.info("stack healthy")
         yield stack
     finally:
         stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "20", check=False)
+        log.info("stack removed")
 
 
 def run_job(stack: Stack, prompt: str) -> tuple[dict, list[str]]:
@@ -251,7 +260,12 @@ def run_job(stack: Stack, prompt: str) -> tuple[dict, list[str]]:
               for block in body.strip().split("\n\n")]
     tokens = [json.loads(e["data"])["text"] for e in events if e.get("event") == "token"]
     assert events[-1]["event"] == "end", body[-2000:]
-    return stack.call("GET", f"/api/v1/jobs/{job['id']}"), tokens
+    # the end event can come before the job's record says so
+    final = {}
+    wait_for(lambda: final.update(stack.call("GET", f"/api/v1/jobs/{job['id']}")) or
+             final["state"] not in ("queued", "running"), 60, lambda: f"job stayed {final['state']}")
+    log.info("job %s: %s", job["id"], final["state"])
+    return final, tokens
 
 
 def wait_for(check, timeout: float, what):
