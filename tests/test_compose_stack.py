@@ -8,7 +8,7 @@ machine's apt mirror, and the redis and prometheus images are stand-ins built fr
 packages under the tags the compose file uses. Grafana has no Debian package, so it does not run
 here (its provisioning files are checked in test_compose.py). Everything lives in one temp folder
 (dockerd's data and exec roots, socket, pidfile, the compose project) that is removed at the end.
-Takes 4 to 9 minutes on 2 cores, most of it building the images."""
+Takes 3 to 9 minutes on 2 cores, most of it building the images."""
 import json
 import logging
 import math
