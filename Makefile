@@ -4,7 +4,7 @@
 PY ?= python3
 VENV ?= .venv
 APT_PACKAGES = mesa-vulkan-drivers libvulkan1 glslc glslang-tools vulkan-validationlayers \
-               spirv-tools redis-server chromium chromium-driver docker-compose
+               spirv-tools redis-server chromium chromium-driver docker-compose docker.io mmdebstrap
 APT_PACKAGES += python3-venv
 
 .PHONY: setup up test

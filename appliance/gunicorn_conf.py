@@ -6,7 +6,9 @@ import shutil
 
 from prometheus_client import multiprocess
 
-bind = f"0.0.0.0:{os.environ.get('VKLLM_PORT', '8000')}"
+# The container's port, which docker-compose.yml maps and health-checks. Not VKLLM_PORT: that is the
+# host's side of the mapping, and the env file hands it to this container too. `--bind` overrides.
+bind = "0.0.0.0:8000"
 workers = int(os.environ.get("VKLLM_WEB_PROCESSES", "2"))
 worker_class = "appliance.gunicorn_worker.Worker"
 threads = int(os.environ.get("VKLLM_WEB_THREADS", "32"))   # each open SSE stream holds a thread

@@ -95,9 +95,9 @@ def test_gunicorn_processes_share_one_metrics_view(redis_url, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom"), "VKLLM_REDIS_URL": redis_url,
-                        "VKLLM_API_KEY": "gunicorn-key", "VKLLM_PORT": str(port), "VKLLM_WEB_PROCESSES": "2"}
+                        "VKLLM_API_KEY": "gunicorn-key", "VKLLM_WEB_PROCESSES": "2"}
     proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--config", "python:appliance.gunicorn_conf",
-                             "appliance.app:create_app()"], env=env, stdout=subprocess.DEVNULL,
+                             "--bind", f"127.0.0.1:{port}", "appliance.app:create_app()"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
