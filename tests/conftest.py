@@ -9,6 +9,7 @@ import sys
 import tarfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -67,12 +68,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory):
-    """A private redis-server on a free port with its data in a temp folder."""
+@contextmanager
+def private_redis(folder: Path):
+    """A redis-server of its own on a free port, its data in `folder`; yields its URL."""
     from redis import Redis
-    port, data = _free_port(), tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+    port = _free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
@@ -81,9 +82,18 @@ def redis_url(tmp_path_factory):
             break
         except Exception:
             time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait()
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A private redis-server shared by the session's tests."""
+    with private_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

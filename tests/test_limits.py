@@ -2,7 +2,6 @@
 answers (429 with Retry-After for the last two); a page of jobs reads that page from Redis, not
 every job; results (job and stream) expire after the configured RESULT_TTL; the Redis the
 appliance starts has a maxmemory and never evicts, and a full one gets 503, not 500."""
-import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from redis import Redis
 
 from appliance import embedded, queue
 from appliance.app import create_app
-from tests.conftest import API_KEY, _free_port
+from tests.conftest import API_KEY, private_redis
 from tests.test_api import AUTH, submit, wait
 from vkllm import protocol
 
@@ -139,23 +138,10 @@ def test_the_compose_redis_is_bounded_and_never_evicts():
 
 
 def test_a_full_redis_is_503_not_500(tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
-                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    try:
-        url = f"redis://127.0.0.1:{port}/0"
-        for _ in range(100):
-            try:
-                Redis.from_url(url).ping()
-                break
-            except Exception:
-                time.sleep(0.05)
+    with private_redis(tmp_path) as url:
         client = limited_app(url).test_client()
         page = client.get("/admin/login").get_data(as_text=True)
         token = page.split('name="csrf" value="')[1].split('"')[0]
         Redis.from_url(url).config_set("maxmemory", 1)   # below what it already uses: every write is refused
         r = client.post("/admin/login", data={"api_key": API_KEY, "csrf": token})
         assert r.status_code == 503 and r.json["error"]["code"] == "store_full"
-    finally:
-        proc.terminate()
-        proc.wait(30)
