@@ -14,7 +14,6 @@ from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
 from worker.engine.workspace import Workspace
 
-SELECTIONS = ("argmax", "topk", "logits")
 _MAX_RECORDINGS = 8  # recordings kept per model, by (tokens per pass, selection)
 
 
