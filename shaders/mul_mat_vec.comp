@@ -1,4 +1,5 @@
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "mul_mat_vec_base.glsl"
 
@@ -46,24 +47,44 @@ void main() {
         }
     }
 #else
-    // Quantized weights: thread t takes the 16-value slices t, t + BLOCK_SIZE, ... of the row.
-    const uint blocks_per_row = p.ncols / QUANT_K;
-    for (uint t = tid; t < p.ncols / 16; t += BLOCK_SIZE) {
-        const uint ib = 16 * t / QUANT_K, s = (16 * t % QUANT_K) / 16;
-        if (NUM_COLS == 1) {
-            const mat4 xv = load_x16(clamped_col(col0) * p.ncols + 16 * t);
-            for (uint m = 0; m < NUM_MATS; m++) {
-                for (uint r = 0; r < NUM_ROWS; r++) {
-                    const uint b = clamped_row(row0 + r) * blocks_per_row + ib;
-                    acc[0][m][r] += dot16(WEIGHTS(m, dequantize16, (b, s)), xv);
+    // Quantized weights: thread t takes the items t, t + BLOCK_SIZE, ... of each row, UNROLL of
+    // them at a time: all their loads for every row and weight first, then the math, each load
+    // of x (a 16-value group and its sum) serving all rows and weights.
+    items_setup();
+    const uint items = p.ncols / ITEM_VALUES;
+    uint row_byte[NUM_ROWS];
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+        row_byte[r] = clamped_row(row0 + r) * (p.ncols / QUANT_K) * BLOCK_BYTES;
+    }
+    for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
+        item_raw raw[UNROLL][NUM_MATS][NUM_ROWS];
+        [[unroll]] for (uint u = 0; u < UNROLL; u++) {
+            const uint item = min(i0 + u * BLOCK_SIZE, items - 1);
+            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                    raw[u][m][r] = WEIGHTS(m, load_item, (row_byte[r], item));
                 }
             }
-        } else {
-            for (uint m = 0; m < NUM_MATS; m++) {
-                for (uint r = 0; r < NUM_ROWS; r++) {
-                    const mat4 w = WEIGHTS(m, dequantize16, (clamped_row(row0 + r) * blocks_per_row + ib, s));
-                    for (uint c = 0; c < NUM_COLS; c++) {
-                        acc[c][m][r] += dot16(w, load_x16(clamped_col(col0 + c) * p.ncols + 16 * t));
+        }
+        [[unroll]] for (uint u = 0; u < UNROLL; u++) {
+            const uint item = i0 + u * BLOCK_SIZE;
+            if (item >= items) {
+                break;
+            }
+            item_words w[NUM_MATS][NUM_ROWS];
+            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                    w[m][r] = align_item(raw[u][m][r], item);
+                }
+            }
+            [[unroll]] for (uint g = 0; g < ITEM_GROUPS; g++) {
+                [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
+                    const mat4 xv = load_x16(clamped_col(col0 + c) * p.ncols + group_x(item, g));
+                    const float sx = sum16(xv);
+                    [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                        [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                            acc[c][m][r] += group_dot(w[m][r], item, g, xv, sx);
+                        }
                     }
                 }
             }

@@ -8,13 +8,25 @@
 // With GLU defined, two weights of one type and shape, gate (binding 0) and up (binding 1), take
 // the same x: each load of x serves both, every thread keeps a partial sum per weight, and
 // y = silu(gate x) * (up x), the SwiGLU of a feed-forward block, in one dispatch.
+// Float weights are read through dequant.glsl, quantized ones through mul_mat_vec_items.glsl
+// (wide loads, several items in flight, per-type inner loops).
 // Bindings: the weights (one or two), x, y.
+#include "types.glsl"
+#if QUANT_K == 1
 #include "dequant.glsl"
+#else
+#include "mul_mat_vec_items.glsl"
+#endif
 #if defined(GLU)
+#if QUANT_K == 1
 #define DEQUANT_UP
 #include "dequant.glsl"
+#else
+#define ITEMS_UP
+#include "mul_mat_vec_items.glsl"
+#endif
 const uint NUM_MATS = 2;
-// Weight m's values from dequant function f (its *_up twin reads the up weights).
+// Weight m's values from function f (its *_up twin reads the up weights).
 #define WEIGHTS(m, f, args) ((m) == 0 ? f args : f##_up args)
 float silu(float v) { return v / (1.0 + exp(-v)); }
 #else
@@ -25,6 +37,10 @@ const uint NUM_MATS = 1;
 layout(constant_id = 0) const uint BLOCK_SIZE = 32;
 layout(constant_id = 1) const uint NUM_ROWS = 2;
 layout(constant_id = 2) const uint NUM_COLS = 1;
+#if QUANT_K > 1
+// Items each thread loads before any math, per row and weight (more bytes in flight).
+layout(constant_id = 3) const uint UNROLL = ITEM_UNROLL;
+#endif
 
 layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };
 layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
@@ -58,10 +74,6 @@ uint clamped_col(uint col) { return min(col, p.n - 1); }
 // x[k .. k+15], k a multiple of 16 (column c starts at c * ncols).
 mat4 load_x16(uint k) {
     return mat4(x4[k / 4], x4[k / 4 + 1], x4[k / 4 + 2], x4[k / 4 + 3]);
-}
-
-float dot16(mat4 a, mat4 b) {
-    return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3]);
 }
 
 // acc[c][m][r]: column col0 + c, weight m, row row0 + r.
