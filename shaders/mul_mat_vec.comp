@@ -77,17 +77,31 @@ void main() {
                     w[m][r] = align_item(raw[u][m][r], item);
                 }
             }
-            [[unroll]] for (uint g = 0; g < ITEM_GROUPS; g++) {
-                [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
-                    const mat4 xv = load_x16(clamped_col(col0 + c) * p.ncols + group_x(item, g));
-                    const float sx = sum16(xv);
-                    [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
-                        [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-                            acc[c][m][r] += group_dot(w[m][r], item, g, xv, sx);
-                        }
-                    }
-                }
+            // Groups one by one with a literal g (a loop would leave g a variable in the SPIR-V:
+            // the value-building shifts and word indices are constants only this way).
+#define GROUP(g) \
+            [[unroll]] for (uint c = 0; c < NUM_COLS; c++) { \
+                const mat4 xv = load_x16(clamped_col(col0 + c) * p.ncols + group_x(item, g)); \
+                const float sx = sum16(xv); \
+                [[unroll]] for (uint m = 0; m < NUM_MATS; m++) { \
+                    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) { \
+                        acc[c][m][r] += group_dot(w[m][r], item, g, xv, sx); \
+                    } \
+                } \
             }
+            GROUP(0)
+            GROUP(1)
+#if ITEM_GROUPS > 2
+            GROUP(2)
+            GROUP(3)
+#endif
+#if ITEM_GROUPS > 4
+            GROUP(4)
+            GROUP(5)
+            GROUP(6)
+            GROUP(7)
+#endif
+#undef GROUP
         }
     }
 #endif

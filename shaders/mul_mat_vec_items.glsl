@@ -95,6 +95,11 @@ uint funnel(uint lo, uint hi, uint b, uint align) {
 // Word i of w, shifted by 16 bits: for fields that sit 2 bytes into an aligned block.
 #define HALF_SHIFTED(w, i) (((w)[i] >> 16) | ((w)[(i) + 1] << 16))
 
+// Literal indices for the per-value code (loops would leave them variables in the SPIR-V): F(c)
+// for the four columns of a group, F(g) for the eight groups of an item.
+#define COLUMNS(F) mat4(F(0), F(1), F(2), F(3))
+#define EACH_GROUP(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
+
 // Signed byte i of w.
 float sbyte(uint w, uint i) {
     return float(bitfieldExtract(int(w), int(8 * i), 8));
@@ -194,13 +199,12 @@ float q5_f(uint q, uint qh, int pos, int hpos) {
     return uintBitsToFloat(lo | hi | 0x3F800000u);
 }
 
+#define Q5_COLUMN(c) vec4(q5_f(w.q[c], w.qh, int(4 * g), int(16 * g + 4 * c)), \
+                          q5_f(w.q[c], w.qh, int(8 + 4 * g), int(16 * g + 4 * c + 1)), \
+                          q5_f(w.q[c], w.qh, int(16 + 4 * g), int(16 * g + 4 * c + 2)), \
+                          q5_f(w.q[c], w.qh, int(24 + 4 * g), int(16 * g + 4 * c + 3)))
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    mat4 f;
-    [[unroll]] for (uint c = 0; c < 4; c++) {
-        [[unroll]] for (uint k = 0; k < 4; k++) {
-            f[c][k] = q5_f(w.q[c], w.qh, int(8 * k + 4 * g), int(16 * g + 4 * c + k));
-        }
-    }
+    const mat4 f = COLUMNS(Q5_COLUMN);
 #if defined(DATA_A_Q5_0)
     return 32.0 * w.dm.x * dot16(f - mat4(vec4(1.5), vec4(1.5), vec4(1.5), vec4(1.5)), x);
 #else
@@ -269,14 +273,10 @@ item_words align_item(item_raw r, uint item) {
 
 uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
 
+#define MXFP4_COLUMN(c) vec4(kvalues_mxfp4_s[(w.q[c] >> (4 * g)) & 15u], kvalues_mxfp4_s[(w.q[c] >> (8 + 4 * g)) & 15u], \
+                             kvalues_mxfp4_s[(w.q[c] >> (16 + 4 * g)) & 15u], kvalues_mxfp4_s[(w.q[c] >> (24 + 4 * g)) & 15u])
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    float s = 0.0;
-    [[unroll]] for (uint c = 0; c < 4; c++) {
-        [[unroll]] for (uint k = 0; k < 4; k++) {
-            s += kvalues_mxfp4_s[(w.q[c] >> (8 * k + 4 * g)) & 15u] * x[c][k];
-        }
-    }
-    return w.d * s;
+    return w.d * dot16(COLUMNS(MXFP4_COLUMN), x);
 }
 
 #elif defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K)
@@ -333,11 +333,8 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const mat4 f = f16(w.r.qs[h], int(4 * hi), 4, 0, 0.0);
 #else
     const uint j = 2 * (item & 3u) + hi;
-    mat4 f;
-    [[unroll]] for (uint c = 0; c < 4; c++) {
-        const uint q = ((w.r.qs[h][c] >> (4 * hi)) & 0x0F0F0F0Fu) | (((w.r.qh[h][c] >> j) << 4) & 0x10101010u);
-        f[c] = f4(q, 0, 5, 0, 0.0);
-    }
+#define Q5_K_COLUMN(c) f4(((w.r.qs[h][c] >> (4 * hi)) & 0x0F0F0F0Fu) | (((w.r.qh[h][c] >> j) << 4) & 0x10101010u), 0, 5, 0, 0.0)
+    const mat4 f = COLUMNS(Q5_K_COLUMN);
 #endif
     return hi == 0 ? w.ab.x * dot16(f, x) + w.ab.y * sx : w.ab.z * dot16(f, x) + w.ab.w * sx;
 }
@@ -363,9 +360,8 @@ item_words align_item(item_raw r, uint item) {
     ALIGN_SPAN(sd, 5, r.sd, 3, r.m)
     const float d = unpackHalf2x16(sd[4]).x;
     const uint n = item & 1u;
-    [[unroll]] for (uint g = 0; g < 8; g++) {
-        o.dsc[g] = d * sbyte(n == 0 ? sd[g / 4] : sd[2 + g / 4], g % 4);
-    }
+#define Q6_K_SCALE(g) o.dsc[g] = d * sbyte(n == 0 ? sd[g / 4] : sd[2 + g / 4], g % 4);
+    EACH_GROUP(Q6_K_SCALE)
     return o;
 }
 
@@ -374,12 +370,8 @@ uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const uint t = g >> 1, lh = g & 1u, lbase = 8 * (t & 1u) + 4 * lh;
-    mat4 f;
-    [[unroll]] for (uint c = 0; c < 4; c++) {
-        const uint q = ((w.ql[lbase + c] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((w.qh[4 * lh + c] >> (2 * t)) << 4) & 0x30303030u);
-        f[c] = f4(q, 0, 6, 0, 1.5);
-    }
-    return 64.0 * w.dsc[g] * dot16(f, x);
+#define Q6_K_COLUMN(c) f4(((w.ql[lbase + c] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((w.qh[4 * lh + c] >> (2 * t)) << 4) & 0x30303030u), 0, 6, 0, 1.5)
+    return 64.0 * w.dsc[g] * dot16(COLUMNS(Q6_K_COLUMN), x);
 }
 
 #elif defined(DATA_A_Q2_K)
@@ -402,11 +394,12 @@ item_words align_item(item_raw r, uint item) {
     ALIGN_SPAN(dmw, 1, r.dm, 1, r.m)
     const vec2 dm = unpackHalf2x16(dmw[0]);
     const uint n = item & 1u;
-    [[unroll]] for (uint g = 0; g < 8; g++) {
-        const uint b = ((n == 0 ? sc[g / 4] : sc[2 + g / 4]) >> (8 * (g % 4))) & 255u;
-        const float a = 4.0 * dm.x * float(b & 15u);
-        o.ab[g] = vec2(a, -a - dm.y * float(b >> 4));
+#define Q2_K_SCALE(g) { \
+        const uint b = ((n == 0 ? sc[g / 4] : sc[2 + g / 4]) >> (8 * (g % 4))) & 255u; \
+        const float a = 4.0 * dm.x * float(b & 15u); \
+        o.ab[g] = vec2(a, -a - dm.y * float(b >> 4)); \
     }
+    EACH_GROUP(Q2_K_SCALE)
     return o;
 }
 
@@ -438,12 +431,13 @@ item_words align_item(item_raw r, uint item) {
     ALIGN_SPAN(sd, 4, r.sd, 2, r.m)
     const float d = unpackHalf2x16(sd[3]).x;
     const uint n = item & 1u;
-    [[unroll]] for (uint g = 0; g < 8; g++) {
-        // scale s = 8 n + g: low 4 bits in byte s % 8 (nibble s / 8), high 2 in byte 8 + s % 4
-        const uint lo = (n == 0 ? sd[g / 4] >> (8 * (g % 4)) : sd[g / 4] >> (8 * (g % 4) + 4)) & 15u;
-        const uint hi = (sd[2] >> (8 * (g % 4) + 2 * (2 * n + g / 4))) & 3u;
-        o.dl[g] = d * float(int(lo | (hi << 4)) - 32);
+    // scale s = 8 n + g: low 4 bits in byte s % 8 (nibble s / 8), high 2 in byte 8 + s % 4
+#define Q3_K_SCALE(g) { \
+        const uint lo = (sd[g / 4] >> (8 * (g % 4) + 4 * n)) & 15u; \
+        const uint hi = (sd[2] >> (8 * (g % 4) + 2 * (2 * n + g / 4))) & 3u; \
+        o.dl[g] = d * float(int(lo | (hi << 4)) - 32); \
     }
+    EACH_GROUP(Q3_K_SCALE)
     return o;
 }
 
@@ -451,12 +445,8 @@ uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
-    mat4 f;
-    [[unroll]] for (uint c = 0; c < 4; c++) {
-        const uint q = ((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u);
-        f[c] = f4(q, 0, 3, 0, 1.5);
-    }
-    return 8.0 * w.dl[g] * dot16(f, x);
+#define Q3_K_COLUMN(c) f4(((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u), 0, 3, 0, 1.5)
+    return 8.0 * w.dl[g] * dot16(COLUMNS(Q3_K_COLUMN), x);
 }
 
 #else
