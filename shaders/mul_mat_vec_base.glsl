@@ -38,8 +38,12 @@ layout(constant_id = 0) const uint BLOCK_SIZE = 32;
 layout(constant_id = 1) const uint NUM_ROWS = 2;
 layout(constant_id = 2) const uint NUM_COLS = 1;
 #if QUANT_K > 1
-// Items each thread loads before any math, per row and weight (more bytes in flight).
-layout(constant_id = 3) const uint UNROLL = ITEM_UNROLL;
+// Items each thread loads per row and weight before any math: as many as keep the loaded words
+// of all rows and weights within RAW_WORDS registers (up to 4), so that more rows per workgroup
+// or a second weight trade items in flight for rows instead of spilling registers.
+const uint RAW_WORDS = 64;
+const uint ITEMS_FIT = RAW_WORDS / (NUM_MATS * NUM_ROWS * ITEM_RAW_WORDS);
+const uint UNROLL = ITEMS_FIT < 1 ? 1 : (ITEMS_FIT > 4 ? 4 : ITEMS_FIT);
 #endif
 
 layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };

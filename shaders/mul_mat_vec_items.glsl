@@ -13,7 +13,7 @@
 // cancel most of its bits. MXFP4's table values are not affine: a table lookup times the scale.
 // Per type:
 //   BLOCK_BYTES, ITEM_VALUES (values per item), ITEM_GROUPS (16-value groups per item),
-//   ITEM_ALIGN (the blocks' byte alignment), ITEM_UNROLL (items per thread loaded together)
+//   ITEM_ALIGN (the blocks' byte alignment), ITEM_RAW_WORDS (32-bit words an item loads)
 //   item_raw load_item(uint row_byte, uint item)    the loads (load_item_up: binding 1)
 //   item_words align_item(item_raw r, uint item)    the words in place, scales decoded
 //   uint group_x(uint item, uint g)                 index in the row of group g's first value
@@ -112,7 +112,7 @@ float sbyte(uint w, uint i) {
 #define ITEM_VALUES 32
 #define ITEM_GROUPS 2
 #define ITEM_ALIGN 2
-#define ITEM_UNROLL 2
+#define ITEM_RAW_WORDS 12
 struct item_raw { uvec4 v[3]; uint m; };
 struct item_words { uvec4 q; float d; };
 
@@ -137,7 +137,7 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #define ITEM_VALUES 32
 #define ITEM_GROUPS 2
 #define ITEM_ALIGN 4
-#define ITEM_UNROLL 2
+#define ITEM_RAW_WORDS 8
 struct item_raw { uvec4 v[2]; uint m; };
 struct item_words { uvec4 q; vec2 dm; };
 
@@ -170,7 +170,7 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #endif
 #define ITEM_VALUES 32
 #define ITEM_GROUPS 2
-#define ITEM_UNROLL 2
+#define ITEM_RAW_WORDS (4 * SPAN_VECTORS)
 struct item_raw { uvec4 v[SPAN_VECTORS]; uint m; };
 struct item_words { uvec4 q; uint qh; vec2 dm; };
 
@@ -218,7 +218,7 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #define ITEM_VALUES 32
 #define ITEM_GROUPS 2
 #define ITEM_ALIGN 2
-#define ITEM_UNROLL 2
+#define ITEM_RAW_WORDS 16
 struct item_raw { uvec4 v[4]; uint m; };
 struct item_words { uvec4 q[2]; float d; };
 
@@ -246,7 +246,7 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #define ITEM_VALUES 32
 #define ITEM_GROUPS 2
 #define ITEM_ALIGN 1
-#define ITEM_UNROLL 2
+#define ITEM_RAW_WORDS 12
 #define ITEMS_SHARED_TABLE
 const float kvalues_mxfp4[16] = float[16](0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
 shared float kvalues_mxfp4_s[16];
@@ -296,10 +296,11 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #define ITEM_VALUES 64
 #define ITEM_GROUPS 4
 #define ITEM_ALIGN 16
-#define ITEM_UNROLL 2
 #if defined(DATA_A_Q4_K)
+#define ITEM_RAW_WORDS 12
 struct item_raw { uvec4 head; uvec4 qs[2]; };
 #else
+#define ITEM_RAW_WORDS 20
 struct item_raw { uvec4 head; uvec4 qs[2]; uvec4 qh[2]; };
 #endif
 // ab: a and b of sub-blocks 2j and 2j + 1.
@@ -348,7 +349,7 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #define ITEM_VALUES 128
 #define ITEM_GROUPS 8
 #define ITEM_ALIGN 2
-#define ITEM_UNROLL 1
+#define ITEM_RAW_WORDS 44
 struct item_raw { uvec4 ql[5]; uvec4 qh[3]; uvec4 sd[3]; uint m; };
 struct item_words { uint ql[16]; uint qh[8]; float dsc[8]; };
 
@@ -382,7 +383,7 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #define ITEM_VALUES 128
 #define ITEM_GROUPS 8
 #define ITEM_ALIGN 4
-#define ITEM_UNROLL 1
+#define ITEM_RAW_WORDS 24
 struct item_raw { uvec4 sc[2]; uvec4 qs[3]; uvec4 dm[1]; uint m; };
 struct item_words { uint qs[8]; vec2 ab[8]; };
 
@@ -419,7 +420,7 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #define ITEM_VALUES 128
 #define ITEM_GROUPS 8
 #define ITEM_ALIGN 2
-#define ITEM_UNROLL 1
+#define ITEM_RAW_WORDS 32
 struct item_raw { uvec4 hm[3]; uvec4 qs[3]; uvec4 sd[2]; uint m; };
 struct item_words { uint hm[8]; uint qs[8]; float dl[8]; };
 
