@@ -46,7 +46,7 @@ void main() {
             }
         }
     }
-#else
+#elif defined(MAT_VEC_ITEMS)
     // Quantized weights: thread t takes the items t, t + BLOCK_SIZE, ... of each row, UNROLL of
     // them at a time: all their loads for every row and weight first, then the math, each load
     // of x (a 16-value group and its sum) serving all rows and weights.
@@ -102,6 +102,30 @@ void main() {
             GROUP(7)
 #endif
 #undef GROUP
+        }
+    }
+#else
+    // Quantized weights: thread t takes the 16-value slices t, t + BLOCK_SIZE, ... of the row.
+    const uint blocks_per_row = p.ncols / QUANT_K;
+    for (uint t = tid; t < p.ncols / 16; t += BLOCK_SIZE) {
+        const uint ib = 16 * t / QUANT_K, s = (16 * t % QUANT_K) / 16;
+        if (NUM_COLS == 1) {
+            const mat4 xv = load_x16(clamped_col(col0) * p.ncols + 16 * t);
+            for (uint m = 0; m < NUM_MATS; m++) {
+                for (uint r = 0; r < NUM_ROWS; r++) {
+                    const uint b = clamped_row(row0 + r) * blocks_per_row + ib;
+                    acc[0][m][r] += dot16(WEIGHTS(m, dequantize16, (b, s)), xv);
+                }
+            }
+        } else {
+            for (uint m = 0; m < NUM_MATS; m++) {
+                for (uint r = 0; r < NUM_ROWS; r++) {
+                    const mat4 w = WEIGHTS(m, dequantize16, (clamped_row(row0 + r) * blocks_per_row + ib, s));
+                    for (uint c = 0; c < NUM_COLS; c++) {
+                        acc[c][m][r] += dot16(w, load_x16(clamped_col(col0 + c) * p.ncols + 16 * t));
+                    }
+                }
+            }
         }
     }
 #endif

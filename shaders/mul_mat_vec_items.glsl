@@ -1,4 +1,5 @@
-// Quantized weights for the mat-vec kernel (mul_mat_vec.comp), one section per DATA_A_* type.
+// Quantized weights for the mat-vec kernel (mul_mat_vec.comp), one section per DATA_A_* type that
+// takes these loops (mul_mat_vec_base.glsl says which).
 // A row is cut into items: a block, or a part of a block that has its own scales. A thread loads
 // its items with 16-byte loads of a uvec4 view of the weights (blocks that are not 16-byte
 // aligned are fetched as the aligned vectors covering them and shifted into place in registers),
@@ -8,7 +9,7 @@
 // the mantissa of 1.0 (a shift and a mask per value, no conversion instruction), so that
 //   sum_i w_i x_i = a * dot(f, x) + b * sum(x)
 // costs one fma per value and weight row, and sum(x) is shared by all rows. Types whose values
-// are centred on an offset (Q4_0's q - 8, Q8_0's signed bytes) subtract it from f first, exactly
+// are centred on an offset (Q4_0's q - 8, Q3_K's q - 4) subtract it from f first, exactly
 // (f and the offset within a factor 2 of each other): a * dot(f, x) - a * offset * sum(x) would
 // cancel most of its bits. MXFP4's table values are not affine: a table lookup times the scale.
 // Per type:
@@ -29,28 +30,21 @@ layout(std430, binding = 0) readonly buffer A4 { uvec4 data_u4[]; };
 
 // f = 1 + q / 2^bits for the field of `bits` bits at bit `pos` of w (pos may be past 31 - bits
 // only when the field is known to be zero there); pos and bits are constants after inlining.
-// The field lands at bits 23-bits .. 22 of 1.0; `flip` (a bit of the field) is xor-ed on the
-// way: signed bytes become byte + 128.
-float fbits(uint w, int pos, uint bits, uint flip) {
+// The field lands at bits 23-bits .. 22 of 1.0.
+float fbits(uint w, int pos, uint bits) {
     const int place = 23 - int(bits), s = pos - place;
     const uint v = s >= 0 ? w >> s : w << -s;
-    return uintBitsToFloat((v & (((1u << bits) - 1u) << place)) ^ ((flip << place) | 0x3F800000u));
+    return uintBitsToFloat((v & (((1u << bits) - 1u) << place)) | 0x3F800000u);
 }
 
 // The four fields at pos, pos + 8, pos + 16, pos + 24 (one per byte), minus `center`.
-vec4 f4(uint w, int pos, uint bits, uint flip, float center) {
-    return vec4(fbits(w, pos, bits, flip), fbits(w, pos + 8, bits, flip), fbits(w, pos + 16, bits, flip),
-                fbits(w, pos + 24, bits, flip)) - center;
+vec4 f4(uint w, int pos, uint bits, float center) {
+    return vec4(fbits(w, pos, bits), fbits(w, pos + 8, bits), fbits(w, pos + 16, bits), fbits(w, pos + 24, bits)) - center;
 }
 
 // 16 values, column c from word c.
-mat4 f16(uvec4 w, int pos, uint bits, uint flip, float center) {
-    return mat4(f4(w.x, pos, bits, flip, center), f4(w.y, pos, bits, flip, center), f4(w.z, pos, bits, flip, center),
-                f4(w.w, pos, bits, flip, center));
-}
-
-float dot16(mat4 a, mat4 b) {
-    return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3]);
+mat4 f16(uvec4 w, int pos, uint bits, float center) {
+    return mat4(f4(w.x, pos, bits, center), f4(w.y, pos, bits, center), f4(w.z, pos, bits, center), f4(w.w, pos, bits, center));
 }
 
 float sum16(mat4 a) {
@@ -100,11 +94,6 @@ uint funnel(uint lo, uint hi, uint b, uint align) {
 #define COLUMNS(F) mat4(F(0), F(1), F(2), F(3))
 #define EACH_GROUP(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
 
-// Signed byte i of w.
-float sbyte(uint w, uint i) {
-    return float(bitfieldExtract(int(w), int(8 * i), 8));
-}
-
 #if defined(DATA_A_Q4_0)
 // 18 bytes: f16 d, 16 bytes of nibbles; value j < 16 the low nibble of byte j, j + 16 its high
 // nibble: d * (q - 8).
@@ -128,7 +117,7 @@ item_words align_item(item_raw r, uint item) {
 uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
 
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    return 16.0 * w.d * dot16(f16(w.q, int(4 * g), 4, 0, 1.5), x);
+    return 16.0 * w.d * dot16(f16(w.q, int(4 * g), 4, 1.5), x);
 }
 
 #elif defined(DATA_A_Q4_1)
@@ -153,7 +142,7 @@ item_words align_item(item_raw r, uint item) {
 uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
 
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    return 16.0 * w.dm.x * dot16(f16(w.q, int(4 * g), 4, 0, 0.0), x) + (w.dm.y - 16.0 * w.dm.x) * sx;
+    return 16.0 * w.dm.x * dot16(f16(w.q, int(4 * g), 4, 0.0), x) + (w.dm.y - 16.0 * w.dm.x) * sx;
 }
 
 #elif defined(DATA_A_Q5_0) || defined(DATA_A_Q5_1)
@@ -210,33 +199,6 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #else
     return 32.0 * w.dm.x * dot16(f, x) + (w.dm.y - 32.0 * w.dm.x) * sx;
 #endif
-}
-
-#elif defined(DATA_A_Q8_0)
-// 34 bytes: f16 d, 32 signed bytes: d * q.
-#define BLOCK_BYTES 34
-#define ITEM_VALUES 32
-#define ITEM_GROUPS 2
-#define ITEM_ALIGN 2
-#define ITEM_RAW_WORDS 16
-struct item_raw { uvec4 v[4]; uint m; };
-struct item_words { uvec4 q[2]; float d; };
-
-item_words align_item(item_raw r, uint item) {
-    uint w[9];
-    ALIGN_SPAN(w, 9, r.v, 4, r.m)
-    item_words o;
-    o.q[0] = uvec4(HALF_SHIFTED(w, 0), HALF_SHIFTED(w, 1), HALF_SHIFTED(w, 2), HALF_SHIFTED(w, 3));
-    o.q[1] = uvec4(HALF_SHIFTED(w, 4), HALF_SHIFTED(w, 5), HALF_SHIFTED(w, 6), HALF_SHIFTED(w, 7));
-    o.d = unpackHalf2x16(w[0]).x;
-    return o;
-}
-
-uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
-
-// f = 1 + (q + 128) / 256: d * q = 256 d (f - 1.5).
-float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    return 256.0 * w.d * dot16(f16(w.q[g], 0, 8, 0x80u, 1.5), x);
 }
 
 #elif defined(DATA_A_MXFP4)
@@ -331,48 +293,13 @@ uint group_x(uint item, uint g) { return 64 * item + 16 * g; }
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const uint h = g & 1u, hi = g >> 1;
 #if defined(DATA_A_Q4_K)
-    const mat4 f = f16(w.r.qs[h], int(4 * hi), 4, 0, 0.0);
+    const mat4 f = f16(w.r.qs[h], int(4 * hi), 4, 0.0);
 #else
     const uint j = 2 * (item & 3u) + hi;
-#define Q5_K_COLUMN(c) f4(((w.r.qs[h][c] >> (4 * hi)) & 0x0F0F0F0Fu) | (((w.r.qh[h][c] >> j) << 4) & 0x10101010u), 0, 5, 0, 0.0)
+#define Q5_K_COLUMN(c) f4(((w.r.qs[h][c] >> (4 * hi)) & 0x0F0F0F0Fu) | (((w.r.qh[h][c] >> j) << 4) & 0x10101010u), 0, 5, 0.0)
     const mat4 f = COLUMNS(Q5_K_COLUMN);
 #endif
     return hi == 0 ? w.ab.x * dot16(f, x) + w.ab.y * sx : w.ab.z * dot16(f, x) + w.ab.w * sx;
-}
-
-#elif defined(DATA_A_Q6_K)
-// 210 bytes: ql[128] (low nibbles), qh[64] (2 high bits each), 16 signed 8-bit scales, f16 d.
-// An item is half n of the block (128 values): value 32 t + l (t < 4, l < 32) takes the low (t < 2)
-// or high nibble of ql[64 n + 32 (t % 2) + l] and bits 2t .. 2t + 1 of qh[32 n + l], scale
-// sc[8 n + 2 t + l / 16]: d * sc * (q - 32).
-#define BLOCK_BYTES 210
-#define ITEM_VALUES 128
-#define ITEM_GROUPS 8
-#define ITEM_ALIGN 2
-#define ITEM_RAW_WORDS 44
-struct item_raw { uvec4 ql[5]; uvec4 qh[3]; uvec4 sd[3]; uint m; };
-struct item_words { uint ql[16]; uint qh[8]; float dsc[8]; };
-
-item_words align_item(item_raw r, uint item) {
-    item_words o;
-    ALIGN_SPAN(o.ql, 16, r.ql, 5, r.m)
-    ALIGN_SPAN(o.qh, 8, r.qh, 3, r.m)
-    uint sd[5];
-    ALIGN_SPAN(sd, 5, r.sd, 3, r.m)
-    const float d = unpackHalf2x16(sd[4]).x;
-    const uint n = item & 1u;
-#define Q6_K_SCALE(g) o.dsc[g] = d * sbyte(n == 0 ? sd[g / 4] : sd[2 + g / 4], g % 4);
-    EACH_GROUP(Q6_K_SCALE)
-    return o;
-}
-
-// Group g = 2 t + l / 16: values 16 g .. 16 g + 15 of the half.
-uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
-
-float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    const uint t = g >> 1, lh = g & 1u, lbase = 8 * (t & 1u) + 4 * lh;
-#define Q6_K_COLUMN(c) f4(((w.ql[lbase + c] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((w.qh[4 * lh + c] >> (2 * t)) << 4) & 0x30303030u), 0, 6, 0, 1.5)
-    return 64.0 * w.dsc[g] * dot16(COLUMNS(Q6_K_COLUMN), x);
 }
 
 #elif defined(DATA_A_Q2_K)
@@ -408,7 +335,7 @@ uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const uint j = g >> 1, lh = g & 1u;
-    const mat4 f = f16(uvec4(w.qs[4 * lh], w.qs[4 * lh + 1], w.qs[4 * lh + 2], w.qs[4 * lh + 3]), int(2 * j), 2, 0, 0.0);
+    const mat4 f = f16(uvec4(w.qs[4 * lh], w.qs[4 * lh + 1], w.qs[4 * lh + 2], w.qs[4 * lh + 3]), int(2 * j), 2, 0.0);
     return w.ab[g].x * dot16(f, x) + w.ab[g].y * sx;
 }
 
@@ -446,7 +373,7 @@ uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
-#define Q3_K_COLUMN(c) f4(((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u), 0, 3, 0, 1.5)
+#define Q3_K_COLUMN(c) f4(((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u), 0, 3, 1.5)
     return 8.0 * w.dl[g] * dot16(COLUMNS(Q3_K_COLUMN), x);
 }
 
@@ -476,16 +403,6 @@ item_raw load_item(uint row_byte, uint item) {
     r.qh[0] = data_u4[v + 1];
     r.qh[1] = data_u4[v + 2];
 #endif
-    return r;
-}
-#elif defined(DATA_A_Q6_K)
-item_raw load_item(uint row_byte, uint item) {
-    const uint block = row_byte + (item / 2) * BLOCK_BYTES, n = item & 1u;
-    item_raw r;
-    LOAD_SPAN(r.ql, 5, block + 64 * n)
-    LOAD_SPAN(r.qh, 3, block + 128 + 32 * n)
-    LOAD_SPAN(r.sd, 3, block + 192)
-    r.m = block % 16;
     return r;
 }
 #elif defined(DATA_A_Q2_K)
