@@ -1,4 +1,5 @@
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "mul_mat_vec_base.glsl"
 
@@ -43,6 +44,64 @@ void main() {
                     }
                 }
             }
+        }
+    }
+#elif defined(MAT_VEC_ITEMS)
+    // Quantized weights: thread t takes the items t, t + BLOCK_SIZE, ... of each row, UNROLL of
+    // them at a time: all their loads for every row and weight first, then the math, each load
+    // of x (a 16-value group and its sum) serving all rows and weights.
+    items_setup();
+    const uint items = p.ncols / ITEM_VALUES;
+    uint row_byte[NUM_ROWS];
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+        row_byte[r] = clamped_row(row0 + r) * (p.ncols / QUANT_K) * BLOCK_BYTES;
+    }
+    for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
+        item_raw raw[UNROLL][NUM_MATS][NUM_ROWS];
+        [[unroll]] for (uint u = 0; u < UNROLL; u++) {
+            const uint item = min(i0 + u * BLOCK_SIZE, items - 1);
+            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                    raw[u][m][r] = WEIGHTS(m, load_item, (row_byte[r], item));
+                }
+            }
+        }
+        [[unroll]] for (uint u = 0; u < UNROLL; u++) {
+            const uint item = i0 + u * BLOCK_SIZE;
+            if (item >= items) {
+                break;
+            }
+            item_words w[NUM_MATS][NUM_ROWS];
+            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                    w[m][r] = align_item(raw[u][m][r], item);
+                }
+            }
+            // Groups one by one with a literal g (a loop would leave g a variable in the SPIR-V:
+            // the value-building shifts and word indices are constants only this way).
+#define GROUP(g) \
+            [[unroll]] for (uint c = 0; c < NUM_COLS; c++) { \
+                const mat4 xv = load_x16(clamped_col(col0 + c) * p.ncols + group_x(item, g)); \
+                const float sx = sum16(xv); \
+                [[unroll]] for (uint m = 0; m < NUM_MATS; m++) { \
+                    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) { \
+                        acc[c][m][r] += group_dot(w[m][r], item, g, xv, sx); \
+                    } \
+                } \
+            }
+            GROUP(0)
+            GROUP(1)
+#if ITEM_GROUPS > 2
+            GROUP(2)
+            GROUP(3)
+#endif
+#if ITEM_GROUPS > 4
+            GROUP(4)
+            GROUP(5)
+            GROUP(6)
+            GROUP(7)
+#endif
+#undef GROUP
         }
     }
 #else

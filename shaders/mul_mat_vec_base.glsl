@@ -8,13 +8,35 @@
 // With GLU defined, two weights of one type and shape, gate (binding 0) and up (binding 1), take
 // the same x: each load of x serves both, every thread keeps a partial sum per weight, and
 // y = silu(gate x) * (up x), the SwiGLU of a feed-forward block, in one dispatch.
+// Quantized weights are read through mul_mat_vec_items.glsl (wide loads, several items in
+// flight, per-type inner loops) where that measured faster on an H200; Q6_K and Q8_0, and the
+// fused gate+up kernel of every type but MXFP4, read 16-value slices through dequant.glsl (as
+// float weights do): there the item loops measured slower.
 // Bindings: the weights (one or two), x, y.
+#include "types.glsl"
+#if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4))
+#define MAT_VEC_ITEMS
+#endif
+
+float dot16(mat4 a, mat4 b) {
+    return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3]);
+}
+
+#if defined(MAT_VEC_ITEMS)
+#include "mul_mat_vec_items.glsl"
+#else
 #include "dequant.glsl"
+#endif
 #if defined(GLU)
+#if defined(MAT_VEC_ITEMS)
+#define ITEMS_UP
+#include "mul_mat_vec_items.glsl"
+#else
 #define DEQUANT_UP
 #include "dequant.glsl"
+#endif
 const uint NUM_MATS = 2;
-// Weight m's values from dequant function f (its *_up twin reads the up weights).
+// Weight m's values from function f (its *_up twin reads the up weights).
 #define WEIGHTS(m, f, args) ((m) == 0 ? f args : f##_up args)
 float silu(float v) { return v / (1.0 + exp(-v)); }
 #else
@@ -25,6 +47,14 @@ const uint NUM_MATS = 1;
 layout(constant_id = 0) const uint BLOCK_SIZE = 32;
 layout(constant_id = 1) const uint NUM_ROWS = 2;
 layout(constant_id = 2) const uint NUM_COLS = 1;
+#if defined(MAT_VEC_ITEMS)
+// Items each thread loads per row and weight before any math: as many as keep the loaded words
+// of all rows and weights within RAW_WORDS registers (up to 4), so that more rows per workgroup
+// or a second weight trade items in flight for rows instead of spilling registers.
+const uint RAW_WORDS = 64;
+const uint ITEMS_FIT = RAW_WORDS / (NUM_MATS * NUM_ROWS * ITEM_RAW_WORDS);
+const uint UNROLL = ITEMS_FIT < 1 ? 1 : (ITEMS_FIT > 4 ? 4 : ITEMS_FIT);
+#endif
 
 layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };
 layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
@@ -59,10 +89,6 @@ uint clamped_col(uint col) { return min(col, p.n - 1); }
 // x[k .. k+15], k a multiple of 16 (column c starts at c * ncols).
 mat4 load_x16(uint k) {
     return mat4(x4[k / 4], x4[k / 4 + 1], x4[k / 4 + 2], x4[k / 4 + 3]);
-}
-
-float dot16(mat4 a, mat4 b) {
-    return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3]);
 }
 
 // acc[c][m][r]: column col0 + c, weight m, row row0 + r.

@@ -6,6 +6,9 @@
 // Float types have QUANT_K 1: a "block" is one value and rows may have any length; A_TYPE is a
 // 4-vector of them (weight buffers are padded to 16 bytes).
 
+#if !defined(TYPES_GLSL)
+#define TYPES_GLSL
+
 #if defined(DATA_A_F32)
 #define QUANT_K 1
 #define A_TYPE vec4
@@ -75,4 +78,5 @@ struct block_q6_k { uint16_t ql[64]; uint16_t qh[32]; uint16_t scales[8]; float1
 
 #else
 #error "define one DATA_A_<TYPE>"
+#endif
 #endif

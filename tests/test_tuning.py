@@ -28,12 +28,13 @@ def device(subgroup: int, max_workgroup: int, shared: int) -> DeviceInfo:
 
 
 def test_candidates_follow_the_subgroup_and_the_limits():
-    """1-8 subgroups x 1-8 rows with 4-16 of them per workgroup, and both fixed shapes."""
+    """1-8 subgroups x 1-8 rows with 2-16 of them per workgroup, and both fixed shapes."""
     assert set(candidates(device(32, 1024, 49152))) == {
-        (32, 4), (32, 8), (64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2),
-        (32, 16)}
+        (32, 2), (32, 4), (32, 8), (64, 1), (64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1),
+        (256, 2), (32, 16)}
     # 64 wide, at most 256 invocations, and 16 KB of shared memory: 8 columns x rows x threads floats
-    assert set(candidates(device(64, 256, 16384))) == {(64, 4), (64, 8), (128, 2), (128, 4), (256, 1), (256, 2)}
+    assert set(candidates(device(64, 256, 16384))) == {
+        (64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2)}
 
 
 def test_tuner_measures_once_then_reads_the_cache(vk_ctx, tmp_path):

@@ -18,8 +18,10 @@ from gguf import GGMLQuantizationType
 
 from worker.engine.config import Settings
 from worker.engine.intmath import cdiv
+from worker.engine.kernels.matmul import mat_vec_shape
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_products, replay_for
+from worker.engine.kernels.tuning import MatVecTuner
 from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 from worker.tools.roofline import WARMUP_SECONDS, read_bandwidth
 
@@ -39,16 +41,21 @@ def add_arguments(parser):
     parser.add_argument("--runs", type=int, default=5, help="timed submissions after the warm-up")
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
                         help="also time the mat-mat kernel on N token columns (TFLOP/s)")
+    parser.add_argument("--tuned", action="store_true",
+                        help="time each weight with the workgroup shape the tuner picks for it (as a model "
+                             "runs; measured now or read from the tuning cache), not the fixed default")
 
 
 def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, rotation_bytes: int,
-                runs: int, warmup: float) -> tuple[float, int]:
+                runs: int, warmup: float, shape=None) -> tuple[float, int]:
     """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
-    token columns (1: the mat-vec kernel)."""
+    token columns (1: the mat-vec kernel), with mat-vec workgroup shape `shape` (None: fixed)."""
     nbytes = rows * row_bytes(qtype, cols)
     copies = max(2, cdiv(rotation_bytes, nbytes))
     data = random_weights(qtype, nbytes)
     weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
+    for w in weights:
+        w.mat_vec_shape = shape
     x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
     ctx.upload(x, np.ones(cols * n, np.float32))
     rec = record_products(ctx, weights, x, y, n)
@@ -74,15 +81,18 @@ def run(args):
     try:
         measured = read_bandwidth(ctx, rotation, warmup=warmup)
         print(f"device: {ctx.info.describe()}; plain read of {rotation >> 20} MiB: {measured / 1e9:.1f} GB/s")
-        print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'us':>9} {'GB/s':>8} {'% read':>7}")
+        tuner = MatVecTuner(ctx, ctx.settings.cache_dir) if args.tuned else None
+        print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'shape':>7} {'us':>9} {'GB/s':>8} {'% read':>7}")
         for name in args.types:
             qtype = GGMLQuantizationType[name]
             for rows, cols in shapes:
                 nbytes = rows * row_bytes(qtype, cols)
-                seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup)
+                shape = tuner.shapes([(qtype, rows, cols)])[qtype, rows, cols] if tuner else None
+                seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup, shape)
                 rate = nbytes / seconds
-                line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {seconds * 1e6:9.1f} "
-                        f"{rate / 1e9:8.1f} {100 * rate / measured:6.1f}%")
+                threads, per_group = shape or mat_vec_shape(ctx)
+                line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {f'{threads}x{per_group}':>7} "
+                        f"{seconds * 1e6:9.1f} {rate / 1e9:8.1f} {100 * rate / measured:6.1f}%")
                 if args.prefill:
                     seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs, warmup)
                     line += f"   n={args.prefill}: {seconds * 1e6:9.1f} us {2 * rows * cols * args.prefill / seconds / 1e12:6.2f} TFLOP/s"

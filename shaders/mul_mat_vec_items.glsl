@@ -1,0 +1,442 @@
+// Quantized weights for the mat-vec kernel (mul_mat_vec.comp), one section per DATA_A_* type that
+// takes these loops (mul_mat_vec_base.glsl says which).
+// A row is cut into items: a block, or a part of a block that has its own scales. A thread loads
+// its items with 16-byte loads of a uvec4 view of the weights (blocks that are not 16-byte
+// aligned are fetched as the aligned vectors covering them and shifted into place in registers),
+// loads several items before any math (bytes in flight), and decodes scales once per item.
+// Each item is a few groups of 16 values; a group's values are an affine function of one
+// number f per value, w = a * f + b with f = 1 + q / 2^bits built by placing the quant bits q in
+// the mantissa of 1.0 (a shift and a mask per value, no conversion instruction), so that
+//   sum_i w_i x_i = a * dot(f, x) + b * sum(x)
+// costs one fma per value and weight row, and sum(x) is shared by all rows. Types whose values
+// are centred on an offset (Q4_0's q - 8, Q3_K's q - 4) subtract it from f first, exactly
+// (f and the offset within a factor 2 of each other): a * dot(f, x) - a * offset * sum(x) would
+// cancel most of its bits. MXFP4's table values are not affine: a table lookup times the scale.
+// Per type:
+//   BLOCK_BYTES, ITEM_VALUES (values per item), ITEM_GROUPS (16-value groups per item),
+//   ITEM_ALIGN (the blocks' byte alignment), ITEM_RAW_WORDS (32-bit words an item loads)
+//   item_raw load_item(uint row_byte, uint item)    the loads (load_item_up: binding 1)
+//   item_words align_item(item_raw r, uint item)    the words in place, scales decoded
+//   uint group_x(uint item, uint g)                 index in the row of group g's first value
+//   float group_dot(item_words w, uint item, uint g, mat4 x, float sx)
+//                                                   sum of w_i x_i over the group; sx = sum of x_i
+// Layouts follow ggml's dequantize_row_* (as dequant.glsl, which the other kernels use).
+// A kernel over two weights (GLU) includes this file again with ITEMS_UP defined: the loaders
+// over binding 1, named *_up.
+#if !defined(ITEMS_UP)
+#include "types.glsl"
+
+layout(std430, binding = 0) readonly buffer A4 { uvec4 data_u4[]; };
+
+// f = 1 + q / 2^bits for the field of `bits` bits at bit `pos` of w (pos may be past 31 - bits
+// only when the field is known to be zero there); pos and bits are constants after inlining.
+// The field lands at bits 23-bits .. 22 of 1.0.
+float fbits(uint w, int pos, uint bits) {
+    const int place = 23 - int(bits), s = pos - place;
+    const uint v = s >= 0 ? w >> s : w << -s;
+    return uintBitsToFloat((v & (((1u << bits) - 1u) << place)) | 0x3F800000u);
+}
+
+// The four fields at pos, pos + 8, pos + 16, pos + 24 (one per byte), minus `center`.
+vec4 f4(uint w, int pos, uint bits, float center) {
+    return vec4(fbits(w, pos, bits), fbits(w, pos + 8, bits), fbits(w, pos + 16, bits), fbits(w, pos + 24, bits)) - center;
+}
+
+// 16 values, column c from word c.
+mat4 f16(uvec4 w, int pos, uint bits, float center) {
+    return mat4(f4(w.x, pos, bits, center), f4(w.y, pos, bits, center), f4(w.z, pos, bits, center), f4(w.w, pos, bits, center));
+}
+
+float sum16(mat4 a) {
+    return dot(a[0] + a[1] + a[2] + a[3], vec4(1.0));
+}
+
+// The vectors covering V * 16 bytes from byte `byte` of binding 0, indices clamped to the
+// buffer (bytes past a row's end are loaded from wherever and never used).
+#define LOAD_SPAN(dst, V, byte) \
+    [[unroll]] for (uint i_ = 0; i_ < V; i_++) { \
+        dst[i_] = data_u4[min((byte) / 16 + i_, uint(data_u4.length()) - 1)]; \
+    }
+
+// dst[0 .. W) = the words at byte m (the span's start % 16, a multiple of ITEM_ALIGN) of the
+// vectors src[0 .. V): the vectors' words moved down by m / 4 (two selects per word), then, for
+// blocks aligned to less than 4 bytes, each word funnel-shifted by the rest.
+#define ALIGN_SPAN(dst, W, src, V, m) { \
+    uint r_[4 * V + 2]; \
+    [[unroll]] for (uint i_ = 0; i_ < V; i_++) { \
+        r_[4 * i_] = src[i_].x; r_[4 * i_ + 1] = src[i_].y; r_[4 * i_ + 2] = src[i_].z; r_[4 * i_ + 3] = src[i_].w; \
+    } \
+    r_[4 * V] = 0u; r_[4 * V + 1] = 0u; \
+    if (ITEM_ALIGN < 16) { \
+        const bool by8_ = ((m) & 8u) != 0, by4_ = ((m) & 4u) != 0; \
+        [[unroll]] for (uint j_ = 0; j_ < 4 * V; j_++) { r_[j_] = by8_ ? r_[j_ + 2] : r_[j_]; } \
+        [[unroll]] for (uint j_ = 0; j_ < 4 * V; j_++) { r_[j_] = by4_ ? r_[j_ + 1] : r_[j_]; } \
+    } \
+    [[unroll]] for (uint j_ = 0; j_ < W; j_++) { dst[j_] = funnel(r_[j_], r_[j_ + 1], (m) & 3u, ITEM_ALIGN); } \
+}
+
+// Bytes b .. b + 3 of the pair (lo, hi) as one word, b < 4 (0 when align >= 4).
+uint funnel(uint lo, uint hi, uint b, uint align) {
+    if (align >= 4) {
+        return lo;
+    }
+    if (align == 2) {
+        return b != 0 ? (lo >> 16) | (hi << 16) : lo;
+    }
+    return b != 0 ? (lo >> (8 * b)) | (hi << (32 - 8 * b)) : lo;
+}
+
+// Word i of w, shifted by 16 bits: for fields that sit 2 bytes into an aligned block.
+#define HALF_SHIFTED(w, i) (((w)[i] >> 16) | ((w)[(i) + 1] << 16))
+
+// Literal indices for the per-value code (loops would leave them variables in the SPIR-V): F(c)
+// for the four columns of a group, F(g) for the eight groups of an item.
+#define COLUMNS(F) mat4(F(0), F(1), F(2), F(3))
+#define EACH_GROUP(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
+
+#if defined(DATA_A_Q4_0)
+// 18 bytes: f16 d, 16 bytes of nibbles; value j < 16 the low nibble of byte j, j + 16 its high
+// nibble: d * (q - 8).
+#define BLOCK_BYTES 18
+#define ITEM_VALUES 32
+#define ITEM_GROUPS 2
+#define ITEM_ALIGN 2
+#define ITEM_RAW_WORDS 12
+struct item_raw { uvec4 v[3]; uint m; };
+struct item_words { uvec4 q; float d; };
+
+item_words align_item(item_raw r, uint item) {
+    uint w[5];
+    ALIGN_SPAN(w, 5, r.v, 3, r.m)
+    item_words o;
+    o.q = uvec4(HALF_SHIFTED(w, 0), HALF_SHIFTED(w, 1), HALF_SHIFTED(w, 2), HALF_SHIFTED(w, 3));
+    o.d = unpackHalf2x16(w[0]).x;
+    return o;
+}
+
+uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
+
+float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
+    return 16.0 * w.d * dot16(f16(w.q, int(4 * g), 4, 1.5), x);
+}
+
+#elif defined(DATA_A_Q4_1)
+// 20 bytes: f16 d and m, 16 bytes of nibbles as Q4_0: d * q + m.
+#define BLOCK_BYTES 20
+#define ITEM_VALUES 32
+#define ITEM_GROUPS 2
+#define ITEM_ALIGN 4
+#define ITEM_RAW_WORDS 8
+struct item_raw { uvec4 v[2]; uint m; };
+struct item_words { uvec4 q; vec2 dm; };
+
+item_words align_item(item_raw r, uint item) {
+    uint w[5];
+    ALIGN_SPAN(w, 5, r.v, 2, r.m)
+    item_words o;
+    o.q = uvec4(w[1], w[2], w[3], w[4]);
+    o.dm = unpackHalf2x16(w[0]);
+    return o;
+}
+
+uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
+
+float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
+    return 16.0 * w.dm.x * dot16(f16(w.q, int(4 * g), 4, 0.0), x) + (w.dm.y - 16.0 * w.dm.x) * sx;
+}
+
+#elif defined(DATA_A_Q5_0) || defined(DATA_A_Q5_1)
+// Q5_0, 22 bytes: f16 d, 32 bits qh, 16 bytes of nibbles: d * (q - 16). Q5_1, 24 bytes: f16 d
+// and m, qh, nibbles: d * q + m. Q4_0's nibbles plus bit j of qh as the fifth bit of value j.
+#if defined(DATA_A_Q5_0)
+#define BLOCK_BYTES 22
+#define ITEM_ALIGN 2
+#define SPAN_VECTORS 3
+#else
+#define BLOCK_BYTES 24
+#define ITEM_ALIGN 8
+#define SPAN_VECTORS 2
+#endif
+#define ITEM_VALUES 32
+#define ITEM_GROUPS 2
+#define ITEM_RAW_WORDS (4 * SPAN_VECTORS)
+struct item_raw { uvec4 v[SPAN_VECTORS]; uint m; };
+struct item_words { uvec4 q; uint qh; vec2 dm; };
+
+item_words align_item(item_raw r, uint item) {
+    uint w[6];
+    ALIGN_SPAN(w, 6, r.v, SPAN_VECTORS, r.m)
+    item_words o;
+#if defined(DATA_A_Q5_0)
+    o.q = uvec4(HALF_SHIFTED(w, 1), HALF_SHIFTED(w, 2), HALF_SHIFTED(w, 3), HALF_SHIFTED(w, 4));
+    o.qh = HALF_SHIFTED(w, 0);
+    o.dm = vec2(unpackHalf2x16(w[0]).x, 0.0);
+#else
+    o.q = uvec4(w[2], w[3], w[4], w[5]);
+    o.qh = w[1];
+    o.dm = unpackHalf2x16(w[0]);
+#endif
+    return o;
+}
+
+uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
+
+// f = 1 + q / 32 with the nibble and the qh bit placed separately into the mantissa.
+float q5_f(uint q, uint qh, int pos, int hpos) {
+    const uint lo = (pos >= 18 ? q >> (pos - 18) : q << (18 - pos)) & 0x003C0000u;
+    const uint hi = (hpos >= 22 ? qh >> (hpos - 22) : qh << (22 - hpos)) & 0x00400000u;
+    return uintBitsToFloat(lo | hi | 0x3F800000u);
+}
+
+#define Q5_COLUMN(c) vec4(q5_f(w.q[c], w.qh, int(4 * g), int(16 * g + 4 * c)), \
+                          q5_f(w.q[c], w.qh, int(8 + 4 * g), int(16 * g + 4 * c + 1)), \
+                          q5_f(w.q[c], w.qh, int(16 + 4 * g), int(16 * g + 4 * c + 2)), \
+                          q5_f(w.q[c], w.qh, int(24 + 4 * g), int(16 * g + 4 * c + 3)))
+float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
+    const mat4 f = COLUMNS(Q5_COLUMN);
+#if defined(DATA_A_Q5_0)
+    return 32.0 * w.dm.x * dot16(f - mat4(vec4(1.5), vec4(1.5), vec4(1.5), vec4(1.5)), x);
+#else
+    return 32.0 * w.dm.x * dot16(f, x) + (w.dm.y - 32.0 * w.dm.x) * sx;
+#endif
+}
+
+#elif defined(DATA_A_MXFP4)
+// 17 bytes: e8m0 exponent, 16 bytes of e2m1 nibbles (low: values 0..15, high: 16..31), looked
+// up in a table in shared memory (doubled values; the scale halved to match).
+#define BLOCK_BYTES 17
+#define ITEM_VALUES 32
+#define ITEM_GROUPS 2
+#define ITEM_ALIGN 1
+#define ITEM_RAW_WORDS 12
+#define ITEMS_SHARED_TABLE
+const float kvalues_mxfp4[16] = float[16](0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+shared float kvalues_mxfp4_s[16];
+struct item_raw { uvec4 v[3]; uint m; };
+struct item_words { uvec4 q; float d; };
+
+void items_setup() {
+    for (uint i = gl_LocalInvocationID.x; i < 16; i += gl_WorkGroupSize.x) {
+        kvalues_mxfp4_s[i] = kvalues_mxfp4[i];
+    }
+    barrier();
+}
+
+item_words align_item(item_raw r, uint item) {
+    uint w[5];
+    ALIGN_SPAN(w, 5, r.v, 3, r.m)
+    item_words o;
+    [[unroll]] for (uint c = 0; c < 4; c++) {
+        o.q[c] = (w[c] >> 8) | (w[c + 1] << 24);
+    }
+    o.d = exp2(float(w[0] & 255u) - 128.0);
+    return o;
+}
+
+uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
+
+#define MXFP4_COLUMN(c) vec4(kvalues_mxfp4_s[(w.q[c] >> (4 * g)) & 15u], kvalues_mxfp4_s[(w.q[c] >> (8 + 4 * g)) & 15u], \
+                             kvalues_mxfp4_s[(w.q[c] >> (16 + 4 * g)) & 15u], kvalues_mxfp4_s[(w.q[c] >> (24 + 4 * g)) & 15u])
+float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
+    return w.d * dot16(COLUMNS(MXFP4_COLUMN), x);
+}
+
+#elif defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K)
+// Q4_K, 144 bytes = 9 vectors: f16 d and dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
+// nibbles. Q5_K, 176 bytes = 11 vectors: the same with 32 bytes of fifth bits before the nibbles.
+// An item is one 64-value chunk j (qs vectors 2j and 2j + 1): low nibbles are sub-block 2j, high
+// nibbles sub-block 2j + 1 (Q5_K's fifth bits: bits 2j and 2j + 1 of qh byte l): d * sc * q - dmin * m.
+#if defined(DATA_A_Q4_K)
+#define BLOCK_BYTES 144
+#define QS_VECTOR 1
+#define Q_BITS 4
+#else
+#define BLOCK_BYTES 176
+#define QS_VECTOR 3
+#define Q_BITS 5
+#endif
+#define ITEM_VALUES 64
+#define ITEM_GROUPS 4
+#define ITEM_ALIGN 16
+#if defined(DATA_A_Q4_K)
+#define ITEM_RAW_WORDS 12
+struct item_raw { uvec4 head; uvec4 qs[2]; };
+#else
+#define ITEM_RAW_WORDS 20
+struct item_raw { uvec4 head; uvec4 qs[2]; uvec4 qh[2]; };
+#endif
+// ab: a and b of sub-blocks 2j and 2j + 1.
+struct item_words { item_raw r; vec4 ab; };
+
+// 6-bit scale and min of sub-block j (ggml's get_scale_min_k4) from the three scale words.
+vec2 scale_min_k4(uvec3 s, uint j) {
+    const uint sh = 8 * (j & 3u);
+    const uint b0 = s.x >> sh, b1 = s.y >> sh, b2 = s.z >> sh;
+    return j < 4 ? vec2(b0 & 63u, b1 & 63u)
+                 : vec2((b2 & 15u) | ((b0 >> 2) & 48u), ((b2 >> 4) & 15u) | ((b1 >> 2) & 48u));
+}
+
+item_words align_item(item_raw r, uint item) {
+    const vec2 dm = unpackHalf2x16(r.head.x);
+    const uint j = 2 * (item & 3u);
+    const vec2 sm0 = scale_min_k4(r.head.yzw, j), sm1 = scale_min_k4(r.head.yzw, j + 1);
+    const float a0 = float(1 << Q_BITS) * dm.x * sm0.x, a1 = float(1 << Q_BITS) * dm.x * sm1.x;
+    item_words o;
+    o.r = r;
+    o.ab = vec4(a0, -a0 - dm.y * sm0.y, a1, -a1 - dm.y * sm1.y);
+    return o;
+}
+
+// Group g: vector g % 2 of the chunk, low (g < 2) or high nibbles: values 16 g .. 16 g + 15.
+uint group_x(uint item, uint g) { return 64 * item + 16 * g; }
+
+float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
+    const uint h = g & 1u, hi = g >> 1;
+#if defined(DATA_A_Q4_K)
+    const mat4 f = f16(w.r.qs[h], int(4 * hi), 4, 0.0);
+#else
+    const uint j = 2 * (item & 3u) + hi;
+#define Q5_K_COLUMN(c) f4(((w.r.qs[h][c] >> (4 * hi)) & 0x0F0F0F0Fu) | (((w.r.qh[h][c] >> j) << 4) & 0x10101010u), 0, 5, 0.0)
+    const mat4 f = COLUMNS(Q5_K_COLUMN);
+#endif
+    return hi == 0 ? w.ab.x * dot16(f, x) + w.ab.y * sx : w.ab.z * dot16(f, x) + w.ab.w * sx;
+}
+
+#elif defined(DATA_A_Q2_K)
+// 84 bytes: 16 scale bytes (low nibble scale, high nibble min), qs[64] of 2-bit codes, f16 d and
+// dmin. An item is half n (128 values): value 32 j + l takes bits 2j .. 2j + 1 of qs[32 n + l],
+// scale byte 8 n + 2 j + l / 16: d * sc * q - dmin * m.
+#define BLOCK_BYTES 84
+#define ITEM_VALUES 128
+#define ITEM_GROUPS 8
+#define ITEM_ALIGN 4
+#define ITEM_RAW_WORDS 24
+struct item_raw { uvec4 sc[2]; uvec4 qs[3]; uvec4 dm[1]; uint m; };
+struct item_words { uint qs[8]; vec2 ab[8]; };
+
+item_words align_item(item_raw r, uint item) {
+    item_words o;
+    ALIGN_SPAN(o.qs, 8, r.qs, 3, r.m)
+    uint sc[4], dmw[1];
+    ALIGN_SPAN(sc, 4, r.sc, 2, r.m)
+    ALIGN_SPAN(dmw, 1, r.dm, 1, r.m)
+    const vec2 dm = unpackHalf2x16(dmw[0]);
+    const uint n = item & 1u;
+#define Q2_K_SCALE(g) { \
+        const uint b = ((n == 0 ? sc[g / 4] : sc[2 + g / 4]) >> (8 * (g % 4))) & 255u; \
+        const float a = 4.0 * dm.x * float(b & 15u); \
+        o.ab[g] = vec2(a, -a - dm.y * float(b >> 4)); \
+    }
+    EACH_GROUP(Q2_K_SCALE)
+    return o;
+}
+
+uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
+
+float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
+    const uint j = g >> 1, lh = g & 1u;
+    const mat4 f = f16(uvec4(w.qs[4 * lh], w.qs[4 * lh + 1], w.qs[4 * lh + 2], w.qs[4 * lh + 3]), int(2 * j), 2, 0.0);
+    return w.ab[g].x * dot16(f, x) + w.ab[g].y * sx;
+}
+
+#elif defined(DATA_A_Q3_K)
+// 110 bytes: hmask[32], qs[64] of 2-bit codes, 12 bytes of 6-bit scales, f16 d. An item is half
+// n (128 values): value 32 j + l takes bits 2j .. 2j + 1 of qs[32 n + l] and, as third bit, bit
+// 4n + j of hmask[l]; scale 8 n + 2 j + l / 16 (offset 32): d * sc * (q - 4).
+#define BLOCK_BYTES 110
+#define ITEM_VALUES 128
+#define ITEM_GROUPS 8
+#define ITEM_ALIGN 2
+#define ITEM_RAW_WORDS 32
+struct item_raw { uvec4 hm[3]; uvec4 qs[3]; uvec4 sd[2]; uint m; };
+struct item_words { uint hm[8]; uint qs[8]; float dl[8]; };
+
+item_words align_item(item_raw r, uint item) {
+    item_words o;
+    ALIGN_SPAN(o.hm, 8, r.hm, 3, r.m)
+    ALIGN_SPAN(o.qs, 8, r.qs, 3, r.m)
+    uint sd[4];
+    ALIGN_SPAN(sd, 4, r.sd, 2, r.m)
+    const float d = unpackHalf2x16(sd[3]).x;
+    const uint n = item & 1u;
+    // scale s = 8 n + g: low 4 bits in byte s % 8 (nibble s / 8), high 2 in byte 8 + s % 4
+#define Q3_K_SCALE(g) { \
+        const uint lo = (sd[g / 4] >> (8 * (g % 4) + 4 * n)) & 15u; \
+        const uint hi = (sd[2] >> (8 * (g % 4) + 2 * (2 * n + g / 4))) & 3u; \
+        o.dl[g] = d * float(int(lo | (hi << 4)) - 32); \
+    }
+    EACH_GROUP(Q3_K_SCALE)
+    return o;
+}
+
+uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
+
+float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
+    const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
+#define Q3_K_COLUMN(c) f4(((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u), 0, 3, 1.5)
+    return 8.0 * w.dl[g] * dot16(COLUMNS(Q3_K_COLUMN), x);
+}
+
+#else
+#error "mul_mat_vec_items.glsl: no items for this type"
+#endif
+
+#if !defined(ITEMS_SHARED_TABLE)
+void items_setup() {}
+#endif
+
+#else
+layout(std430, binding = 1) readonly buffer A4_UP { uvec4 data_u4_up[]; };
+#define data_u4 data_u4_up
+#define load_item load_item_up
+#endif
+
+// The loads of item `item` of the row at byte row_byte (binding 0, or 1 as load_item_up).
+#if defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K)
+item_raw load_item(uint row_byte, uint item) {
+    const uint v = row_byte / 16 + (item / 4) * (BLOCK_BYTES / 16), j = item & 3u;
+    item_raw r;
+    r.head = data_u4[v];
+    r.qs[0] = data_u4[v + QS_VECTOR + 2 * j];
+    r.qs[1] = data_u4[v + QS_VECTOR + 2 * j + 1];
+#if defined(DATA_A_Q5_K)
+    r.qh[0] = data_u4[v + 1];
+    r.qh[1] = data_u4[v + 2];
+#endif
+    return r;
+}
+#elif defined(DATA_A_Q2_K)
+item_raw load_item(uint row_byte, uint item) {
+    const uint block = row_byte + (item / 2) * BLOCK_BYTES, n = item & 1u;
+    item_raw r;
+    LOAD_SPAN(r.sc, 2, block)
+    LOAD_SPAN(r.qs, 3, block + 16 + 32 * n)
+    LOAD_SPAN(r.dm, 1, block + 80)
+    r.m = block % 16;
+    return r;
+}
+#elif defined(DATA_A_Q3_K)
+item_raw load_item(uint row_byte, uint item) {
+    const uint block = row_byte + (item / 2) * BLOCK_BYTES, n = item & 1u;
+    item_raw r;
+    LOAD_SPAN(r.hm, 3, block)
+    LOAD_SPAN(r.qs, 3, block + 32 + 32 * n)
+    LOAD_SPAN(r.sd, 2, block + 96)
+    r.m = block % 16;
+    return r;
+}
+#else
+// One block per item, fetched as one span.
+item_raw load_item(uint row_byte, uint item) {
+    const uint block = row_byte + item * BLOCK_BYTES;
+    item_raw r;
+    LOAD_SPAN(r.v, r.v.length(), block)
+    r.m = block % 16;
+    return r;
+}
+#endif
+
+#if defined(ITEMS_UP)
+#undef data_u4
+#undef load_item
+#endif
