@@ -65,7 +65,7 @@ class Weights:
 
     def upload(self, qtype, raw, cols, shape=None) -> DeviceTensor:
         tensor = upload_tensor(self.ctx, "w", qtype, (cols, raw.shape[0]), raw)
-        tensor.mat_vec_shape = shape
+        tensor.mat_vec_shape = tensor.glu_shape = shape
         self.tensors.append(tensor)
         return tensor
 

@@ -18,7 +18,7 @@ from worker.engine.kernels.shapes import MAX_K, AttentionShape
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.memplan import plan_context
 from worker.engine.modelfile import ModelFile
-from worker.engine.models.model import Model, mat_vec_keys
+from worker.engine.models.model import Model, glu_keys, mat_vec_keys
 from worker.engine.runner import Runner
 from worker.engine.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
 from worker.engine.tokenizer import StreamDecoder, Tokenizer
@@ -30,7 +30,7 @@ PREFILL_CHUNK = 512
 
 class Engine:
     def __init__(self, ctx, model_file, config, tokenizer, n_ctx: int, max_batch: int, owns_ctx: bool,
-                 progress: bool = False, mat_vec_shapes: dict | None = None):
+                 progress: bool = False, mat_vec_shapes=({}, {})):
         self.ctx, self.config, self.tokenizer, self.n_ctx = ctx, config, tokenizer, n_ctx
         self.name = Path(model_file.path).stem
         self.chat_template = model_file.metadata.get("tokenizer.chat_template")
@@ -69,7 +69,7 @@ class Engine:
             plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used,
                                 lambda n: sum(Workspace.kernel_sizes(ctx, config, max_batch,
                                                                      AttentionShape.from_config(config, n)).values()))
-            shapes = model_shapes(ctx, settings or ctx.settings, mat_vec_keys(model_file))
+            shapes = model_shapes(ctx, settings or ctx.settings, mat_vec_keys(model_file), glu_keys(model_file))
             return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress, shapes)
         except BaseException:
             if owns_ctx:

@@ -1,5 +1,6 @@
 """`vkllm tune -m FILE`: times every candidate mat-vec shape for each distinct weight of a model
-on this device, caches the fastest (as loading the model would, see worker/engine/kernels/tuning.py)
+(and each feed-forward gate through the fused gate+up kernel) on this device, caches the fastest
+(as loading the model would, see worker/engine/kernels/tuning.py)
 and prints the tables, so a GPU run shows what was chosen and what it gains over the fixed
 shape. It always measures, replacing what the cache held for those weights."""
 from worker.engine.config import Settings
@@ -15,23 +16,25 @@ def run(args):
     from worker.engine.kernels.matmul import mat_vec_shape
     from worker.engine.kernels.tuning import MatVecTuner
     from worker.engine.modelfile import ModelFile
-    from worker.engine.models.model import mat_vec_keys
+    from worker.engine.models.model import glu_keys, mat_vec_keys
     from worker.engine.vk.context import Context
     from worker.engine.weight_types import row_bytes
     settings = Settings.from_env()
     model_file = ModelFile.open(args.model)
-    keys = sorted(mat_vec_keys(model_file))
+    keys = [(key, False) for key in sorted(mat_vec_keys(model_file))] + \
+           [(key, True) for key in sorted(glu_keys(model_file))]
     ctx = Context(settings)
     try:
         tuner, fixed = MatVecTuner(ctx, settings.cache_dir), mat_vec_shape(ctx)
         print(f"device: {ctx.info.describe()}; fixed shape {fixed[0]} threads x {fixed[1]} rows; "
               f"{len(keys)} distinct weights")
-        for qtype, rows, cols in keys:
-            table = tuner.measure((qtype, rows, cols))
-            tuner.store({(qtype, rows, cols): table})
-            nbytes, best = rows * row_bytes(qtype, cols), min(table, key=table.get)
+        for (qtype, rows, cols), glu in keys:
+            table = tuner.measure((qtype, rows, cols), glu)
+            tuner.store({(qtype, rows, cols): table}, glu)
+            nbytes, best = rows * row_bytes(qtype, cols) * (2 if glu else 1), min(table, key=table.get)
             gain = f", {table[fixed] / table[best]:.2f}x the fixed shape" if fixed in table else ""
-            print(f"{qtype.name} {rows} x {cols} ({nbytes / 1e6:.1f} MB): {best[0]} x {best[1]}{gain}")
+            kernel = "gate+up " if glu else ""
+            print(f"{kernel}{qtype.name} {rows} x {cols} ({nbytes / 1e6:.1f} MB): {best[0]} x {best[1]}{gain}")
             for shape, seconds in sorted(table.items(), key=lambda item: item[1]):
                 marks = [label for label, s in (("chosen", best), ("fixed", fixed)) if s == shape]
                 print(f"  {shape[0]:5d} x {shape[1]:2d} {seconds * 1e6:10.1f} us {nbytes / seconds / 1e9:9.1f} GB/s "

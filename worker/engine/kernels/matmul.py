@@ -83,7 +83,7 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
-    threads, rows_per_group = w_gate.mat_vec_shape or mat_vec_shape(ctx)
+    threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * 2 * rows_per_group * threads))
     same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
     if _tiled(ctx, n) or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:

@@ -24,6 +24,7 @@ class DeviceTensor:
     cols: int
     parts: list[tuple[Buffer, int, int]] = field(default_factory=list)
     mat_vec_shape: tuple[int, int] | None = None
+    glu_shape: tuple[int, int] | None = None    # through the fused gate+up kernel, as the gate
 
     @property
     def row_bytes(self) -> int:

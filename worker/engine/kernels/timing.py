@@ -5,7 +5,7 @@ import time
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from worker.engine.kernels.matmul import matmul
+from worker.engine.kernels.matmul import matmul, matmul_swiglu
 
 PATTERN_BYTES = 64 << 20     # random bytes repeated to fill the weights: content is irrelevant
 
@@ -28,6 +28,19 @@ def record_products(ctx, weights, x, y, n: int = 1):
     rec.timestamp("start")
     for i, w in enumerate(weights):
         matmul(rec, w, x, y, n)
+        rec.barrier()
+        rec.timestamp(f"copy{i}")
+    return rec.finish()
+
+
+def record_glu_products(ctx, weights, x, y, n: int = 1):
+    """As record_products, through the fused gate+up kernel: copy i is the gate and copy i + 1
+    the up weight of product i (y holds the SwiGLU output; the unfused path's `up` is x-sized
+    scratch it never takes here, since both weights share one type and shape)."""
+    rec = ctx.recording(max_sets=2 * len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
+    rec.timestamp("start")
+    for i, gate in enumerate(weights):
+        matmul_swiglu(rec, gate, weights[(i + 1) % len(weights)], x, y, n, up=y)
         rec.barrier()
         rec.timestamp(f"copy{i}")
     return rec.finish()

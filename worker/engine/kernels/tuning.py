@@ -9,7 +9,11 @@ API version and a hash of the compiled kernel: a driver update or a kernel chang
 Timing follows `vkllm bench kernels`: GPU timestamps around each product, distinct copies of
 the weight cycled through so that a product never finds its weight in the cache, the GPU kept
 busy before timing so its clock is up, medians. Candidates are interleaved run by run, so a
-clock that drifts affects all of them alike."""
+clock that drifts affects all of them alike.
+
+The fused gate+up kernel (mul_mat_vec_glu, matmul_swiglu) has inner loops and register needs of
+its own, and its best shape is not the plain kernel's: a feed-forward gate weight is also timed
+through it (`glu=True`), as a separate entry."""
 import hashlib
 import json
 import logging
@@ -28,7 +32,7 @@ from worker.engine.kernels.matmul import (
     MAT_VEC_MAX_COLS,
 )
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
-from worker.engine.kernels.timing import random_weights, record_products, replay_for
+from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
 from worker.engine.shaderbuild import load_spirv
 from worker.engine.weight_types import row_bytes
 
@@ -77,13 +81,14 @@ def candidates(info) -> list[Shape]:
             if t <= info.max_workgroup_size and 4 * MAT_VEC_MAX_COLS * r * t <= info.max_shared_memory]
 
 
-def model_shapes(ctx, settings, keys) -> dict[Key, Shape]:
-    """The shapes a model's weights run with: measured (or cached) when settings.tune asks for
-    it; empty otherwise, which leaves every weight on its fixed shape."""
+def model_shapes(ctx, settings, keys, glu_keys=()) -> tuple[dict[Key, Shape], dict[Key, Shape]]:
+    """The shapes a model's weights run with, through the plain kernel (`keys`) and through the
+    fused gate+up kernel (`glu_keys`, the gate weights): measured (or cached) when settings.tune
+    asks for it; empty otherwise, which leaves every weight on its fixed shape."""
     if not wanted(settings.tune, ctx):
-        return {}
+        return {}, {}
     tuner = MatVecTuner(ctx, settings.cache_dir)
-    shapes = tuner.shapes(keys)
+    shapes = tuner.shapes(keys), tuner.shapes(glu_keys, glu=True)
     if tuner.measured:
         log.info("mat-vec shapes: timed %d weights on %s (cached in %s)", tuner.measured, ctx.info.name, tuner.path)
     return shapes
@@ -98,22 +103,23 @@ class MatVecTuner:
         info = ctx.info
         self.device = f"{info.name} | driver {info.driver_version:#x} | api {info.api_version:#x}"
         self._entries = _read(self.path).get(self.device, {})
-        self._kernel_hashes: dict[GGMLQuantizationType, str] = {}
+        self._kernel_hashes: dict[str, str] = {}
         self.measured = 0   # weights timed by this tuner (the others came from the cache)
 
-    def shapes(self, keys) -> dict[Key, Shape]:
+    def shapes(self, keys, glu: bool = False) -> dict[Key, Shape]:
+        """`glu`: through the fused gate+up kernel, the key being the gate weight's."""
         keys = sorted(set(keys))
-        missing = [key for key in keys if self._name(key) not in self._entries]
+        missing = [key for key in keys if self._name(key, glu) not in self._entries]
         if missing:
-            self.store({key: self.measure(key) for key in missing})
-        return {key: tuple(self._entries[self._name(key)]["shape"]) for key in keys}
+            self.store({key: self.measure(key, glu) for key in missing}, glu)
+        return {key: tuple(self._entries[self._name(key, glu)]["shape"]) for key in keys}
 
-    def store(self, tables: dict[Key, dict[Shape, float]]):
+    def store(self, tables: dict[Key, dict[Shape, float]], glu: bool = False):
         """Keeps the fastest shape of each table (with the table, for reading) and writes the
         file, merged with what other processes wrote since it was read."""
         for key, table in tables.items():
             best = min(table, key=table.get)
-            self._entries[self._name(key)] = {"shape": list(best),
+            self._entries[self._name(key, glu)] = {"shape": list(best),
                                               "us": {f"{t}x{r}": round(s * 1e6, 2) for (t, r), s in table.items()}}
         on_disk = _read(self.path)
         on_disk[self.device] = on_disk.get(self.device, {}) | self._entries
@@ -122,8 +128,9 @@ class MatVecTuner:
         tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
         tmp.replace(self.path)
 
-    def measure(self, key: Key) -> dict[Shape, float]:
-        """Median seconds of one product with each candidate shape."""
+    def measure(self, key: Key, glu: bool = False) -> dict[Shape, float]:
+        """Median seconds of one product (glu: a gate and up pair, with SwiGLU) with each
+        candidate shape."""
         ctx, budget = self.ctx, self.budget
         qtype, rows, cols = key
         nbytes = rows * row_bytes(qtype, cols)
@@ -137,8 +144,10 @@ class MatVecTuner:
         try:
             for i in range(copies):
                 weights.append(upload_tensor(ctx, f"tune{i}", qtype, (cols, rows), data))
+            record = record_glu_products if glu else record_products
             for shape in candidates(ctx.info):
-                recordings[shape] = record_products(ctx, [replace(w, mat_vec_shape=shape) for w in weights], x, y)
+                recordings[shape] = record(ctx, [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights],
+                                           x, y)
             for rec in recordings.values():   # slow first submissions; the clock brought up
                 replay_for(ctx, rec, budget.warmup_seconds / len(recordings))
             times = {shape: [] for shape in recordings}
@@ -156,12 +165,13 @@ class MatVecTuner:
         self.measured += 1
         return {shape: statistics.median(t) for shape, t in times.items()}
 
-    def _name(self, key: Key) -> str:
+    def _name(self, key: Key, glu: bool = False) -> str:
         qtype, rows, cols = key
-        if qtype not in self._kernel_hashes:
-            shader = load_spirv(f"mul_mat_vec_{qtype.name.lower()}", Path(self.ctx.settings.cache_dir))
-            self._kernel_hashes[qtype] = hashlib.sha256(shader.spirv).hexdigest()[:16]
-        return f"{qtype.name} {rows}x{cols} {self._kernel_hashes[qtype]}"
+        kernel = f"mul_mat_vec{'_glu' if glu else ''}_{qtype.name.lower()}"
+        if kernel not in self._kernel_hashes:
+            shader = load_spirv(kernel, Path(self.ctx.settings.cache_dir))
+            self._kernel_hashes[kernel] = hashlib.sha256(shader.spirv).hexdigest()[:16]
+        return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self._kernel_hashes[kernel]}"
 
 
 def _read(path: Path) -> dict:

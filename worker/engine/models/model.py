@@ -27,6 +27,16 @@ def _is_matrix(info) -> bool:
     return len(info.shape) > 1 and not (info.ggml_type == T.F32 and info.shape[1] == 1)
 
 
+def glu_keys(model_file) -> set:
+    """(type, rows, K) of the feed-forward gate weights that the fused gate+up kernel takes with
+    their up weight (same type and shape)."""
+    tensors = model_file.tensors
+    return {(info.ggml_type, int(info.shape[1]), int(info.shape[0]))
+            for name, info in tensors.items() if name.endswith(".ffn_gate.weight")
+            and (up := tensors.get(name.replace("ffn_gate", "ffn_up"))) is not None
+            and (up.ggml_type, up.shape) == (info.ggml_type, info.shape)}
+
+
 def mat_vec_keys(model_file) -> set:
     """(type, rows, K) of every weight the forward pass multiplies: all matrices except the
     embedding table, which is looked up by row unless it is also the output head."""
@@ -37,11 +47,12 @@ def mat_vec_keys(model_file) -> set:
 
 
 class Model:
-    def __init__(self, ctx, model_file, config, n_ctx: int, progress=None, mat_vec_shapes: dict | None = None):
+    def __init__(self, ctx, model_file, config, n_ctx: int, progress=None, mat_vec_shapes=({}, {})):
         """`mat_vec_shapes`: (type, rows, K) -> tuned mat-vec shape (worker/engine/kernels/tuning.py)
-        of the weights in `mat_vec_keys`; the others keep the fixed shape."""
+        of the weights in `mat_vec_keys`, and of the gates in `glu_keys` through the fused gate+up
+        kernel; the others keep the fixed shape."""
         self.ctx, self.config, self.n_ctx = ctx, config, n_ctx
-        self.mat_vec_shapes = mat_vec_shapes or {}
+        self.mat_vec_shapes, self.glu_shapes = mat_vec_shapes
         self.layers = [dict() for _ in range(config.n_layer)]
         self.globals = {}
         for name, info in model_file.tensors.items():
@@ -69,7 +80,8 @@ class Model:
         if not _is_matrix(info):
             return self._upload_f32(info.data.view(np.float32))
         tensor = upload_tensor(self.ctx, info.name, info.ggml_type, info.shape, info.data)
-        tensor.mat_vec_shape = self.mat_vec_shapes.get((tensor.ggml_type, tensor.rows, tensor.cols))
+        key = (tensor.ggml_type, tensor.rows, tensor.cols)
+        tensor.mat_vec_shape, tensor.glu_shape = self.mat_vec_shapes.get(key), self.glu_shapes.get(key)
         return tensor
 
     def _upload_f32(self, array):
