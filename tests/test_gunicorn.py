@@ -20,9 +20,10 @@ KEY = "gunicorn-slow-clients-key"
 def gunicorn_port(redis_url, tmp_path_factory):
     port = _free_port()
     env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path_factory.mktemp("prom")), "VKLLM_REDIS_URL": redis_url,
-                        "VKLLM_API_KEY": KEY, "VKLLM_PORT": str(port)}
+                        "VKLLM_API_KEY": KEY}
     proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--config", "python:appliance.gunicorn_conf",
-                             "appliance.app:create_app()"], env=env, stdout=subprocess.DEVNULL,
+                             "--bind", f"127.0.0.1:{port}", "appliance.app:create_app()"], env=env,
+                            stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     for _ in range(200):
         try:
