@@ -9,11 +9,13 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
 from vkllm.errors import VkllmError
 from worker.engine.chat import chat_prompt
 from worker.engine.config import Settings
 from worker.engine.errors import PromptTooLong
-from worker.engine.generation import Event, Timings
+from worker.engine.generation import Event, Timings, TokenLogprobs
 from worker.engine.kernels.shapes import MAX_K, AttentionShape
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.memplan import plan_context
@@ -77,23 +79,26 @@ class Engine:
             raise
 
     # -- text in, events out ---------------------------------------------------------------------
-    def render_chat(self, messages: list[dict]) -> str:
-        """The chat as prompt text for `generate` (template applied, generation prompt added)."""
-        return chat_prompt(self.tokenizer, self.chat_template, messages)
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat as prompt text for `generate` (template applied, generation prompt added);
+        `tools` (OpenAI's function definitions) go to templates that describe them."""
+        return chat_prompt(self.tokenizer, self.chat_template, messages, **({"tools": tools} if tools else {}))
 
     def generate(self, prompt: str, params: SamplingParams,
-                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+                 cancelled: Callable[[], bool] = lambda: False, logprobs: int | None = None) -> Iterator[Event]:
         ids = self.tokenizer.encode(prompt)
-        yield from self.generate_ids(ids, params, cancelled)
+        yield from self.generate_ids(ids, params, cancelled, logprobs)
 
     def generate_ids(self, ids: list[int], params: SamplingParams,
-                     cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+                     cancelled: Callable[[], bool] = lambda: False, logprobs: int | None = None) -> Iterator[Event]:
+        """Events for the tokens generated after `ids`. With `logprobs` set, each token event
+        carries the token's log-probability and the `logprobs` most likely tokens' (0: none)."""
         if not ids:
             raise VkllmError("the prompt is empty")
         if len(ids) >= self.n_ctx:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
         started = time.perf_counter()
-        select = _selection(params)
+        select = _selection(params, logprobs is not None)
         self._prefill(ids, select)
         prompt_seconds = time.perf_counter() - started
         sampler = Sampler(params, self.config.vocab_size)
@@ -102,8 +107,8 @@ class Engine:
         finish, matched_stop = "length", False
         # decode steps needed at most: one after each token but the last, within the context
         steps = max(0, min(params.max_tokens - 1, self.n_ctx - len(ids) - 1))
-        with closing(self._tokens(sampler, select, history, steps)) as tokens:
-            for token in tokens:
+        with closing(self._tokens(sampler, select, history, steps, logprobs)) as tokens:
+            for token, token_logprobs in tokens:
                 generated += 1
                 first_token_at = first_token_at or time.perf_counter()
                 if token in self.tokenizer.eog_ids:
@@ -112,10 +117,10 @@ class Engine:
                 history.append(token)
                 text, matched_stop = stops.push(decoder.push(token))
                 if matched_stop:
-                    yield Event(text, token)
+                    yield Event(text, token, logprobs=token_logprobs)
                     finish = "stop"
                     break
-                yield Event(text, token)
+                yield Event(text, token, logprobs=token_logprobs)
                 if generated >= params.max_tokens or len(history) >= self.n_ctx:
                     break
                 if cancelled():
@@ -140,26 +145,30 @@ class Engine:
         self.runner.prefill(ids[keep:], keep, self.chunk, select)
         self._cached.extend(ids[keep:])
 
-    def _tokens(self, sampler, select: str, history: list[int], steps: int) -> Iterator[int]:
-        """The generated tokens: the prefill's pick, then one per decode step, at most `steps`
-        steps. A step's input token joins the cached prefix once the step has run. The caller
-        appends each token it keeps to `history` before asking for the next."""
+    def _tokens(self, sampler, select: str, history: list[int], steps: int,
+                logprobs: int | None) -> Iterator[tuple[int, TokenLogprobs | None]]:
+        """The generated tokens, each with its logprobs when asked (select is then "logits"):
+        the prefill's pick, then one per decode step, at most `steps` steps. A step's input
+        token joins the cached prefix once the step has run. The caller appends each token it
+        keeps to `history` before asking for the next."""
         start = len(history)        # position of the first generated token
         token = self._next_token(sampler, select, history)
         if select == "argmax":
-            yield token
+            yield token, None
             with closing(self.runner.greedy(start, steps)) as following:
                 for token_after in following:
                     self._cached.append(token)
                     token = token_after
-                    yield token
+                    yield token, None
             return
-        for k in range(steps):
-            yield token
+        for k in range(steps + 1):
+            # the logits row is read before the next step overwrites it
+            yield token, None if logprobs is None else token_logprobs(self.runner.read_logits(), token, logprobs)
+            if k == steps:
+                return
             self.runner.decode(token, start + k, select)
             self._cached.append(token)
             token = self._next_token(sampler, select, history)
-        yield token
 
     def _next_token(self, sampler, select: str, history) -> int:
         if select == "argmax":
@@ -186,10 +195,22 @@ class Engine:
             self.ctx.close()
 
 
-def _selection(params: SamplingParams) -> str:
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
+    """`token`'s log-softmax over the whole vocabulary and the `top` largest, most likely first."""
+    row = logits.astype(np.float64)
+    peak = row.max()
+    normaliser = peak + np.log(np.exp(row - peak).sum())
+    best = np.argpartition(-row, top)[:top] if 0 < top < len(row) else np.arange(len(row) if top else 0)
+    best = best[np.argsort(-row[best], kind="stable")]
+    return TokenLogprobs(float(row[token] - normaliser), tuple((int(i), float(row[i] - normaliser)) for i in best))
+
+
+def _selection(params: SamplingParams, logprobs: bool = False) -> str:
     """What the GPU hands the sampler: the argmax when it alone decides, the top-k candidates
     when every filter works inside them (no penalties, top_k within the kernel's limit), else
-    all logits."""
+    all logits. Logprobs need the whole row: their normaliser sums over the whole vocabulary."""
+    if logprobs:
+        return "logits"
     if not params.needs_full_logits:
         return "argmax"
     if not params.has_penalties and 0 < params.top_k <= MAX_K:
