@@ -106,7 +106,7 @@ def test_unsafe_or_broken_templates_are_rejected(template):
 
 @pytest.mark.parametrize("messages, message", [
     ([], "non-empty list"),
-    ([{"role": "bot", "content": "x"}], r"messages\[0\].role must be one of system, user, assistant, tool"),
+    ([{"role": "bot", "content": "x"}], r"messages\[0\].role must be one of system, developer, user, assistant, tool"),
     ([{"role": "user", "content": "x"}, {"content": "y"}], r"messages\[1\].role"),
     ([{"role": "user", "content": ["parts"]}], r"messages\[0\].content must be a string"),
     (["hello"], r"messages\[0\] must be an object"),

@@ -43,7 +43,7 @@ def rate_key(key_generation: str, minute: int) -> str:
 
 def tokenize_key(model: str) -> str:
     """List of token-count requests for a model, answered by any worker serving it. A request is
-    JSON {"reply": key, "prompt": text} or {"reply": key, "messages": [...]}; the reply, pushed to
+    JSON {"reply": key, "prompt": text} or {"reply": key, "messages": [...], "tools"?: [...]}; the reply, pushed to
     its key, is JSON {"tokens": n} or {"error": message} (a chat its template refuses)."""
     return f"vkllm:tokenize:{model}"
 
