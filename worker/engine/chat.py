@@ -31,7 +31,7 @@ def render_chat(template: str | None, messages: list[dict], add_generation_promp
         return _compile(template or CHATML).render(
             **template_vars, messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=bos_token, eos_token=eos_token)
-    except TemplateError as e:
+    except (TemplateError, TypeError) as e:   # TypeError: the template adds a string to what is not one
         raise VkllmError(f"chat template failed: {e}") from None
 
 
@@ -72,10 +72,13 @@ def _validate(messages: list[dict]) -> None:
 
 def _as_template_expects(template: str, messages: list[dict]) -> list[dict]:
     """OpenAI's messages in the shape chat templates read, as llama.cpp's server passes them: a
-    developer message is a system message where the template knows no developer role, and a
-    tool call's arguments are an object (templates write them with tojson), not a JSON string."""
+    developer message is a system message where the template knows no developer role, a tool
+    call's arguments are an object (templates write them with tojson), not a JSON string, and
+    the null content beside tool calls is "" (templates that know tool calls test it for
+    truth; those that do not concatenate it)."""
     developer = "developer" in template
-    return [m | {"role": "system" if m["role"] == "developer" and not developer else m["role"]}
+    return [m | {"role": "system" if m["role"] == "developer" and not developer else m["role"],
+                 "content": m["content"] or ""}
             | ({"tool_calls": [_call_object(c) for c in m["tool_calls"]]} if m.get("tool_calls") else {})
             for m in messages]
 
