@@ -1,4 +1,8 @@
 """The OpenAI-compatible endpoints, driven by the official `openai` client over real HTTP."""
+import json
+import subprocess
+import sys
+
 import openai
 import pytest
 
@@ -197,3 +201,62 @@ def test_n_choices_are_the_seeded_single_runs(oai):
     assert finishes == {i: c.finish_reason for i, c in enumerate(two.choices)}
     completions = oai.completions.create(model="tiny-llama", prompt="Go", max_tokens=4, temperature=1.0, n=3, seed=4)
     assert [c.index for c in completions.choices] == [0, 1, 2] and completions.usage.completion_tokens > 0
+
+
+# --- tool calls (issue 12 points 1 and 3) ---
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def smollm2_qwen_template(smollm2_path, llama_cpp_models, tmp_path_factory):
+    """SmolLM2 with Qwen2.5's chat template (both ChatML; Qwen's adds the tools section and the
+    Hermes <tool_call> format), written by gguf's own metadata tool."""
+    out = tmp_path_factory.mktemp("tool-model") / "SmolLM2-qwen-template.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--force", "--chat-template-file",
+                    str(llama_cpp_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"), str(smollm2_path),
+                    str(out)], check=True, capture_output=True)
+    return out
+
+
+def test_tool_call_round_trip_with_a_real_model(start_worker, smollm2_qwen_template, live_url):
+    """SmolLM2-135M, shown two calls earlier in the chat (it does not call tools unprompted),
+    calls the tool for a third city; the client sends the call and its result back; the model
+    answers in words. Greedy, so the streamed call is the same call."""
+    start_worker("openai-tools", model=smollm2_qwen_template, n_ctx=1024)
+    client = openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    model = "SmolLM2-qwen-template"
+
+    def earlier(city, n):
+        return [{"role": "user", "content": f"What is the weather in {city}?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps({"city": city})}}]}]
+
+    messages = earlier("Paris", 1) + earlier("Rome", 2) + [{"role": "user", "content": "What is the weather in London?"}]
+    ask = {"model": model, "tools": [WEATHER_TOOL], "max_tokens": 40, "temperature": 0}
+    answer = client.chat.completions.create(messages=messages, **ask)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments) == {"city": "London"}
+    assert answer.usage.completion_tokens > 0
+
+    calls, finish = {}, None
+    for chunk in client.chat.completions.create(messages=messages, stream=True, **ask):
+        delta = chunk.choices[0].delta
+        assert not delta.content
+        for part in delta.tool_calls or []:
+            calls.setdefault(part.index, {"name": "", "arguments": ""})
+            calls[part.index]["name"] += part.function.name or ""
+            calls[part.index]["arguments"] += part.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert calls == {0: {"name": "get_weather", "arguments": call.function.arguments}}
+
+    messages += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 12}'}]
+    final = client.chat.completions.create(messages=messages, **ask)
+    assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
+    assert final.choices[0].message.content
