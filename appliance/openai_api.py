@@ -166,9 +166,9 @@ def _cancel(job_ids: list[str]) -> None:
 def _respond(chat: bool):
     body, gen, n = _request(chat)
     jobs = []
-    for request in _sequences(gen, n):
+    for sequence in _sequences(gen, n):
         limits.admit(gen["model"])
-        jobs.append(queue.submit(request, priority="normal", metadata={}, kind="chat" if chat else "completion")[0])
+        jobs.append(queue.submit(sequence, priority="normal", metadata={}, kind="chat" if chat else "completion")[0])
     head = {"id": ("chatcmpl-" if chat else "cmpl-") + jobs[0], "created": int(time.time()), "model": gen["model"]}
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -168,7 +168,7 @@ def test_content_parts_and_developer_and_tool_roles(oai, engine):
                     {"role": "assistant", "content": None, "tool_calls": [
                         {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
                     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
-    text, prompt_tokens = ask(conversation)
+    _, prompt_tokens = ask(conversation)
     # ChatML spelled out: the call itself has no place in it, its result is a "tool" turn
     expected = ("<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
                 "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n")
