@@ -165,10 +165,10 @@ def _cancel(job_ids: list[str]) -> None:
 
 def _respond(chat: bool):
     body, gen, n = _request(chat)
-    jobs = []
-    for sequence in _sequences(gen, n):
+    for _ in range(n):   # all admitted before any is queued: a refusal leaves no choice running
         limits.admit(gen["model"])
-        jobs.append(queue.submit(sequence, priority="normal", metadata={}, kind="chat" if chat else "completion")[0])
+    jobs = [queue.submit(sequence, priority="normal", metadata={}, kind="chat" if chat else "completion")[0]
+            for sequence in _sequences(gen, n)]
     head = {"id": ("chatcmpl-" if chat else "cmpl-") + jobs[0], "created": int(time.time()), "model": gen["model"]}
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -65,7 +65,9 @@ def orphan_key(job_id: str) -> str:
     return f"vkllm:orphan:{job_id}"
 
 
-# Stream records: field "type" is one of these, field "data" a JSON object.
+# Stream records: field "type" is one of these, field "data" a JSON object. A token's data is
+# {"text"} with "logprobs" (OpenAI's chat entry) when the job asked for them; the end's is
+# {"finish_reason", "usage", "timings"} with "tool_calls" (OpenAI's shape) when the model made any.
 TOKEN, END, ERROR = "token", "end", "error"
 
 
