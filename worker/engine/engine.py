@@ -98,7 +98,8 @@ class Engine:
         if len(ids) >= self.n_ctx:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
         started = time.perf_counter()
-        select = _selection(params, logprobs is not None)
+        # logprobs take their alternatives from the GPU's top-k (the sampler still gets what it needs)
+        select = "topk" if logprobs is not None else _selection(params)
         self._prefill(ids, select)
         prompt_seconds = time.perf_counter() - started
         sampler = Sampler(params, self.config.vocab_size)
@@ -108,7 +109,7 @@ class Engine:
         # decode steps needed at most: one after each token but the last, within the context
         steps = max(0, min(params.max_tokens - 1, self.n_ctx - len(ids) - 1))
         with closing(self._tokens(sampler, select, history, steps, logprobs)) as tokens:
-            for token, token_logprobs in tokens:
+            for token, logprobs_of_token in tokens:
                 generated += 1
                 first_token_at = first_token_at or time.perf_counter()
                 if token in self.tokenizer.eog_ids:
@@ -117,10 +118,10 @@ class Engine:
                 history.append(token)
                 text, matched_stop = stops.push(decoder.push(token))
                 if matched_stop:
-                    yield Event(text, token, logprobs=token_logprobs)
+                    yield Event(text, token, logprobs=logprobs_of_token)
                     finish = "stop"
                     break
-                yield Event(text, token, logprobs=token_logprobs)
+                yield Event(text, token, logprobs=logprobs_of_token)
                 if generated >= params.max_tokens or len(history) >= self.n_ctx:
                     break
                 if cancelled():
@@ -147,7 +148,7 @@ class Engine:
 
     def _tokens(self, sampler, select: str, history: list[int], steps: int,
                 logprobs: int | None) -> Iterator[tuple[int, TokenLogprobs | None]]:
-        """The generated tokens, each with its logprobs when asked (select is then "logits"):
+        """The generated tokens, each with its logprobs when asked (select is then "topk"):
         the prefill's pick, then one per decode step, at most `steps` steps. A step's input
         token joins the cached prefix once the step has run. The caller appends each token it
         keeps to `history` before asking for the next."""
@@ -162,8 +163,9 @@ class Engine:
                     yield token, None
             return
         for k in range(steps + 1):
-            # the logits row is read before the next step overwrites it
-            yield token, None if logprobs is None else token_logprobs(self.runner.read_logits(), token, logprobs)
+            # read before the next step overwrites them
+            yield token, None if logprobs is None else token_logprobs(
+                self.runner.read_logits(), token, *self.runner.read_topk(), logprobs)
             if k == steps:
                 return
             self.runner.decode(token, start + k, select)
@@ -173,8 +175,9 @@ class Engine:
     def _next_token(self, sampler, select: str, history) -> int:
         if select == "argmax":
             return self.runner.read_argmax()
-        if select == "topk":
+        if select == "topk" and _selection(sampler.params) != "logits":
             return sampler.sample_candidates(*self.runner.read_topk(), history)
+        # the logits row is in host memory whatever the selection (see token_logprobs)
         return sampler.sample(self.runner.read_logits(), history)
 
     def logits(self, ids: list[int]):
@@ -195,22 +198,25 @@ class Engine:
             self.ctx.close()
 
 
-def token_logprobs(logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
-    """`token`'s log-softmax over the whole vocabulary and the `top` largest, most likely first."""
-    row = logits.astype(np.float64)
-    peak = row.max()
-    normaliser = peak + np.log(np.exp(row - peak).sum())
-    best = np.argpartition(-row, top)[:top] if 0 < top < len(row) else np.arange(len(row) if top else 0)
-    best = best[np.argsort(-row[best], kind="stable")]
-    return TokenLogprobs(float(row[token] - normaliser), tuple((int(i), float(row[i] - normaliser)) for i in best))
+def token_logprobs(logits: np.ndarray, token: int, top_ids: np.ndarray, top_values: np.ndarray,
+                   top: int) -> TokenLogprobs:
+    """`token`'s log-softmax and the `top` (at most MAX_K) most likely tokens' from the GPU's
+    top-k candidates. The normaliser, a log-sum-exp over the whole vocabulary, is summed here
+    from the logits row: the forward pass writes that row to host memory at every step whatever
+    the selection, so reading it costs no transfer, and one pass of exp over it (float32, summed
+    in float64) takes well under a millisecond even for a 150k vocabulary, next to a forward
+    pass of many; a GPU reduction would save that at the price of another kernel and recording."""
+    peak = float(top_values.max())
+    normaliser = peak + float(np.log(np.exp(logits - np.float32(peak)).sum(dtype=np.float64)))
+    order = np.argsort(-top_values, kind="stable")[:top]
+    return TokenLogprobs(float(logits[token]) - normaliser,
+                         tuple((int(top_ids[i]), float(top_values[i]) - normaliser) for i in order))
 
 
-def _selection(params: SamplingParams, logprobs: bool = False) -> str:
+def _selection(params: SamplingParams) -> str:
     """What the GPU hands the sampler: the argmax when it alone decides, the top-k candidates
     when every filter works inside them (no penalties, top_k within the kernel's limit), else
-    all logits. Logprobs need the whole row: their normaliser sums over the whole vocabulary."""
-    if logprobs:
-        return "logits"
+    all logits."""
     if not params.needs_full_logits:
         return "argmax"
     if not params.has_penalties and 0 < params.top_k <= MAX_K:
