@@ -259,4 +259,4 @@ def test_tool_call_round_trip_with_a_real_model(start_worker, smollm2_qwen_templ
     messages += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 12}'}]
     final = client.chat.completions.create(messages=messages, **ask)
     assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
-    assert final.choices[0].message.content
+    assert "12" in final.choices[0].message.content   # the tool's result reached the model
