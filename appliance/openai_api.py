@@ -15,6 +15,8 @@ bp.before_request(auth.require_key)
 
 # OpenAI clients know stop and length only; a cancelled generation stopped.
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+MAX_N = 8                # choices a request may ask for, each a job of its own
+MAX_TOP_LOGPROBS = 20    # OpenAI's limit for chat (5 for completions; vLLM allows 20 on both)
 
 
 @bp.get("/models")
@@ -25,11 +27,12 @@ def models():
                                        for name, m in queue.models().items()]}
 
 
-def _request(chat: bool) -> tuple[dict, dict]:
+def _request(chat: bool) -> tuple[dict, dict, int]:
+    """The body, the job's request (with "logprobs": the alternatives per token, when asked) and n."""
     body = requestbody.read()
     n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise schema.Invalid("only n=1 is supported", "n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N):
+        raise schema.Invalid(f"n must be an integer between 1 and {MAX_N}", "n")
     if not isinstance(body.get("stream", False), bool | None):
         raise schema.Invalid("stream must be true or false", "stream")
     options = body.get("stream_options")
@@ -42,14 +45,60 @@ def _request(chat: bool) -> tuple[dict, dict]:
         body = body | {"prompt": body["prompt"][0]}
     if not chat and body.get("max_tokens") is None:
         body = body | {"max_tokens": 16}   # OpenAI's default for completions
-    return body, schema.generation(body, chat=chat)
+    gen = schema.generation(body, chat=chat)
+    top = _logprobs(body, chat)
+    return body, gen | ({"logprobs": top} if top is not None else {}), n or 1
 
 
-def _usage(end: dict) -> dict | None:
-    usage = end.get("usage")
-    if not usage:
-        return None
-    return usage | {"total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+def _top_count(value, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise schema.Invalid(f"{param} must be an integer between 0 and {MAX_TOP_LOGPROBS}", param)
+    return value
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives each token's logprobs list; None: no logprobs. Chat asks with
+    logprobs: true and top_logprobs: k, completions with logprobs: k."""
+    if not chat:
+        return None if body.get("logprobs") is None else _top_count(body["logprobs"], "logprobs")
+    want, top = body.get("logprobs"), body.get("top_logprobs")
+    if not isinstance(want, bool | None):
+        raise schema.Invalid("logprobs must be true or false", "logprobs")
+    if top is not None and not want:
+        raise schema.Invalid("top_logprobs needs logprobs: true", "top_logprobs")
+    return _top_count(top or 0, "top_logprobs") if want else None
+
+
+def _sequences(gen: dict, n: int) -> list[dict]:
+    """n independent generations of one request. A seeded request stays reproducible and its
+    choices still differ: choice i draws with seed + i."""
+    seed = gen["params"].get("seed")
+    return [gen if i == 0 or seed is None else gen | {"params": gen["params"] | {"seed": (seed + i) % 2**64}}
+            for i in range(n)]
+
+
+def _usage(ends: list[dict]) -> dict:
+    """One prompt, n completions; zeros for a job that ended before it ran (cancelled)."""
+    usages = [end.get("usage") or {"prompt_tokens": 0, "completion_tokens": 0} for end in ends]
+    prompt = max((u["prompt_tokens"] for u in usages), default=0)
+    completion = sum(u["completion_tokens"] for u in usages)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _completion_logprobs(entries: list[dict], offset: int) -> dict:
+    """Chat-style token entries as the completions API's parallel lists; text_offset counts
+    characters of the completion from `offset`."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
+def _finish(end: dict) -> str:
+    return "tool_calls" if end.get("tool_calls") else FINISH[end["finish_reason"]]
 
 
 def _failure(data: dict) -> tuple[dict, int]:
@@ -80,74 +129,117 @@ def _client_gone() -> bool:
 CLIENT_CHECK_INTERVAL = 1.0   # seconds between looks at a waiting client's connection
 
 
-def _respond(chat: bool):
-    body, gen = _request(chat)
-    limits.admit(gen["model"])
-    job_id, _ = queue.submit(gen, priority="normal", metadata={}, kind="chat" if chat else "completion")
-    head = {"id": ("chatcmpl-" if chat else "cmpl-") + job_id, "created": int(time.time()), "model": gen["model"]}
-    if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return _stream(job_id, head, chat, include_usage)
-    text, end, next_check = [], None, time.monotonic() + CLIENT_CHECK_INTERVAL
+class _Abort(Exception):
+    """A job's answer cannot be given: the response to send instead."""
+
+    def __init__(self, response):
+        super().__init__()
+        self.response = response
+
+
+def _collect(job_id: str) -> tuple[list[dict], dict]:
+    """A job's token records and its end record, waiting for them."""
+    tokens, end, next_check = [], None, time.monotonic() + CLIENT_CHECK_INTERVAL
     for record in queue.follow(job_id, block_ms=int(CLIENT_CHECK_INTERVAL * 1000)):
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + CLIENT_CHECK_INTERVAL
             if _client_gone():   # nobody will read the answer: free the GPU
-                job = queue.fetch(job_id)
-                if job is not None:
-                    queue.cancel(job)
-                return "", 499   # nginx's "client closed request", for the access log
+                raise _Abort(("", 499))   # nginx's "client closed request", for the access log
         if record is None:
             continue
         _, kind, data = record
         if kind == protocol.ERROR:
-            return _failure(data)
+            raise _Abort(_failure(data))
         if kind == protocol.TOKEN:
-            text.append(data["text"])
+            tokens.append(data)
         end = data
-    finish = FINISH[end["finish_reason"]]
-    choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}} if chat
-              else {"index": 0, "text": "".join(text)}) | {"logprobs": None, "finish_reason": finish}
-    return head | {"object": "chat.completion" if chat else "text_completion", "choices": [choice],
-                   "usage": _usage(end)}
+    return tokens, end
 
 
-def _stream(job_id: str, head: dict, chat: bool, include_usage: bool) -> Response:
+def _cancel(job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        job = queue.fetch(job_id)
+        if job is not None:
+            queue.cancel(job)
+
+
+def _respond(chat: bool):
+    body, gen, n = _request(chat)
+    for _ in range(n):   # all admitted before any is queued: a refusal leaves no choice running
+        limits.admit(gen["model"])
+    jobs = [queue.submit(sequence, priority="normal", metadata={}, kind="chat" if chat else "completion")[0]
+            for sequence in _sequences(gen, n)]
+    head = {"id": ("chatcmpl-" if chat else "cmpl-") + jobs[0], "created": int(time.time()), "model": gen["model"]}
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return _stream(jobs, head, chat, include_usage, "logprobs" in gen)
+    try:
+        results = [_collect(job_id) for job_id in jobs]
+    except _Abort as abort:
+        _cancel(jobs)
+        return abort.response
+    choices = []
+    for index, (tokens, end) in enumerate(results):
+        text = "".join(t["text"] for t in tokens)
+        entries = [t["logprobs"] for t in tokens if "logprobs" in t]
+        calls = end.get("tool_calls")
+        if chat:
+            logprobs = {"content": entries} if "logprobs" in gen else None
+            choice = {"message": {"role": "assistant", "content": text if text or not calls else None}
+                      | ({"tool_calls": calls} if calls else {})}
+        else:
+            logprobs = _completion_logprobs(entries, 0) if "logprobs" in gen else None
+            choice = {"text": text}
+        choices.append({"index": index} | choice | {"logprobs": logprobs, "finish_reason": _finish(end)})
+    return head | {"object": "chat.completion" if chat else "text_completion", "choices": choices,
+                   "usage": _usage([end for _, end in results])}
+
+
+def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, logprobs: bool) -> Response:
+    """The choices one after the other, each a job's stream as it comes."""
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text: str | None, finish: str | None, first: bool = False) -> str:
+    def chunk(index: int, delta: dict, finish: str | None = None, entries: list | None = None,
+              offset: int = 0) -> str:
         if chat:
-            delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta}
+            choice = {"delta": delta, "logprobs": {"content": entries} if entries else None}
         else:
-            choice = {"index": 0, "text": text or ""}
-        body = head | {"object": obj, "choices": [choice | {"logprobs": None, "finish_reason": finish}]}
+            choice = {"text": delta.get("content") or "",
+                      "logprobs": _completion_logprobs(entries, offset) if entries else None}
+        body = head | {"object": obj, "choices": [{"index": index} | choice | {"finish_reason": finish}]}
         return f"data: {json.dumps(body)}\n\n"
 
     def events():
-        finished = False
+        pending, ends = list(jobs), []
         try:
-            yield chunk("", None, first=True)
-            for record in queue.follow(job_id):
-                if record is None:
-                    yield ": keep-alive\n\n"
-                    continue
-                _, kind, data = record
-                if kind == protocol.TOKEN:
-                    yield chunk(data["text"], None)
-                elif kind == protocol.ERROR:
-                    yield f"data: {json.dumps(_failure(data)[0])}\n\n"
-                else:
-                    yield chunk(None, FINISH[data["finish_reason"]])
-                    if include_usage:
-                        yield f"data: {json.dumps(head | {'object': obj, 'choices': [], 'usage': _usage(data)})}\n\n"
-            finished = True
+            for index, job_id in enumerate(jobs):
+                yield chunk(index, {"role": "assistant", "content": ""})
+                offset = 0
+                for record in queue.follow(job_id):
+                    if record is None:
+                        yield ": keep-alive\n\n"
+                        continue
+                    _, kind, data = record
+                    if kind == protocol.TOKEN:
+                        entries = [data["logprobs"]] if logprobs and "logprobs" in data else None
+                        yield chunk(index, {"content": data["text"]}, entries=entries, offset=offset)
+                        offset += len(data["text"])
+                    elif kind == protocol.ERROR:
+                        yield f"data: {json.dumps(_failure(data)[0])}\n\n"
+                        yield "data: [DONE]\n\n"
+                        return
+                    else:
+                        if chat and data.get("tool_calls"):
+                            yield chunk(index, {"tool_calls": [{"index": k} | call for k, call in
+                                                               enumerate(data["tool_calls"])]})
+                        yield chunk(index, {}, _finish(data))
+                        ends.append(data)
+                pending.remove(job_id)
+            if include_usage:
+                yield f"data: {json.dumps(head | {'object': obj, 'choices': [], 'usage': _usage(ends)})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
-            if not finished:   # the client went away: free the GPU
-                job = queue.fetch(job_id)
-                if job is not None:
-                    queue.cancel(job)
+            _cancel(pending)   # the client went away, or a choice failed: free the GPU
 
     return Response(stream_with_context(events()), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

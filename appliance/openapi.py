@@ -26,8 +26,16 @@ def _prompt_request(props: dict) -> dict:
         "model": {"type": "string", "description": "a name from GET /api/v1/models"},
         "prompt": {"type": "string", "minLength": 1},
         "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role", "content"],
-            "properties": {"role": {"enum": list(schema.ROLES)}, "content": {"type": "string"}}}},
+            "type": "object", "required": ["role"],
+            "properties": {"role": {"enum": list(schema.ROLES)},
+                           "content": {"oneOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+                               "type": "object", "required": ["type", "text"],
+                               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}],
+                                       "description": "null only beside tool_calls (assistant)"},
+                           "tool_calls": {"type": "array", "items": {"type": "object"}},
+                           "tool_call_id": {"type": "string", "description": "which call a tool message answers"}}}},
+        "tools": {"type": "array", "items": {"type": "object"},
+                  "description": "OpenAI function definitions, given to the model's chat template"},
     } | props, "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
 
 

@@ -26,7 +26,8 @@ SAMPLING = {
 }
 MAX_STOP = 4
 PRIORITIES = ("normal", "high")
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_CHOICES = ("auto", "none")
 
 
 class Invalid(Exception):
@@ -60,13 +61,90 @@ def _stop(value) -> list[str]:
     return stop
 
 
+def _content(value, where: str) -> str:
+    """A message's content: a string, or a list of text parts (joined by newlines, as vLLM does)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"{where}.content must be a string or a non-empty list of text parts", "messages")
+    texts = []
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise Invalid(f"{where}.content[{j}] is a {kind!r} part; only \"text\" parts are supported",
+                          "messages", code="unsupported_content_part")
+        if not isinstance(part.get("text"), str):
+            raise Invalid(f"{where}.content[{j}].text must be a string", "messages")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _tool_calls(value, where: str) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"{where}.tool_calls must be a non-empty list", "messages")
+    calls = []
+    for j, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or not isinstance(function.get("arguments"), str):
+            raise Invalid(f"{where}.tool_calls[{j}] must be {{id, type: \"function\", function: {{name, arguments}}}} "
+                          f"with arguments a JSON string", "messages")
+        try:
+            json.loads(function["arguments"])
+        except ValueError:
+            raise Invalid(f"{where}.tool_calls[{j}].function.arguments is not JSON", "messages") from None
+        calls.append({"id": str(call.get("id", "")), "type": "function",
+                      "function": {"name": function["name"], "arguments": function["arguments"]}})
+    return calls
+
+
 def _messages(value) -> list[dict]:
+    """Messages as OpenAI clients send them, made plain for the worker: content a string (or
+    null beside tool calls), and only the fields chat templates read."""
     if not isinstance(value, list) or not value:
         raise Invalid("messages must be a non-empty list of {role, content} objects", "messages")
+    messages = []
     for i, m in enumerate(value):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise Invalid(f"messages[{i}] must have a role in {list(ROLES)} and a string content", "messages")
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise Invalid(f"{where} must have a role in {list(ROLES)}", "messages")
+        message = {"role": m["role"]}
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            message["tool_calls"] = _tool_calls(m["tool_calls"], where)
+            message["content"] = None if m.get("content") in (None, "", []) else _content(m["content"], where)
+        else:
+            message["content"] = _content(m.get("content"), where)
+        if m["role"] == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise Invalid(f"{where} (a tool result) needs the tool_call_id it answers", "messages")
+            message["tool_call_id"] = m["tool_call_id"]
+        if isinstance(m.get("name"), str):
+            message["name"] = m["name"]
+        messages.append(message)
+    return messages
+
+
+def _tools(body: dict) -> list[dict] | None:
+    """The functions a chat offers the model, as its template describes them; None for none.
+    tool_choice "auto" lets the model choose; "none" offers nothing."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if choice is not None and choice not in TOOL_CHOICES:
+        raise Invalid(f"tool_choice must be one of {list(TOOL_CHOICES)}; forcing a call (\"required\" or a named "
+                      f"function) needs constrained generation, which is not supported", "tool_choice")
+    if tools is None or choice == "none":
+        return None
+    if not isinstance(tools, list):
+        raise Invalid("tools must be a list of {type: \"function\", function: {name, description, parameters}}",
+                      "tools")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str) or not function["name"] \
+                or not isinstance(function.get("parameters", {}), dict) \
+                or not isinstance(function.get("description", ""), str):
+            raise Invalid(f"tools[{i}] must be {{type: \"function\", function: {{name, description, parameters}}}} "
+                          f"with parameters a JSON schema object", "tools")
+    return [{"type": "function", "function": t["function"]} for t in tools] or None
 
 
 def _model(body) -> tuple[str, dict]:
@@ -87,7 +165,8 @@ def _model(body) -> tuple[str, dict]:
 def _prompt(body: dict, chat: bool | None) -> dict:
     """{"prompt": text} or {"messages": [...]}; chat=None accepts either, True/False demands one."""
     if chat is not False and "messages" in body:
-        return {"messages": _messages(body["messages"])}
+        tools = _tools(body)
+        return {"messages": _messages(body["messages"])} | ({"tools": tools} if tools else {})
     if chat is not True and isinstance(body.get("prompt"), str) and body["prompt"]:
         return {"prompt": body["prompt"]}
     need = {None: "prompt (a non-empty string) or messages", True: "messages", False: "prompt (a string)"}
@@ -121,8 +200,8 @@ def generation(body, *, chat: bool | None) -> dict:
     # First a bound without tokenizing: no token is longer than the model's longest (its worker
     # says how long), so a prompt of more bytes than n_ctx of those cannot fit.
     param = next(iter(prompt))
-    size = len(prompt["prompt"].encode()) if "prompt" in prompt else sum(
-        len(m["content"].encode()) for m in prompt["messages"])
+    size = len(prompt["prompt"].encode()) if "prompt" in prompt else len(json.dumps(
+        [m.get("content") or "" for m in prompt["messages"]], ensure_ascii=False).encode())
     if size > n_ctx * served["max_token_bytes"]:
         raise Invalid(f"the prompt ({size} bytes) is longer than the context of {model} ({n_ctx} tokens)",
                       param, 400, "context_length_exceeded")

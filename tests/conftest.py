@@ -109,13 +109,13 @@ VKLLM = "import sys; from vkllm.cli import main; sys.exit(main())"   # what the 
 class WorkerProcess:
     """`vkllm worker` as a real subprocess; its metrics port is read from its Redis registration."""
 
-    def __init__(self, redis_url, model, name, cache_dir, log_dir):
+    def __init__(self, redis_url, model, name, cache_dir, log_dir, n_ctx=256):
         self.redis_url, self.name = redis_url, name
         self.log = open(log_dir / f"{name}.log", "w+")
         env = os.environ | {"VKLLM_CACHE_DIR": str(cache_dir)}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", VKLLM, "worker", "-m", str(model), "--redis-url", redis_url,
-             "--name", name, "--metrics-port", "0", "--heartbeat-interval", "1", "-c", "256"],
+             "--name", name, "--metrics-port", "0", "--heartbeat-interval", "1", "-c", str(n_ctx)],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def registration(self, timeout=120) -> dict:
@@ -146,8 +146,8 @@ def start_worker(redis_url, tiny_model, tmp_path_factory):
     started, cache = [], tmp_path_factory.getbasetemp() / "vkcache-workers"
     logs = tmp_path_factory.mktemp("worker-logs")
 
-    def start(name, model=tiny_model):
-        w = WorkerProcess(redis_url, model, name, cache, logs)
+    def start(name, model=tiny_model, n_ctx=256):
+        w = WorkerProcess(redis_url, model, name, cache, logs, n_ctx)
         started.append(w)
         w.registration()
         return w

@@ -106,7 +106,7 @@ def test_unsafe_or_broken_templates_are_rejected(template):
 
 @pytest.mark.parametrize("messages, message", [
     ([], "non-empty list"),
-    ([{"role": "bot", "content": "x"}], r"messages\[0\].role must be one of system, user, assistant, tool"),
+    ([{"role": "bot", "content": "x"}], r"messages\[0\].role must be one of system, developer, user, assistant, tool"),
     ([{"role": "user", "content": "x"}, {"content": "y"}], r"messages\[1\].role"),
     ([{"role": "user", "content": ["parts"]}], r"messages\[0\].content must be a string"),
     (["hello"], r"messages\[0\] must be an object"),
@@ -131,3 +131,48 @@ def test_encode_chat_writes_bos_once_when_the_tokenizer_adds_it():
     ids = encode_chat(tok, template, [{"role": "user", "content": "hello"}])
     eos = tok.eos_id
     assert ids == [tok.bos_id] + tok.encode("[hello]", add_special=False) + [eos]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def test_qwen25_template_gets_tools_calls_and_results(llama_cpp_models):
+    """Qwen2.5's template with OpenAI's shapes: arguments arrive as a JSON string and reach the
+    template as the object it writes with tojson; the expected prompt spelled out from Qwen's
+    documented format (the tools section, <tool_call> and <tool_response> blocks)."""
+    template = (llama_cpp_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    messages = [{"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'}]
+    tools_line = json.dumps(WEATHER, ensure_ascii=False)
+    assert render_chat(template, messages, tools=[WEATHER]) == (
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query."
+        "\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        f"{tools_line}\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+        "<args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        "<|im_end|>\n"
+        '<|im_start|>user\n<tool_response>\n{"temperature": 18}\n</tool_response><|im_end|>\n'
+        "<|im_start|>assistant\n")
+
+
+def test_developer_is_system_where_the_template_has_no_developer_role(smol_template):
+    system = render_chat(smol_template, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert render_chat(smol_template, [{"role": "developer", "content": "Be brief."},
+                                       {"role": "user", "content": "Hi"}]) == system
+    knows_developer = "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}{# developer #}"
+    assert render_chat(knows_developer, [{"role": "developer", "content": "x"}]) == "developer:x;"
+
+
+def test_assistant_content_may_be_null_only_beside_tool_calls():
+    with pytest.raises(VkllmError, match=r"messages\[0\].content must be a string"):
+        render_chat(None, [{"role": "assistant", "content": None}])
+    with pytest.raises(VkllmError, match="tool call arguments must be JSON"):
+        render_chat(None, [{"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}])

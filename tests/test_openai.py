@@ -1,4 +1,8 @@
 """The OpenAI-compatible endpoints, driven by the official `openai` client over real HTTP."""
+import json
+import subprocess
+import sys
+
 import openai
 import pytest
 
@@ -74,3 +78,185 @@ def test_real_model_answers_through_the_queue(start_worker, smollm2_path, live_u
     spelled_out = client.chat.completions.create(**ask, temperature=0.8, top_p=0.95,
                                                  extra_body={"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0})
     assert default.choices[0].message.content == spelled_out.choices[0].message.content
+
+
+# --- messages, logprobs, n and seed (issue 12 points 1 and 4) ---
+
+
+@pytest.fixture(scope="module")
+def engine(vk_session, tiny_model):
+    """The tiny model in this process: the reference the worker's answers are checked against."""
+    from worker.engine.engine import Engine
+    e = Engine.load(tiny_model, ctx=vk_session, max_batch=64)
+    yield e
+    e.close()
+
+
+def log_softmax(logits):
+    import numpy as np
+    z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def reference(engine, prompt_text, max_tokens):
+    """Greedy tokens (the GPU argmax path, no logprobs asked) and numpy's log-softmax rows for them."""
+    from worker.engine.sampling import SamplingParams
+    prompt = engine.tokenizer.encode(prompt_text)
+    tokens = [e.token_id for e in engine.generate(prompt_text, SamplingParams(temperature=0, max_tokens=max_tokens))
+              if e.token_id is not None]
+    return tokens, log_softmax(engine.logits(prompt + tokens))[len(prompt) - 1:-1]
+
+
+def assert_top(engine, pairs, row, k, spell=bytes):
+    """pairs (token, logprob) are the k most likely tokens of the row: the k largest values, each
+    that of a token spelled so (near ties may come in either order). spell: token bytes -> token."""
+    import numpy as np
+    assert len(pairs) == k
+    np.testing.assert_allclose([v for _, v in pairs], np.sort(row)[::-1][:k], atol=1e-3)
+    for token, value in pairs:
+        assert token in [spell(engine.tokenizer.token_bytes(int(i)))
+                         for i in np.flatnonzero(np.abs(row - value) < 1e-3)]
+
+
+def assert_entry(engine, entry, token, row, top):
+    assert bytes(entry.bytes) == engine.tokenizer.token_bytes(token)
+    assert entry.logprob == pytest.approx(row[token], abs=1e-3)
+    assert_top(engine, [(bytes(t.bytes), t.logprob) for t in entry.top_logprobs], row, top)
+
+
+def test_chat_logprobs_agree_with_the_engines_log_softmax(oai, engine):
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    tokens, rows = reference(engine, engine.render_chat(messages), 6)
+    answer = oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=6, temperature=0,
+                                         logprobs=True, top_logprobs=3)
+    content = answer.choices[0].logprobs.content
+    assert len(content) == len(tokens) > 0
+    for entry, token, row in zip(content, tokens, rows):
+        assert_entry(engine, entry, token, row, 3)
+    streamed = [e for c in oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=6,
+                                                       temperature=0, logprobs=True, top_logprobs=3, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    plain = oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=6, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == answer.choices[0].message.content
+
+
+def test_completion_logprobs_agree_with_the_engines_log_softmax(oai, engine):
+    import numpy as np
+    tokens, rows = reference(engine, "Once upon", 5)
+    answer = oai.completions.create(model="tiny-llama", prompt="Once upon", max_tokens=5, temperature=0, logprobs=2)
+    lp = answer.choices[0].logprobs
+    assert lp.tokens == [engine.tokenizer.token_bytes(t).decode("utf-8", "replace") for t in tokens]
+    np.testing.assert_allclose(lp.token_logprobs, rows[np.arange(len(tokens)), tokens], atol=1e-3)
+    for top, row in zip(lp.top_logprobs, rows):   # a JSON object, in no order
+        assert_top(engine, sorted(top.items(), key=lambda p: -p[1]), row, 2,
+                   spell=lambda raw: raw.decode("utf-8", "replace"))
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+
+
+def test_content_parts_and_developer_and_tool_roles(oai, engine):
+    def ask(messages):
+        answer = oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=4, temperature=0)
+        return answer.choices[0].message.content, answer.usage.prompt_tokens
+
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]
+    assert ask(parts) == ask([{"role": "user", "content": "Hello\nthere"}])
+    # the tiny model's ChatML has no developer role: a developer message is a system message
+    assert ask([{"role": "developer", "content": "Be kind."}, {"role": "user", "content": "Hi"}]) == \
+        ask([{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}])
+    conversation = [{"role": "user", "content": "Weather?"},
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    _, prompt_tokens = ask(conversation)
+    # ChatML spelled out: the call itself has no place in it, its result is a "tool" turn
+    expected = ("<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+                "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt_tokens == len(engine.tokenizer.encode(expected))
+    with pytest.raises(openai.BadRequestError, match=r"content\[0\] is a 'image_url' part"):
+        oai.chat.completions.create(model="tiny-llama", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}])
+
+
+def test_n_choices_are_the_seeded_single_runs(oai):
+    ask = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 8,
+           "temperature": 1.0}
+    two = oai.chat.completions.create(**ask, n=2, seed=11)
+    assert [c.index for c in two.choices] == [0, 1]
+    texts = [c.message.content for c in two.choices]
+    # choice i is the request with seed 11 + i, so repeating it repeats every choice
+    singles = [oai.chat.completions.create(**ask, seed=seed) for seed in (11, 12)]
+    assert texts == [s.choices[0].message.content for s in singles]
+    assert texts[0] != texts[1]
+    assert two.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert two.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert two.usage.total_tokens == two.usage.prompt_tokens + two.usage.completion_tokens
+    streamed = {0: "", 1: ""}
+    finishes = {}
+    for chunk in oai.chat.completions.create(**ask, n=2, seed=11, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+            finishes[c.index] = c.finish_reason or finishes.get(c.index)
+    assert [streamed[0], streamed[1]] == texts
+    assert finishes == {i: c.finish_reason for i, c in enumerate(two.choices)}
+    completions = oai.completions.create(model="tiny-llama", prompt="Go", max_tokens=4, temperature=1.0, n=3, seed=4)
+    assert [c.index for c in completions.choices] == [0, 1, 2] and completions.usage.completion_tokens > 0
+
+
+# --- tool calls (issue 12 points 1 and 3) ---
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def smollm2_qwen_template(smollm2_path, llama_cpp_models, tmp_path_factory):
+    """SmolLM2 with Qwen2.5's chat template (both ChatML; Qwen's adds the tools section and the
+    Hermes <tool_call> format), written by gguf's own metadata tool."""
+    out = tmp_path_factory.mktemp("tool-model") / "SmolLM2-qwen-template.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--force", "--chat-template-file",
+                    str(llama_cpp_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"), str(smollm2_path),
+                    str(out)], check=True, capture_output=True)
+    return out
+
+
+def test_tool_call_round_trip_with_a_real_model(start_worker, smollm2_qwen_template, live_url):
+    """SmolLM2-135M, shown two calls earlier in the chat (it does not call tools unprompted),
+    calls the tool for a third city; the client sends the call and its result back; the model
+    answers in words. Greedy, so the streamed call is the same call."""
+    start_worker("openai-tools", model=smollm2_qwen_template, n_ctx=1024)
+    client = openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    model = "SmolLM2-qwen-template"
+
+    def earlier(city, n):
+        return [{"role": "user", "content": f"What is the weather in {city}?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps({"city": city})}}]}]
+
+    messages = earlier("Paris", 1) + earlier("Rome", 2) + [{"role": "user", "content": "What is the weather in London?"}]
+    ask = {"model": model, "tools": [WEATHER_TOOL], "max_tokens": 40, "temperature": 0}
+    answer = client.chat.completions.create(messages=messages, **ask)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments) == {"city": "London"}
+    assert answer.usage.completion_tokens > 0
+
+    calls, finish = {}, None
+    for chunk in client.chat.completions.create(messages=messages, stream=True, **ask):
+        delta = chunk.choices[0].delta
+        assert not delta.content
+        for part in delta.tool_calls or []:
+            calls.setdefault(part.index, {"name": "", "arguments": ""})
+            calls[part.index]["name"] += part.function.name or ""
+            calls[part.index]["arguments"] += part.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert calls == {0: {"name": "get_weather", "arguments": call.function.arguments}}
+
+    messages += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 12}'}]
+    final = client.chat.completions.create(messages=messages, **ask)
+    assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
+    assert "12" in final.choices[0].message.content   # the tool's result reached the model

@@ -50,8 +50,28 @@ BAD = [   # (path, raw JSON body, words in the error)
      "stream_options must be"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"stream": true, "stream_options": {"include_usage": "yes"}}', "stream_options must be"),
-    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "n": true}', "only n=1"),
-    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "n": 2}', "only n=1"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "n": true}', "n must be an integer"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "n": 9}', "n must be an integer between 1 and 8"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": [{"type": "image_url", '
+     '"image_url": {"url": "http://x/y.png"}}]}]}', "messages[0].content[0] is a 'image_url' part"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": [{"type": "text", '
+     '"text": "a"}, {"type": "input_audio"}]}]}', "content[1] is a 'input_audio' part"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "tool", "content": "1"}]}',
+     "needs the tool_call_id"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "critic", "content": "1"}]}',
+     "must have a role in"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "assistant", "content": null, '
+     '"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}]}]}',
+     "arguments is not JSON"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}', "tool_choice must be"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"tools": [{"type": "retrieval"}]}', "tools[0] must be"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"top_logprobs": 3}', "top_logprobs needs logprobs: true"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"logprobs": true, "top_logprobs": 21}', "top_logprobs must be an integer between 0 and 20"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "logprobs": true}', "logprobs must be an integer"),
     ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x"', "not valid JSON"),
 ]
 

@@ -43,7 +43,7 @@ def rate_key(key_generation: str, minute: int) -> str:
 
 def tokenize_key(model: str) -> str:
     """List of token-count requests for a model, answered by any worker serving it. A request is
-    JSON {"reply": key, "prompt": text} or {"reply": key, "messages": [...]}; the reply, pushed to
+    JSON {"reply": key, "prompt": text} or {"reply": key, "messages": [...], "tools"?: [...]}; the reply, pushed to
     its key, is JSON {"tokens": n} or {"error": message} (a chat its template refuses)."""
     return f"vkllm:tokenize:{model}"
 
@@ -65,7 +65,9 @@ def orphan_key(job_id: str) -> str:
     return f"vkllm:orphan:{job_id}"
 
 
-# Stream records: field "type" is one of these, field "data" a JSON object.
+# Stream records: field "type" is one of these, field "data" a JSON object. A token's data is
+# {"text"} with "logprobs" (OpenAI's chat entry) when the job asked for them; the end's is
+# {"finish_reason", "usage", "timings"} with "tool_calls" (OpenAI's shape) when the model made any.
 TOKEN, END, ERROR = "token", "end", "error"
 
 

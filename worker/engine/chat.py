@@ -11,7 +11,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from vkllm.errors import VkllmError
 from worker.engine.tokenizer import Tokenizer
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 # transformers' default ChatML, for models that ship no template.
 CHATML = ("{% for message in messages %}"
@@ -26,11 +26,12 @@ def render_chat(template: str | None, messages: list[dict], add_generation_promp
     further variables some templates read, as transformers passes them (enable_thinking for
     Qwen3, date_string for Llama 3.x, tools)."""
     _validate(messages)
+    messages = _as_template_expects(template or CHATML, messages)
     try:
         return _compile(template or CHATML).render(
             **template_vars, messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=bos_token, eos_token=eos_token)
-    except TemplateError as e:
+    except (TemplateError, TypeError) as e:   # TypeError: the template adds a string to what is not one
         raise VkllmError(f"chat template failed: {e}") from None
 
 
@@ -64,8 +65,33 @@ def _validate(messages: list[dict]) -> None:
             raise VkllmError(f"messages[{i}] must be an object with role and content")
         if m.get("role") not in ROLES:
             raise VkllmError(f"messages[{i}].role must be one of {', '.join(ROLES)} (got {m.get('role')!r})")
-        if not isinstance(m.get("content"), str):
+        content = m.get("content")
+        if not (isinstance(content, str) or (content is None and m["role"] == "assistant" and m.get("tool_calls"))):
             raise VkllmError(f"messages[{i}].content must be a string")
+
+
+def _as_template_expects(template: str, messages: list[dict]) -> list[dict]:
+    """OpenAI's messages in the shape chat templates read, as llama.cpp's server passes them: a
+    developer message is a system message where the template knows no developer role, a tool
+    call's arguments are an object (templates write them with tojson), not a JSON string, and
+    the null content beside tool calls is "" (templates that know tool calls test it for
+    truth; those that do not concatenate it)."""
+    developer = "developer" in template
+    return [m | {"role": "system" if m["role"] == "developer" and not developer else m["role"],
+                 "content": m["content"] or ""}
+            | ({"tool_calls": [_call_object(c) for c in m["tool_calls"]]} if m.get("tool_calls") else {})
+            for m in messages]
+
+
+def _call_object(call: dict) -> dict:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            raise VkllmError(f"tool call arguments must be JSON: {arguments!r}") from None
+    return call | {"function": function | {"arguments": arguments}}
 
 
 def _raise_exception(message: str):

@@ -9,11 +9,13 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
 from vkllm.errors import VkllmError
 from worker.engine.chat import chat_prompt
 from worker.engine.config import Settings
 from worker.engine.errors import PromptTooLong
-from worker.engine.generation import Event, Timings
+from worker.engine.generation import Event, Timings, TokenLogprobs
 from worker.engine.kernels.shapes import MAX_K, AttentionShape
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.memplan import plan_context
@@ -77,23 +79,27 @@ class Engine:
             raise
 
     # -- text in, events out ---------------------------------------------------------------------
-    def render_chat(self, messages: list[dict]) -> str:
-        """The chat as prompt text for `generate` (template applied, generation prompt added)."""
-        return chat_prompt(self.tokenizer, self.chat_template, messages)
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat as prompt text for `generate` (template applied, generation prompt added);
+        `tools` (OpenAI's function definitions) go to templates that describe them."""
+        return chat_prompt(self.tokenizer, self.chat_template, messages, **({"tools": tools} if tools else {}))
 
     def generate(self, prompt: str, params: SamplingParams,
-                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+                 cancelled: Callable[[], bool] = lambda: False, logprobs: int | None = None) -> Iterator[Event]:
         ids = self.tokenizer.encode(prompt)
-        yield from self.generate_ids(ids, params, cancelled)
+        yield from self.generate_ids(ids, params, cancelled, logprobs)
 
     def generate_ids(self, ids: list[int], params: SamplingParams,
-                     cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+                     cancelled: Callable[[], bool] = lambda: False, logprobs: int | None = None) -> Iterator[Event]:
+        """Events for the tokens generated after `ids`. With `logprobs` set, each token event
+        carries the token's log-probability and the `logprobs` most likely tokens' (0: none)."""
         if not ids:
             raise VkllmError("the prompt is empty")
         if len(ids) >= self.n_ctx:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
         started = time.perf_counter()
-        select = _selection(params)
+        # logprobs take their alternatives from the GPU's top-k (the sampler still gets what it needs)
+        select = "topk" if logprobs is not None else _selection(params)
         self._prefill(ids, select)
         prompt_seconds = time.perf_counter() - started
         sampler = Sampler(params, self.config.vocab_size)
@@ -102,8 +108,8 @@ class Engine:
         finish, matched_stop = "length", False
         # decode steps needed at most: one after each token but the last, within the context
         steps = max(0, min(params.max_tokens - 1, self.n_ctx - len(ids) - 1))
-        with closing(self._tokens(sampler, select, history, steps)) as tokens:
-            for token in tokens:
+        with closing(self._tokens(sampler, select, history, steps, logprobs)) as tokens:
+            for token, logprobs_of_token in tokens:
                 generated += 1
                 first_token_at = first_token_at or time.perf_counter()
                 if token in self.tokenizer.eog_ids:
@@ -112,10 +118,10 @@ class Engine:
                 history.append(token)
                 text, matched_stop = stops.push(decoder.push(token))
                 if matched_stop:
-                    yield Event(text, token)
+                    yield Event(text, token, logprobs=logprobs_of_token)
                     finish = "stop"
                     break
-                yield Event(text, token)
+                yield Event(text, token, logprobs=logprobs_of_token)
                 if generated >= params.max_tokens or len(history) >= self.n_ctx:
                     break
                 if cancelled():
@@ -140,32 +146,38 @@ class Engine:
         self.runner.prefill(ids[keep:], keep, self.chunk, select)
         self._cached.extend(ids[keep:])
 
-    def _tokens(self, sampler, select: str, history: list[int], steps: int) -> Iterator[int]:
-        """The generated tokens: the prefill's pick, then one per decode step, at most `steps`
-        steps. A step's input token joins the cached prefix once the step has run. The caller
-        appends each token it keeps to `history` before asking for the next."""
+    def _tokens(self, sampler, select: str, history: list[int], steps: int,
+                logprobs: int | None) -> Iterator[tuple[int, TokenLogprobs | None]]:
+        """The generated tokens, each with its logprobs when asked (select is then "topk"):
+        the prefill's pick, then one per decode step, at most `steps` steps. A step's input
+        token joins the cached prefix once the step has run. The caller appends each token it
+        keeps to `history` before asking for the next."""
         start = len(history)        # position of the first generated token
         token = self._next_token(sampler, select, history)
         if select == "argmax":
-            yield token
+            yield token, None
             with closing(self.runner.greedy(start, steps)) as following:
                 for token_after in following:
                     self._cached.append(token)
                     token = token_after
-                    yield token
+                    yield token, None
             return
-        for k in range(steps):
-            yield token
+        for k in range(steps + 1):
+            # read before the next step overwrites them
+            yield token, None if logprobs is None else token_logprobs(
+                self.runner.read_logits(), token, *self.runner.read_topk(), logprobs)
+            if k == steps:
+                return
             self.runner.decode(token, start + k, select)
             self._cached.append(token)
             token = self._next_token(sampler, select, history)
-        yield token
 
     def _next_token(self, sampler, select: str, history) -> int:
         if select == "argmax":
             return self.runner.read_argmax()
-        if select == "topk":
+        if select == "topk" and _selection(sampler.params) != "logits":
             return sampler.sample_candidates(*self.runner.read_topk(), history)
+        # the logits row is in host memory whatever the selection (see token_logprobs)
         return sampler.sample(self.runner.read_logits(), history)
 
     def logits(self, ids: list[int]):
@@ -184,6 +196,21 @@ class Engine:
         self.model.free()
         if self._owns_ctx:
             self.ctx.close()
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_ids: np.ndarray, top_values: np.ndarray,
+                   top: int) -> TokenLogprobs:
+    """`token`'s log-softmax and the `top` (at most MAX_K) most likely tokens' from the GPU's
+    top-k candidates. The normaliser, a log-sum-exp over the whole vocabulary, is summed here
+    from the logits row: the forward pass writes that row to host memory at every step whatever
+    the selection, so reading it costs no transfer, and one pass of exp over it (float32, summed
+    in float64) takes well under a millisecond even for a 150k vocabulary, next to a forward
+    pass of many; a GPU reduction would save that at the price of another kernel and recording."""
+    peak = float(top_values.max())
+    normaliser = peak + float(np.log(np.exp(logits - np.float32(peak)).sum(dtype=np.float64)))
+    order = np.argsort(-top_values, kind="stable")[:top]
+    return TokenLogprobs(float(logits[token]) - normaliser,
+                         tuple((int(top_ids[i]), float(top_values[i]) - normaliser) for i in order))
 
 
 def _selection(params: SamplingParams) -> str:

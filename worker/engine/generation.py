@@ -21,11 +21,21 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """A generated token's log-probability under the model (the log-softmax of its logits, before
+    any sampling filter), and the most likely tokens at that step with theirs, most likely first."""
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Event:
     """One step of a generation. Every event but the last carries new text (possibly empty when
     a token ends inside a UTF-8 sequence or could start a stop string). The last has
-    finish_reason set ("stop", "length" or "cancelled") and the final timings."""
+    finish_reason set ("stop", "length" or "cancelled") and the final timings. logprobs is set
+    on token events when the generation was asked for them."""
     text: str
     token_id: int | None = None
     finish_reason: str | None = None
     timings: Timings = field(default_factory=Timings)
+    logprobs: TokenLogprobs | None = None

@@ -24,7 +24,7 @@ def count(engine, request: dict) -> dict:
     Engine.generate encodes it, or why a chat cannot become a prompt."""
     try:
         messages = request.get("messages")
-        text = engine.render_chat(messages) if messages is not None else request["prompt"]
+        text = engine.render_chat(messages, request.get("tools")) if messages is not None else request["prompt"]
         return {"tokens": len(engine.tokenizer.encode(text))}
     except VkllmError as e:
         return {"error": str(e)}

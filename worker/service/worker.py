@@ -31,6 +31,7 @@ from vkllm import orphans, protocol, sampling_defaults
 from vkllm.errors import VkllmError
 from worker.engine.generation import Timings
 from worker.engine.sampling import SamplingParams
+from worker.engine.toolcalls import ToolCallParser, format_for
 from worker.service.metrics import WorkerMetrics
 from worker.service.outbox import Outbox
 from worker.service.tokenize import TokenCounter
@@ -206,7 +207,7 @@ class GPUWorker(SimpleWorker):
         engine = self.engines[model]
         self._job = job
         started = time.monotonic()
-        timings, finish, count, pieces = Timings(), None, 0, []
+        timings, finish, count, pieces, tool_calls = Timings(), None, 0, [], []
         cancel_key = protocol.cancel_key(job.id)
         outbox = Outbox(self.link, protocol.stream_key(job.id), orphans.stream_lifetime(job, self.stream_ttl))
         # for the watchdog (vkllm.orphans): how long to wait for this worker, and which start
@@ -218,17 +219,26 @@ class GPUWorker(SimpleWorker):
         progress.meta = job.meta
         try:
             params = SamplingParams(**sampling_defaults.fill(request["params"], engine.sampling_defaults))
-            messages = request.get("messages")
-            prompt = engine.render_chat(messages) if messages is not None else request["prompt"]
+            messages, tools = request.get("messages"), request.get("tools")
+            prompt = engine.render_chat(messages, tools) if messages is not None else request["prompt"]
+            # tool calls are parsed where the request offered tools and the template teaches a format
+            fmt = format_for(engine.chat_template) if tools else None
+            calls = ToolCallParser(fmt) if fmt else None
             last_meta = 0.0
 
             def cancelled() -> bool:   # while Redis is away: not cancelled, as far as we know
                 return bool(outbox.call(lambda: self.link.exists(cancel_key), False))
 
-            for event in engine.generate(prompt, params, cancelled):
-                if event.text:
-                    pieces.append(event.text)
-                    outbox.send(protocol.record(protocol.TOKEN, text=event.text))
+            for event in engine.generate(prompt, params, cancelled, request.get("logprobs")):
+                text = calls.push(event.text) if calls else event.text
+                if event.finish_reason is not None and calls:
+                    held, tool_calls = calls.finish()
+                    text += held
+                logprobs = _logprobs(engine.tokenizer, event) if event.logprobs else None
+                if text or logprobs:
+                    pieces.append(text)
+                    outbox.send(protocol.record(protocol.TOKEN, text=text,
+                                                **({"logprobs": logprobs} if logprobs else {})))
                 if event.finish_reason is not None:
                     finish, timings = event.finish_reason, event.timings
                     break
@@ -258,10 +268,21 @@ class GPUWorker(SimpleWorker):
             "timings": {"time_to_first_token": timings.time_to_first_token,
                         "prompt_tokens_per_second": timings.prompt_tokens_per_second,
                         "generation_tokens_per_second": timings.generation_tokens_per_second},
+            **({"tool_calls": tool_calls} if tool_calls else {}),
         }
         outbox.send(protocol.record(protocol.END, **{k: v for k, v in result.items() if k != "text"}))
         outbox.drain()
         return result
+
+
+def _logprobs(tokenizer, event) -> dict:
+    """A token's logprobs as OpenAI's chat API spells them: text, log-probability, UTF-8 bytes."""
+    def entry(token: int, logprob: float) -> dict:
+        raw = tokenizer.token_bytes(token)   # empty for a control token: its text names it
+        return {"token": raw.decode("utf-8", "replace") if raw else tokenizer.token_text(token),
+                "logprob": logprob, "bytes": list(raw)}
+    return entry(event.token_id, event.logprobs.logprob) | {
+        "top_logprobs": [entry(token, logprob) for token, logprob in event.logprobs.top]}
 
 
 def _max_token_bytes(tokenizer) -> int:
