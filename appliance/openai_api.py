@@ -26,7 +26,12 @@ def models():
 
 
 def _request(chat: bool) -> tuple[dict, dict]:
-    body = requestbody.read()
+    return parse(requestbody.read(), chat)
+
+
+def parse(body: dict, chat: bool) -> tuple[dict, dict]:
+    """A request body as the endpoint reads it (also each line of a batch): the body with
+    OpenAI's defaults applied, and the generation it asks for."""
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise schema.Invalid("only n=1 is supported", "n")
