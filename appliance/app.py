@@ -7,7 +7,17 @@ from flask import Flask, current_app, jsonify, redirect, request, url_for
 from redis.exceptions import OutOfMemoryError
 from werkzeug.exceptions import HTTPException
 
-from appliance import admin, api, auth, batches, files, limits, metrics, openai_api, queue
+from appliance import (
+    admin,
+    api,
+    auth,
+    batches,
+    files,
+    limits,
+    metrics,
+    openai_api,
+    queue,
+)
 from appliance.schema import Invalid
 
 # Every page's scripts and styles come from /static: no inline script or handler may run, and no

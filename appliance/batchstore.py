@@ -17,6 +17,7 @@ import uuid
 
 from flask import current_app
 from redis import Redis
+from redis.exceptions import WatchError
 
 from appliance import filestore, openai_api, queue
 from appliance.batchlines import Line, read_lines, result_lines
@@ -78,7 +79,7 @@ def _transition(batch_id: str, sources: tuple[str, ...], status: str, **fields) 
             pipe.zrem(protocol.OPEN_BATCHES, batch_id)
         try:
             pipe.execute()
-        except Exception:   # WatchError: changed meanwhile; the caller reads the batch again
+        except WatchError:   # changed meanwhile; the caller reads the batch again
             return False
     return True
 
@@ -294,3 +295,5 @@ def sweep(app, interval: float) -> None:
                         _advance_locked(app, batch_id, token)
             except queue.UNAVAILABLE:
                 continue   # Redis is away: the next round tries again
+            except Exception:   # the loop must outlive any one failure
+                app.logger.exception("batch sweep failed; trying again in %s s", interval)

@@ -2,6 +2,7 @@
 real redis-server, real `vkllm worker` processes on the tiny synthetic model, killed by pid."""
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -324,3 +325,33 @@ def test_the_sweep_finalizes_a_batch_nobody_reads(redis_url, tiny_model, data_di
         assert r.zscore(protocol.OPEN_BATCHES, batch.id) is None
     finally:
         served.stop()
+
+
+def _csrf(page: str) -> str:
+    return re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+
+
+def test_the_admin_ui_shows_batches_and_cancels_one(oai, app, w1):
+    finished = wait_status(oai, oai.batches.create(input_file_id=upload(oai, [chat_line("u1", "hi")]).id,
+                                                   endpoint=CHAT, completion_window="24h").id)
+    os.kill(w1.proc.pid, signal.SIGSTOP)   # so that the next batch is still running when cancelled
+    try:
+        waiting = oai.batches.create(input_file_id=upload(oai, [chat_line(f"u{i}", "hi") for i in range(2, 5)]).id,
+                                     endpoint=CHAT, completion_window="24h")
+        client = app.test_client()
+        assert client.get("/admin/batches").status_code == 302   # a login first
+        login = client.post("/admin/login", data={"api_key": API_KEY,
+                                                  "csrf": _csrf(client.get("/admin/login").get_data(as_text=True))})
+        assert login.status_code == 302
+        page = client.get("/admin/batches").get_data(as_text=True)
+        assert 'href="/admin/batches"' in page   # in the navigation
+        row = page[page.index(finished.id):].split("</tr>")[0]
+        assert "completed" in row and f"/v1/files/{finished.output_file_id}/content" in row
+        assert client.get(f"/v1/files/{finished.output_file_id}/content").get_data() == \
+            oai.files.content(finished.output_file_id).content   # the session may download
+        assert f"/admin/batches/{waiting.id}/cancel" in page
+        assert client.post(f"/admin/batches/{waiting.id}/cancel", data={"csrf": _csrf(page)}).status_code == 302
+    finally:
+        os.kill(w1.proc.pid, signal.SIGCONT)
+    done = wait_status(oai, waiting.id)
+    assert done.status == "cancelled" and done.request_counts.total == 3
