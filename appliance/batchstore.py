@@ -119,6 +119,7 @@ def current(batch_id: str) -> dict | None:
         return None
     if batch["status"] in TERMINAL:
         return view(batch)
+    queue.reap_batch_queues(_models(batch))   # lines whose worker died end failed, workers or not
     counts, pending = tally(batch)
     if pending == 0 or batch["status"] == "validating" or batch["stop"] or time.time() >= batch["expires_at"]:
         kick(batch_id)

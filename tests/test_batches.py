@@ -186,6 +186,8 @@ def test_requests_and_files_out_of_bounds_get_clear_errors(oai, app):
         assert big.value.status_code == 413
     finally:
         app.config["MAX_BATCH_LINES"], app.config["MAX_FILE_BYTES"] = most_lines, most_bytes
+    big = oai.files.create(file=("long.jsonl", b"x" * (3 << 20)), purpose="batch")   # past the 1 MiB of other bodies
+    assert big.bytes == 3 << 20 and len(oai.files.content(big.id).content) == 3 << 20
     deleted = oai.files.delete(uploaded.id)
     assert deleted.deleted and uploaded.id not in [f.id for f in oai.files.list()]
 
@@ -355,3 +357,21 @@ def test_the_admin_ui_shows_batches_and_cancels_one(oai, app, w1):
         os.kill(w1.proc.pid, signal.SIGCONT)
     done = wait_status(oai, waiting.id)
     assert done.status == "cancelled" and done.request_counts.total == 3
+
+
+def test_a_batch_past_its_window_expires_its_waiting_lines(oai, w1, redis_url):
+    os.kill(w1.proc.pid, signal.SIGSTOP)   # the lines wait
+    try:
+        n = 3
+        batch = oai.batches.create(input_file_id=upload(oai, [chat_line(f"e{i}", "hi") for i in range(n)]).id,
+                                   endpoint=CHAT, completion_window="24h")
+        wait_status(oai, batch.id, ("in_progress",), timeout=60)
+        # a day passes: the window's end is moved to now, as the clock would
+        Redis.from_url(redis_url).hset(protocol.batch_key(batch.id), "expires_at", json.dumps(int(time.time()) - 1))
+        done = wait_status(oai, batch.id)
+    finally:
+        os.kill(w1.proc.pid, signal.SIGCONT)
+    assert done.status == "expired" and done.expired_at and done.output_file_id is None
+    errors = read_file(oai, done.error_file_id)
+    assert [e["custom_id"] for e in errors] == [f"e{i}" for i in range(n)]
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
