@@ -9,7 +9,7 @@ from flask import (
     url_for,
 )
 
-from appliance import auth, batchstore, limits, modelfiles, queue, schema
+from appliance import auth, batchwork, limits, modelfiles, queue, schema
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 
@@ -117,7 +117,7 @@ def models():
 @bp.get("/batches")
 @auth.login_required
 def batches():
-    shown, _ = batchstore.listing(None, 100)
+    shown, _ = batchwork.listing(None, 100)
     waiting = {name: queue.batch_queue_length(name) for name in sorted(queue.models())}
     return render_template("batches.html", batches=shown, waiting=waiting)
 
@@ -125,5 +125,5 @@ def batches():
 @bp.post("/batches/<batch_id>/cancel")
 @auth.login_required
 def cancel_batch(batch_id):
-    batchstore.cancel(batch_id)
+    batchwork.cancel(batch_id)
     return redirect(url_for(".batches"))

@@ -1,10 +1,11 @@
 """OpenAI's Batch API: create a batch from an uploaded JSONL file of requests, read it, list
-batches (cursor pagination: after, limit, has_more), cancel one. The work is in batchstore."""
+batches (cursor pagination: after, limit, has_more), cancel one. Records are in batchstore, the
+work in batchwork."""
 import threading
 
 from flask import Blueprint, request
 
-from appliance import auth, batchstore, filestore, requestbody
+from appliance import auth, batchstore, batchwork, filestore, requestbody
 from appliance.schema import Invalid
 
 bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
@@ -17,7 +18,7 @@ def init_app(app) -> None:
     """Every web process sweeps the open batches, so they move on whichever process is up."""
     interval = app.config["BATCH_SWEEP_INTERVAL"]
     if interval:
-        threading.Thread(target=batchstore.sweep, args=(app, interval), name="vkllm-batch-sweep",
+        threading.Thread(target=batchwork.sweep, args=(app, interval), name="vkllm-batch-sweep",
                          daemon=True).start()
 
 
@@ -49,7 +50,7 @@ def create():
         raise Invalid(f"metadata must be an object of at most {MAX_METADATA_PAIRS} string pairs (keys up to "
                       f"{MAX_KEY} characters, values up to {MAX_VALUE})", "metadata")
     batch = batchstore.create(file_id, endpoint, window, metadata)
-    batchstore.kick(batch["id"])
+    batchwork.kick(batch["id"])
     return batch
 
 
@@ -61,16 +62,16 @@ def listing():
         raise Invalid("limit must be an integer", "limit") from None
     if not 1 <= limit <= 100:
         raise Invalid("limit must be between 1 and 100", "limit")
-    data, more = batchstore.listing(request.args.get("after"), limit)
+    data, more = batchwork.listing(request.args.get("after"), limit)
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": more}
 
 
 @bp.get("/<batch_id>")
 def retrieve(batch_id):
-    return _found(batchstore.current(batch_id), batch_id)
+    return _found(batchwork.current(batch_id), batch_id)
 
 
 @bp.post("/<batch_id>/cancel")
 def cancel(batch_id):
-    return _found(batchstore.cancel(batch_id), batch_id)
+    return _found(batchwork.cancel(batch_id), batch_id)
