@@ -28,7 +28,10 @@ from appliance.batchstore import (
 from appliance.schema import Invalid
 from vkllm import protocol
 
-LOCK_TTL = 60     # seconds a step holds a batch unless it goes on (each chunk renews it)
+# seconds a step holds a batch unless it goes on (each chunk renews it): more than a chunk of
+# validation takes when every line waits out its token count (TOKENIZE_TIMEOUT)
+LOCK_TTL = 300
+VALIDATION_CHUNK = 50
 MAX_ERRORS = 100  # validation errors reported of a file that cannot be run
 UNLOCK = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"""
 
@@ -135,11 +138,11 @@ def _validate(batch: dict) -> None:
     put(r, batch_id, lines=len(lines), models=models, model=models[0] if len(models) == 1 else None,
          request_counts={"total": len(lines), "completed": 0, "failed": 0})
     batch |= {"lines": len(lines), "models": models}
-    for start in range(0, len(lines), CHUNK):
+    for start in range(0, len(lines), VALIDATION_CHUNK):
         _renew(batch_id)
         if json.loads(r.hget(protocol.batch_key(batch_id), "status")) != "validating":
             return   # cancelled meanwhile: the lines not queued yet never will be
-        chunk = lines[start:start + CHUNK]
+        chunk = lines[start:start + VALIDATION_CHUNK]
         ids = [protocol.batch_job_id(batch_id, line.number) for line in chunk]
         done = {int(i) for i in r.hkeys(protocol.batch_rejected_key(batch_id))}
         exists = [s is not None for s in queue.states(ids)]

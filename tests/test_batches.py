@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion
 from redis import Redis
 from rq.job import Job
 
-from tests.conftest import API_KEY
+from tests.conftest import API_KEY, private_redis
 from vkllm import protocol
 
 CHAT = "/v1/chat/completions"
@@ -23,6 +23,14 @@ CHAT = "/v1/chat/completions"
 def _config(redis_url, tiny_model, data_dir, **more) -> dict:
     return {"REDIS_URL": redis_url, "API_KEY": API_KEY, "SECRET_KEY": "test-secret", "TESTING": True,
             "MODELS_DIR": str(tiny_model.parent), "DATA_DIR": str(data_dir)} | more
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A redis-server of this module's own (its workers and apps use it): the batch sweep of
+    another module's app, which keeps its files elsewhere, never sees these batches."""
+    with private_redis(tmp_path_factory.mktemp("batch-redis")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
