@@ -9,7 +9,7 @@ from flask import (
     url_for,
 )
 
-from appliance import auth, limits, modelfiles, queue, schema
+from appliance import auth, batchwork, limits, modelfiles, queue, schema
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 
@@ -112,3 +112,18 @@ def submit():
 def models():
     served = queue.models()
     return render_template("models.html", files=modelfiles.scan(current_app.config["MODELS_DIR"]), served=served)
+
+
+@bp.get("/batches")
+@auth.login_required
+def batches():
+    shown, _ = batchwork.listing(None, 100)
+    waiting = {name: queue.batch_queue_length(name) for name in sorted(queue.models())}
+    return render_template("batches.html", batches=shown, waiting=waiting)
+
+
+@bp.post("/batches/<batch_id>/cancel")
+@auth.login_required
+def cancel_batch(batch_id):
+    batchwork.cancel(batch_id)
+    return redirect(url_for(".batches"))

@@ -7,7 +7,17 @@ from flask import Flask, current_app, jsonify, redirect, request, url_for
 from redis.exceptions import OutOfMemoryError
 from werkzeug.exceptions import HTTPException
 
-from appliance import admin, api, auth, limits, metrics, openai_api, queue
+from appliance import (
+    admin,
+    api,
+    auth,
+    batches,
+    files,
+    limits,
+    metrics,
+    openai_api,
+    queue,
+)
 from appliance.schema import Invalid
 
 # Every page's scripts and styles come from /static: no inline script or handler may run, and no
@@ -28,6 +38,10 @@ def create_app(test_config: dict | None = None) -> Flask:
         API_KEY=None,                      # VKLLM_API_KEY; otherwise a generated key kept hashed in Redis
         SECRET_KEY=None,                   # VKLLM_SECRET_KEY; otherwise shared through Redis
         MODELS_DIR="models",
+        DATA_DIR="data",                   # the Batch API's files go to DATA_DIR/files
+        MAX_FILE_BYTES=100 * 1024 * 1024,  # an uploaded batch input file
+        MAX_BATCH_LINES=50_000,            # requests in one batch (OpenAI's bound)
+        BATCH_SWEEP_INTERVAL=5,            # seconds between a web process's looks at open batches; 0: none
         MAX_CONTENT_LENGTH=1024 * 1024,    # bodies above this get 413
         RESULT_TTL=7 * 86400,              # how long finished jobs and their streams stay readable
         JOB_TIMEOUT=24 * 3600,
@@ -62,8 +76,9 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.session_interface = auth.SessionInterface()
     app.after_request(_security_headers)
     metrics.init_app(app)
-    for module in (api, openai_api, admin, metrics):
+    for module in (api, openai_api, files, batches, admin, metrics):
         app.register_blueprint(module.bp)
+    batches.init_app(app)
     app.add_url_rule("/", "index", lambda: redirect(url_for("admin.dashboard")))
     app.register_error_handler(Invalid, lambda e: (jsonify(e.body()), e.status))
     app.register_error_handler(limits.Limited, lambda e: (jsonify(e.body()), e.status,

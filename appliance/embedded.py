@@ -124,7 +124,8 @@ def run(args, api_key: str | None) -> int:
     worker = server = None
     try:
         generated = auth.ensure_key(Redis.from_url(redis_url), api_key)
-        app = create_app({"REDIS_URL": redis_url, "API_KEY": api_key, "MODELS_DIR": str(models_dir)})
+        app = create_app({"REDIS_URL": redis_url, "API_KEY": api_key, "MODELS_DIR": str(models_dir),
+                          "DATA_DIR": str(data_dir)})
         server = make_server(args.host, args.port, app, threaded=True)
         env = {k: v for k, v in os.environ.items() if k not in _WEB_ONLY} | {"VKLLM_MODELS_DIR": str(models_dir)}
         worker_log = open(data_dir / "worker.log", "ab")

@@ -28,8 +28,13 @@ def models():
 
 
 def _request(chat: bool) -> tuple[dict, dict, int]:
-    """The body, the job's request (with "logprobs": the alternatives per token, when asked) and n."""
-    body = requestbody.read()
+    return parse(requestbody.read(), chat)
+
+
+def parse(body: dict, chat: bool) -> tuple[dict, dict, int]:
+    """A request body as the endpoint reads it (also each line of a batch): the body with
+    OpenAI's defaults applied, the job's request (with "logprobs": the alternatives per token,
+    when asked) and n."""
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N):
         raise schema.Invalid(f"n must be an integer between 1 and {MAX_N}", "n")

@@ -120,6 +120,47 @@ def submit(request: dict, *, priority: str, metadata: dict, kind: str) -> tuple[
     return job.id, queue.get_job_position(job.id) or 0
 
 
+def submit_batch(lines: list[tuple[str, dict, dict]]) -> None:
+    """Enqueue batch lines, (job id, request, metadata) each, at the back of their models' batch
+    queues (protocol.batch_queue_name), which workers take from only when no interactive job waits.
+    Kept out of the job listing: a batch is listed as one."""
+    cfg, r, jobs = current_app.config, get_redis(), {}
+    for job_id, request, metadata in lines:
+        jobs.setdefault(request["model"], []).append(Queue.prepare_data(
+            protocol.JOB_FUNCTION, kwargs={"request": request}, job_id=job_id,
+            description=f"batch line ({request['model']})", timeout=cfg["JOB_TIMEOUT"],
+            result_ttl=cfg["RESULT_TTL"], failure_ttl=cfg["RESULT_TTL"],
+            meta={"model": request["model"], "metadata": metadata, "kind": "batch", "priority": "batch",
+                  "progress": {"tokens": 0, "max_tokens": request["params"]["max_tokens"]}}))
+    with r.pipeline() as pipe:
+        for model, datas in jobs.items():
+            Queue(protocol.batch_queue_name(model), connection=r).enqueue_many(datas, pipeline=pipe)
+        pipe.execute()
+
+
+def states(job_ids: list[str]) -> list[str | None]:
+    """Each job's state as users see it (STATES); None for a job that does not exist (any more)."""
+    with get_redis().pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hget(Job.key_for(job_id), "status")
+        raw = pipe.execute()
+    return [None if s is None else STATES.get(s.decode(), "queued") for s in raw]
+
+
+def fetch_many(job_ids: list[str]) -> list[Job | None]:
+    return Job.fetch_many(job_ids, connection=get_redis())
+
+
+def reap_batch_queues(models: set[str]) -> None:
+    """Fail the batch lines whose worker died (vkllm.orphans), also when no worker of them is left."""
+    r = get_redis()
+    orphans.reap([Queue(protocol.batch_queue_name(m), connection=r) for m in models], current_app.config["RESULT_TTL"])
+
+
+def batch_queue_length(model: str) -> int:
+    return Queue(protocol.batch_queue_name(model), connection=get_redis()).count
+
+
 def queue_length(model: str) -> int:
     return _queue(model).count
 

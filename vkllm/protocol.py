@@ -81,3 +81,41 @@ def parse(fields: dict) -> tuple[str, dict]:
     kind, data = get["type"], get["data"]
     kind = kind.decode() if isinstance(kind, bytes) else kind
     return kind, json.loads(data)
+
+
+def batch_queue_name(model: str) -> str:
+    """The queue of a model's batch lines: workers take from it only when every interactive queue
+    they serve is empty (RQ takes queues in the order given), so interactive requests go first."""
+    return f"vkllm-batch:{model}"
+
+
+# The Batch API (OpenAI's): uploaded and generated files, and batches of queued jobs.
+FILES = "vkllm:files"                     # sorted set: file id -> upload time, for listings
+BATCHES = "vkllm:batches"                 # sorted set: batch id -> creation time, for listings
+OPEN_BATCHES = "vkllm:batches:open"       # sorted set of the batches not yet ended, for the sweep
+
+
+def file_key(file_id: str) -> str:
+    """Hash: a file's record (name, size, purpose, creation time); its bytes are on the data volume."""
+    return f"vkllm:file:{file_id}"
+
+
+def batch_key(batch_id: str) -> str:
+    """Hash: a batch's fields, each JSON (status, timestamps, request counts, file ids, lines)."""
+    return f"vkllm:batch:{batch_id}"
+
+
+def batch_rejected_key(batch_id: str) -> str:
+    """Hash: input line number -> JSON of its error-file line, for lines refused before queueing."""
+    return f"vkllm:batch-rejected:{batch_id}"
+
+
+def batch_lock_key(batch_id: str) -> str:
+    """Held by the one web process that advances the batch (validates, cancels, finalizes)."""
+    return f"vkllm:batch-lock:{batch_id}"
+
+
+def batch_job_id(batch_id: str, line: int) -> str:
+    """The job of an input line (0-based): known without a lookup, so a validation cut short by
+    a restart resumes where it stopped and a finalization reads every line's job by its number."""
+    return f"{batch_id}-{line}"

@@ -3,6 +3,7 @@ defines into a cache keyed by a hash of the sources, the defines and the compile
 optimized (the kernel) and once as is, keeping the debug names that tell the push-constant
 block's member names (worker/engine/vk/spirv.py)."""
 import hashlib
+import os
 import shutil
 import subprocess
 import tomllib
@@ -88,12 +89,14 @@ def named_path(spirv: Path) -> Path:
 
 
 def _compile(glslc: str, variant: Variant, out: Path, options: list[str]):
+    # a temporary name of this process's own: workers sharing the cache may compile the same kernel at once
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     cmd = [glslc, "--target-env=vulkan1.2", "-fshader-stage=compute", *options, "-I", str(SHADER_DIR),
-           *[f"-D{k}={v}" for k, v in variant.defines], str(SHADER_DIR / variant.source), "-o", f"{out}.tmp"]
+           *[f"-D{k}={v}" for k, v in variant.defines], str(SHADER_DIR / variant.source), "-o", str(tmp)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise ShaderBuildError(f"compiling {variant.name} failed:\n{result.stderr.strip()}")
-    Path(f"{out}.tmp").replace(out)
+    tmp.replace(out)
 
 
 def load_spirv(name: str, cache_dir: Path) -> Shader:

@@ -67,7 +67,8 @@ def connect(url: str) -> tuple[Redis, Redis]:
 class GPUWorker(SimpleWorker):
     def __init__(self, engines: dict, connection: Redis, link: Redis, *, metrics: WorkerMetrics,
                  metrics_port: int, heartbeat_interval: float = 5.0, stream_ttl: int = 7 * 86400, **kwargs):
-        queues = [protocol.queue_name(name) for name in engines]
+        # batch lines come last: RQ takes the first non-empty queue in this order
+        queues = [protocol.queue_name(name) for name in engines] + [protocol.batch_queue_name(name) for name in engines]
         # RQ logs a job's description (its arguments: the prompt) unless told not to
         super().__init__(queues, connection=connection, name=metrics.worker, log_job_description=False, **kwargs)
         self.link = link   # connection (see connect) is patient; this one answers at once
