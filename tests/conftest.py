@@ -30,7 +30,9 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def vk_settings(tmp_path_factory):
     validation = os.environ.get("VKLLM_TEST_NO_VALIDATION") != "1"
-    return Settings(validation=validation, cache_dir=tmp_path_factory.getbasetemp() / "vkcache")
+    # Engines keep the fixed mat-vec shapes (on a GPU, auto would time every weight at each new
+    # shape); test_tuning.py turns tuning on where it is the subject.
+    return Settings(validation=validation, cache_dir=tmp_path_factory.getbasetemp() / "vkcache", tune=False)
 
 
 @pytest.fixture(scope="session")

@@ -109,7 +109,8 @@ def test_engine_with_tuning_matches_reference(vk_ctx, tiny_q8, tmp_path):
 
 
 def test_engine_tunes_by_default_on_gpus_only(vk_ctx, tiny_q8, tmp_path):
-    engine = Engine.load(tiny_q8, replace(vk_ctx.settings, cache_dir=tmp_path), n_ctx=32, ctx=vk_ctx, max_batch=1)
+    engine = Engine.load(tiny_q8, replace(vk_ctx.settings, cache_dir=tmp_path, tune=None), n_ctx=32, ctx=vk_ctx,
+                         max_batch=1)
     try:
         tuned = engine.model.layers[0]["attn_q"].mat_vec_shape is not None
     finally:
