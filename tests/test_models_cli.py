@@ -19,7 +19,7 @@ def test_inspect_smollm2(smollm2_path):
     done = vkllm("models", "inspect", str(smollm2_path), "--ctx", "4096")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "architecture    llama (NeoX RoPE: no, q/k/v biases: no, q/k norm: no, tied embeddings: yes)" in out
+    assert "architecture    llama\n" in out and "extras          tied embeddings\n" in out
     assert "parameters      134.5 M" in out
     assert "context length  8192 tokens" in out
     assert "  Q4_1      210 tensors" in out and "  Q8_0        1 tensors" in out

@@ -30,27 +30,26 @@ def register(sub):
     synth.set_defaults(func=_synth)
 
 
-def _device_budget(settings):
-    """(free bytes, device description) or (None, why not)."""
+def _device(settings, config, n_ctx: int):
+    """(free bytes, device description, bytes of the kernels' scratch on it), or (None, why not,
+    0): without a device the plan leaves out the kernels' scratch, which depends on it."""
     try:
+        from worker.engine.kernels.shapes import AttentionShape
+        from worker.engine.memplan import PREFILL_CHUNK
         from worker.engine.vk.context import Context
+        from worker.engine.workspace import Workspace
         ctx = Context(settings)
         try:
             used, total = ctx.memory_budget()
+            shape = AttentionShape.from_config(config, n_ctx)
+            scratch = sum(Workspace.kernel_sizes(ctx, config, PREFILL_CHUNK, shape).values())
         finally:
             ctx.close()
     except ImportError as e:
-        return None, f"unavailable ({e})"
+        return None, f"unavailable ({e})", 0
     except Exception as e:   # no driver, no device: inspect still shows the plan
-        return None, f"unavailable ({type(e).__name__}: {e})"
-    return total - used, f"{_size(total - used)} free of {_size(total)}"
-
-
-def _traits(c) -> str:
-    """The config flags the forward pass branches on."""
-    flags = (("NeoX RoPE", c.rope_neox), ("q/k/v biases", c.has_qkv_bias), ("q/k norm", c.has_qk_norm),
-             ("tied embeddings", c.tied_embeddings))
-    return ", ".join(f"{name}: {'yes' if on else 'no'}" for name, on in flags)
+        return None, f"unavailable ({type(e).__name__}: {e})", 0
+    return total - used, f"{_size(total - used)} free of {_size(total)}", scratch
 
 
 def _inspect(args):
@@ -64,7 +63,7 @@ def _inspect(args):
     for t in model.tensors.values():
         mix[t.ggml_type.name][0] += 1
         mix[t.ggml_type.name][1] += t.n_bytes
-    rows = [("file", str(model.path)), ("architecture", f"{c.arch} ({_traits(c)})"),
+    rows = [("file", str(model.path)), ("architecture", c.arch),
             ("name", c.name), ("parameters", f"{model.n_params / 1e6:,.1f} M"),
             ("file size", _size(model.file_size)), ("context length", f"{c.context_length} tokens"),
             ("shape", f"{c.n_layer} layers, {c.n_embd} wide, ffn {c.n_ff}, {c.n_head} heads "
@@ -80,10 +79,10 @@ def _inspect(args):
     print("quant mix")
     for name, (count, n_bytes) in sorted(mix.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:7} {count:5} tensors  {_size(n_bytes):>12}")
-    plan = MemoryPlan.compute(model, c, n_ctx)
+    budget, device, kernel_scratch = _device(Settings.from_env(), c, n_ctx)
+    plan = MemoryPlan.compute(model, c, n_ctx, kernel_scratch=kernel_scratch)
     print(f"memory plan     n_ctx {n_ctx}: weights {_size(plan.weights_bytes)} + KV cache "
           f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}")
-    budget, device = _device_budget(Settings.from_env())
     print(f"device budget   {device}")
     if budget is not None:
         try:
