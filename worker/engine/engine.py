@@ -32,7 +32,7 @@ PREFILL_CHUNK = 512
 
 class Engine:
     def __init__(self, ctx, model_file, config, tokenizer, n_ctx: int, max_batch: int, owns_ctx: bool,
-                 progress: bool = False, mat_vec_shapes=({}, {})):
+                 progress: bool = False, mat_vec_shapes: tuple[dict, dict] | None = None):
         self.ctx, self.config, self.tokenizer, self.n_ctx = ctx, config, tokenizer, n_ctx
         self.name = Path(model_file.path).stem
         self.chat_template = model_file.metadata.get("tokenizer.chat_template")

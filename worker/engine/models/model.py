@@ -47,12 +47,13 @@ def mat_vec_keys(model_file) -> set:
 
 
 class Model:
-    def __init__(self, ctx, model_file, config, n_ctx: int, progress=None, mat_vec_shapes=({}, {})):
+    def __init__(self, ctx, model_file, config, n_ctx: int, progress=None,
+                 mat_vec_shapes: tuple[dict, dict] | None = None):
         """`mat_vec_shapes`: (type, rows, K) -> tuned mat-vec shape (worker/engine/kernels/tuning.py)
         of the weights in `mat_vec_keys`, and of the gates in `glu_keys` through the fused gate+up
         kernel; the others keep the fixed shape."""
         self.ctx, self.config, self.n_ctx = ctx, config, n_ctx
-        self.mat_vec_shapes, self.glu_shapes = mat_vec_shapes
+        self.mat_vec_shapes, self.glu_shapes = mat_vec_shapes or ({}, {})
         self.layers = [dict() for _ in range(config.n_layer)]
         self.globals = {}
         for name, info in model_file.tensors.items():
