@@ -18,7 +18,6 @@ import llguidance
 import numpy as np
 
 from vkllm.errors import VkllmError
-from worker.engine.tokenizer.vocab import CONTROL
 from worker.engine.toolcalls import Format
 
 # Compact JSON with one space after separators, as json.dumps writes it. Without fixed
@@ -32,9 +31,10 @@ class GrammarError(VkllmError):
 
 
 def lltokenizer(tokenizer, n_vocab: int) -> llguidance.LLTokenizer:
-    """The engine's vocabulary as llguidance sees it: each id's bytes, control tokens marked by a
-    leading 0xFF as llguidance expects (so grammars never spell them), the end-of-generation ids
-    as its EOS. `n_vocab`: the logits row's length (ids past the tokenizer's are never allowed)."""
+    """The engine's vocabulary as llguidance sees it: each id's bytes, tokens of no bytes (control
+    tokens) by name after a 0xFF byte, llguidance's mark of special tokens (which text never
+    spells, so a grammar allows them only as EOS), the end-of-generation ids as its EOS.
+    `n_vocab`: the logits row's length (ids past the tokenizer's are never allowed)."""
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer)), n_vocab=n_vocab,
                                   eos_token=sorted(tokenizer.eog_ids))
 
@@ -43,10 +43,11 @@ class _Vocabulary:
     """What llguidance's TokenizerWrapper reads of a tokenizer."""
 
     def __init__(self, tokenizer):
-        types = tokenizer.vocab.types
-        self.tokens = [b"\xff" + tokenizer.vocab.tokens[i].encode() if types[i] == CONTROL
-                       else tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
-        self.special_token_ids = [i for i in range(tokenizer.vocab_size) if types[i] == CONTROL]
+        # control, unknown and unused tokens add no bytes to the text: special to llguidance
+        self.special_token_ids = [i for i in range(tokenizer.vocab_size) if not tokenizer.token_bytes(i)]
+        self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+        for i in self.special_token_ids:
+            self.tokens[i] = b"\xff" + tokenizer.vocab.tokens[i].encode()
         self.eos_token_id = tokenizer.eos_id
         self.bos_token_id = tokenizer.bos_id
         self._tokenizer = tokenizer
