@@ -127,17 +127,13 @@ def _messages(value) -> list[dict]:
 
 def _forced_function(choice) -> str | None:
     """The function a tool_choice object names; None for a string choice."""
-    if isinstance(choice, dict):
-        function = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(function, dict) \
-                or not isinstance(function.get("name"), str):
-            raise Invalid("tool_choice must be one of " + ", ".join(map(json.dumps, TOOL_CHOICES)) +
-                          " or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
-        return function["name"]
-    if choice is not None and choice not in TOOL_CHOICES:
+    function = choice.get("function") if isinstance(choice, dict) else None
+    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(function, dict) \
+        and isinstance(function.get("name"), str)
+    if not named and choice is not None and choice not in TOOL_CHOICES:
         raise Invalid("tool_choice must be one of " + ", ".join(map(json.dumps, TOOL_CHOICES)) +
                       " or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
-    return None
+    return function["name"] if named else None
 
 
 def _tools(body: dict) -> list[dict] | None:
