@@ -36,6 +36,13 @@ def _prompt_request(props: dict) -> dict:
                            "tool_call_id": {"type": "string", "description": "which call a tool message answers"}}}},
         "tools": {"type": "array", "items": {"type": "object"},
                   "description": "OpenAI function definitions, given to the model's chat template"},
+        "tool_choice": {"oneOf": [{"enum": list(schema.TOOL_CHOICES)}, {"type": "object"}],
+                        "description": "\"required\" or {type: function, function: {name}} forces a call"},
+        "response_format": {"type": "object", "required": ["type"], "properties": {
+            "type": {"enum": list(schema.RESPONSE_FORMATS)},
+            "json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
+                                                             "strict": {"type": "boolean"}}}},
+            "description": "constrains the output to a JSON object or to JSON valid under a schema"},
     } | props, "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
 
 

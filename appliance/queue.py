@@ -81,14 +81,16 @@ def model_info(name: str) -> dict | None:
 
 
 def count_tokens(model: str, prompt: str | None = None, messages: list[dict] | None = None,
-                 tools: list[dict] | None = None, timeout: float = TOKENIZE_TIMEOUT) -> int | None:
+                 tools: list[dict] | None = None, constraint: dict | None = None,
+                 timeout: float = TOKENIZE_TIMEOUT) -> int | None:
     """The prompt's (or chat's) length in tokens, counted by a worker serving `model`; None when
     none answered within `timeout` seconds (the worker then checks the length when it runs the job).
-    Raises ValueError with the worker's words when the model's chat template refuses the messages."""
+    Raises ValueError with the worker's words when the model's chat template refuses the messages,
+    or (its second argument "constraint") when the worker cannot enforce the constraint."""
     r, reply = get_redis(), protocol.tokenize_reply_key(uuid.uuid4().hex)
     key = protocol.tokenize_key(model)
     ask = {"reply": reply} | ({"messages": messages} if messages is not None else {"prompt": prompt}) \
-        | ({"tools": tools} if tools else {})
+        | ({"tools": tools} if tools else {}) | ({"constraint": constraint} if constraint else {})
     with r.pipeline() as pipe:
         pipe.rpush(key, json.dumps(ask))
         pipe.expire(key, int(timeout) + 1)   # requests nobody took in time go with the list
@@ -98,7 +100,7 @@ def count_tokens(model: str, prompt: str | None = None, messages: list[dict] | N
         return None
     answer = json.loads(answered[1])
     if "error" in answer:
-        raise ValueError(answer["error"])
+        raise ValueError(answer["error"], *([answer["param"]] if "param" in answer else []))
     return answer["tokens"]
 
 

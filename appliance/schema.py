@@ -27,7 +27,8 @@ SAMPLING = {
 MAX_STOP = 4
 PRIORITIES = ("normal", "high")
 ROLES = ("system", "developer", "user", "assistant", "tool")
-TOOL_CHOICES = ("auto", "none")
+TOOL_CHOICES = ("auto", "none", "required")   # or {"type": "function", "function": {"name": ...}}
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 class Invalid(Exception):
@@ -124,13 +125,23 @@ def _messages(value) -> list[dict]:
     return messages
 
 
+def _forced_function(choice) -> str | None:
+    """The function a tool_choice object names; None for a string choice."""
+    function = choice.get("function") if isinstance(choice, dict) else None
+    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(function, dict) \
+        and isinstance(function.get("name"), str)
+    if not named and choice is not None and choice not in TOOL_CHOICES:
+        raise Invalid("tool_choice must be one of " + ", ".join(map(json.dumps, TOOL_CHOICES)) +
+                      " or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    return function["name"] if named else None
+
+
 def _tools(body: dict) -> list[dict] | None:
     """The functions a chat offers the model, as its template describes them; None for none.
-    tool_choice "auto" lets the model choose; "none" offers nothing."""
+    tool_choice "auto" lets the model choose; "none" offers nothing; "required" or a named
+    function offer them and force a call (constraint)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice is not None and choice not in TOOL_CHOICES:
-        raise Invalid(f"tool_choice must be one of {list(TOOL_CHOICES)}; forcing a call (\"required\" or a named "
-                      f"function) needs constrained generation, which is not supported", "tool_choice")
+    _forced_function(choice)
     if tools is None or choice == "none":
         return None
     if not isinstance(tools, list):
@@ -145,6 +156,36 @@ def _tools(body: dict) -> list[dict] | None:
             raise Invalid(f"tools[{i}] must be {{type: \"function\", function: {{name, description, parameters}}}} "
                           f"with parameters a JSON schema object", "tools")
     return [{"type": "function", "function": t["function"]} for t in tools] or None
+
+
+def constraint(body: dict, tools: list[dict] | None) -> tuple[dict, str] | None:
+    """What the output must be, for the worker's grammar (worker/engine/grammar.py), and the
+    parameter that asked: a forced tool call (tool_choice "required" or a named function),
+    else response_format's JSON object or JSON schema; None for free text. The schema's
+    keywords are checked by the worker, which has the grammar library (see prompt_tokens)."""
+    choice = body.get("tool_choice")
+    name = _forced_function(choice)
+    if choice == "required" or name is not None:
+        if not tools:
+            raise Invalid("tool_choice forces a tool call, which needs tools", "tool_choice")
+        if name is not None and name not in [t["function"]["name"] for t in tools]:
+            raise Invalid(f"tool_choice names the function {name!r}, which is not among the tools", "tool_choice")
+        return {"type": "tool_call", "tools": tools, "name": name}, "tool_choice"
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in RESPONSE_FORMATS:
+        raise Invalid(f"response_format must be {{\"type\": one of {list(RESPONSE_FORMATS)}}}", "response_format")
+    if kind == "json_object":
+        return {"type": "json_object"}, "response_format"
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise Invalid("response_format json_schema must be {\"name\": ..., \"schema\": {a JSON schema object}}",
+                          "response_format")
+        return {"type": "json_schema", "schema": spec.get("schema", {})}, "response_format"
+    return None
 
 
 def _model(body) -> tuple[str, dict]:
@@ -173,12 +214,15 @@ def _prompt(body: dict, chat: bool | None) -> dict:
     raise Invalid(f"{need[chat]} is required", "messages" if chat else "prompt")
 
 
-def prompt_tokens(model: str, prompt: dict) -> int | None:
-    """The prompt's exact length in tokens, from a worker; None when none answered in time."""
+def prompt_tokens(model: str, prompt: dict, constrained: tuple[dict, str] | None = None) -> int | None:
+    """The prompt's exact length in tokens, from a worker; None when none answered in time.
+    The worker also compiles the constraint, if any, and refuses one its grammar library cannot
+    enforce (naming, say, the schema keywords it does not implement)."""
     try:
-        return queue.count_tokens(model, **prompt)
+        return queue.count_tokens(model, **prompt, **({"constraint": constrained[0]} if constrained else {}))
     except ValueError as e:   # the worker cannot make it a prompt (a chat its template refuses)
-        raise Invalid(str(e), next(iter(prompt))) from None
+        in_constraint = len(e.args) > 1 and e.args[1] == "constraint"
+        raise Invalid(e.args[0], constrained[1] if in_constraint else next(iter(prompt))) from None
 
 
 def generation(body, *, chat: bool | None) -> dict:
@@ -209,11 +253,13 @@ def generation(body, *, chat: bool | None) -> dict:
     # the prompt must leave room for one generated token; generation stops at the context's end
     # with finish_reason "length", so max_tokens is not added (vLLM's rule would refuse most
     # prompts whenever the default max_tokens is the whole context).
-    tokens = prompt_tokens(model, prompt) if served["workers"] else None   # no worker to count: it checks later
+    constrained = constraint(body, prompt.get("tools"))
+    # no worker to count: it checks later
+    tokens = prompt_tokens(model, prompt, constrained) if served["workers"] else None
     if tokens is not None and tokens >= n_ctx:
         raise Invalid(f"the prompt has {tokens} tokens; the context of {model} is {n_ctx} tokens and must also "
                       f"hold at least one generated token", param, 400, "context_length_exceeded")
-    return {"model": model} | prompt | {"params": params}
+    return {"model": model} | prompt | {"params": params} | ({"constraint": constrained[0]} if constrained else {})
 
 
 def tokenize(body) -> tuple[str, int, dict]:

@@ -18,9 +18,10 @@ def test_smollm2_plan(smollm2, smollm2_path):
     assert plan.kv_bytes == 2 * 30 * 8192 * 3 * 64 * 2 == 188_743_680
     # 512 rows of float32: 2*576 (x, norm) + 2*576 (q, attention out) + 2*192 (k, v) + 2*1536
     # (ffn), 512 token ids, one row of 49152 logits, two sets of step values (16 bytes) and
-    # argmax (greedy decode keeps two steps in flight), 64 top-k ids and values
+    # argmax (greedy decode keeps two steps in flight), 64 top-k ids and values, and a grammar's
+    # token mask of one bit per token
     assert plan.scratch_bytes == (4 * 512 * (2 * 576 + 2 * 576 + 2 * 192 + 2 * 1536) + 4 * 512 + 4 * 49152
-                                  + 2 * (16 + 4) + 2 * 4 * 64)
+                                  + 2 * (16 + 4) + 2 * 4 * 64 + 49152 // 8)
     assert plan.total == plan.weights_bytes + plan.kv_bytes + plan.scratch_bytes
 
 

@@ -64,7 +64,25 @@ BAD = [   # (path, raw JSON body, words in the error)
      '"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}]}]}',
      "arguments is not JSON"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
-     '"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}', "tool_choice must be"),
+     '"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"}', "tool_choice must be"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"tool_choice": "required"}', "forces a tool call, which needs tools"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"tools": [{"type": "function", "function": {"name": "f"}}], '
+     '"tool_choice": {"type": "function", "function": {"name": "g"}}}', "names the function 'g', which is not"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}',
+     "teaches no tool-call format"),   # the tiny model's ChatML template
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"response_format": {"type": "xml"}}', "response_format must be"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": []}}}',
+     "response_format json_schema must be"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", '
+     '"if": {"required": ["a"]}}}}}', 'Unimplemented keys: ["if"]'),
+    ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x", "response_format": {"type": "json_schema", '
+     '"json_schema": {"name": "a", "schema": {"type": "string", "format": "hostname-ish"}}}}', "hostname-ish"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"tools": [{"type": "retrieval"}]}', "tools[0] must be"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '

@@ -6,6 +6,7 @@ prompt reuses the cached prefix it shares with the previous one.
 import sys
 import time
 from contextlib import closing
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -16,14 +17,16 @@ from worker.engine.chat import chat_prompt
 from worker.engine.config import Settings
 from worker.engine.errors import PromptTooLong
 from worker.engine.generation import Event, Timings, TokenLogprobs
+from worker.engine.grammar import Constraint, GrammarError, grammar, lltokenizer
 from worker.engine.kernels.shapes import MAX_K, AttentionShape
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.memplan import plan_context
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, glu_keys, mat_vec_keys
-from worker.engine.runner import Runner
+from worker.engine.runner import MASKED, Runner
 from worker.engine.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
 from worker.engine.tokenizer import StreamDecoder, Tokenizer
+from worker.engine.toolcalls import format_for
 from worker.engine.workspace import Workspace
 
 DEFAULT_CONTEXT = 4096
@@ -84,22 +87,45 @@ class Engine:
         `tools` (OpenAI's function definitions) go to templates that describe them."""
         return chat_prompt(self.tokenizer, self.chat_template, messages, **({"tools": tools} if tools else {}))
 
+    def constraint(self, spec: dict) -> Constraint:
+        """A matcher for a request's constraint (worker/engine/grammar.py), at its start; raises
+        GrammarError naming what the grammar library cannot enforce."""
+        try:
+            text = grammar(spec, format_for(self.chat_template))
+        except (ValueError, TypeError) as e:   # a schema the compiler cannot even read
+            raise GrammarError(str(e)) from None
+        return Constraint(self._grammar_tokenizer, text)
+
+    @cached_property
+    def _grammar_tokenizer(self):
+        """The vocabulary for the grammar library, built on first use (a fraction of a second)."""
+        return lltokenizer(self.tokenizer, self.config.vocab_size)
+
     def generate(self, prompt: str, params: SamplingParams,
-                 cancelled: Callable[[], bool] = lambda: False, logprobs: int | None = None) -> Iterator[Event]:
+                 cancelled: Callable[[], bool] = lambda: False, logprobs: int | None = None,
+                 constraint: dict | None = None) -> Iterator[Event]:
         ids = self.tokenizer.encode(prompt)
-        yield from self.generate_ids(ids, params, cancelled, logprobs)
+        yield from self.generate_ids(ids, params, cancelled, logprobs, constraint)
 
     def generate_ids(self, ids: list[int], params: SamplingParams,
-                     cancelled: Callable[[], bool] = lambda: False, logprobs: int | None = None) -> Iterator[Event]:
+                     cancelled: Callable[[], bool] = lambda: False, logprobs: int | None = None,
+                     constraint: dict | None = None) -> Iterator[Event]:
         """Events for the tokens generated after `ids`. With `logprobs` set, each token event
-        carries the token's log-probability and the `logprobs` most likely tokens' (0: none)."""
+        carries the token's log-probability and the `logprobs` most likely tokens' (0: none).
+        With `constraint` (worker/engine/grammar.py) every token is one its grammar allows: the
+        GPU masks the others' logits before the selection, and generation ends when the grammar
+        is complete (only end-of-generation is then allowed)."""
         if not ids:
             raise VkllmError("the prompt is empty")
         if len(ids) >= self.n_ctx:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
+        matcher = self.constraint(constraint) if constraint is not None else None
         started = time.perf_counter()
         # logprobs take their alternatives from the GPU's top-k (the sampler still gets what it needs)
         select = "topk" if logprobs is not None else _selection(params)
+        if matcher is not None:
+            select += MASKED
+            matcher.fill(self.runner.mask_words())
         self._prefill(ids, select)
         prompt_seconds = time.perf_counter() - started
         sampler = Sampler(params, self.config.vocab_size)
@@ -108,7 +134,7 @@ class Engine:
         finish, matched_stop = "length", False
         # decode steps needed at most: one after each token but the last, within the context
         steps = max(0, min(params.max_tokens - 1, self.n_ctx - len(ids) - 1))
-        with closing(self._tokens(sampler, select, history, steps, logprobs)) as tokens:
+        with closing(self._tokens(sampler, select, history, steps, logprobs, matcher)) as tokens:
             for token, logprobs_of_token in tokens:
                 generated += 1
                 first_token_at = first_token_at or time.perf_counter()
@@ -146,12 +172,14 @@ class Engine:
         self.runner.prefill(ids[keep:], keep, self.chunk, select)
         self._cached.extend(ids[keep:])
 
-    def _tokens(self, sampler, select: str, history: list[int], steps: int,
-                logprobs: int | None) -> Iterator[tuple[int, TokenLogprobs | None]]:
+    def _tokens(self, sampler, select: str, history: list[int], steps: int, logprobs: int | None,
+                matcher: Constraint | None = None) -> Iterator[tuple[int, TokenLogprobs | None]]:
         """The generated tokens, each with its logprobs when asked (select is then "topk"):
         the prefill's pick, then one per decode step, at most `steps` steps. A step's input
         token joins the cached prefix once the step has run. The caller appends each token it
-        keeps to `history` before asking for the next."""
+        keeps to `history` before asking for the next. With a matcher (select then ends in
+        MASKED) each token is taken by it and the next step's mask written before the step:
+        the mask depends on the token just picked, so greedy decode's pipelining is not used."""
         start = len(history)        # position of the first generated token
         token = self._next_token(sampler, select, history)
         if select == "argmax":
@@ -168,11 +196,15 @@ class Engine:
                 self.runner.read_logits(), token, *self.runner.read_topk(), logprobs)
             if k == steps:
                 return
+            if matcher is not None:
+                matcher.accept(token)
+                matcher.fill(self.runner.mask_words())
             self.runner.decode(token, start + k, select)
             self._cached.append(token)
             token = self._next_token(sampler, select, history)
 
     def _next_token(self, sampler, select: str, history) -> int:
+        select = select.removesuffix(MASKED)
         if select == "argmax":
             return self.runner.read_argmax()
         if select == "topk" and _selection(sampler.params) != "logits":
@@ -208,7 +240,8 @@ def token_logprobs(logits: np.ndarray, token: int, top_ids: np.ndarray, top_valu
     pass of many; a GPU reduction would save that at the price of another kernel and recording."""
     peak = float(top_values.max())
     normaliser = peak + float(np.log(np.exp(logits - np.float32(peak)).sum(dtype=np.float64)))
-    order = np.argsort(-top_values, kind="stable")[:top]
+    # tokens a grammar masked (-inf) are no alternatives
+    order = [i for i in np.argsort(-top_values, kind="stable")[:top] if np.isfinite(top_values[i])]
     return TokenLogprobs(float(logits[token]) - normaliser,
                          tuple((int(top_ids[i]), float(top_values[i]) - normaliser) for i in order))
 

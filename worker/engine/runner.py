@@ -10,11 +10,13 @@ from typing import Iterator
 
 import numpy as np
 
+from worker.engine.kernels.mask import mask_logits
 from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
 from worker.engine.workspace import Workspace
 
 _MAX_RECORDINGS = 8  # recordings kept per model, by (tokens per pass, selection)
+MASKED = "_masked"   # a selection's suffix: the token mask applies before it (write_mask)
 
 
 class Runner:
@@ -33,6 +35,12 @@ class Runner:
         ws = self.workspace
         self.model.record_forward(rec, ws, n, logits or ws.logits, all_logits=logits is not None)
         vocab = self.model.config.vocab_size
+        # "<selection>_masked": the grammar's mask in ws.mask first, so the selection (or the
+        # host, reading the row) sees only allowed tokens
+        select, masked = select.removesuffix(MASKED), select.endswith(MASKED)
+        if masked:
+            rec.barrier()
+            mask_logits(rec, ws.logits, ws.mask, vocab)
         if select != "logits":
             rec.barrier()
         if select == "argmax":
@@ -117,6 +125,11 @@ class Runner:
         finally:
             for slot in in_flight:
                 self.ctx.wait(self._greedy_fences[slot])
+
+    def mask_words(self) -> np.ndarray:
+        """The token mask the next "_masked" pass applies, uint32 [vocab / 32], in host-visible
+        memory: write it before the pass (a set bit allows its token)."""
+        return self.workspace.mask.view(np.uint32)
 
     def last_gpu_seconds(self) -> float:
         return self._last.timings_ns()[0][1] * 1e-9

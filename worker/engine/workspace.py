@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from worker.engine.intmath import cdiv
 from worker.engine.kernels.shapes import MAX_K
 
 if TYPE_CHECKING:
@@ -34,10 +35,11 @@ class Workspace:
     # Greedy decode keeps two steps in flight (Runner.greedy): the second step's values and argmax.
     step_alt: Buffer
     best_alt: Buffer
+    mask: Buffer        # uint32 [vocab / 32]: a grammar's token mask, host-written per step (kernels/mask.py)
     attention: Buffer | None   # split attention's partials (None: attention never splits)
     select: Buffer             # argmax's and top-k's survivors over the logits
 
-    HOST_VISIBLE = frozenset({"step", "ids", "logits", "best", "top_ids", "top_values", "step_alt", "best_alt"})
+    HOST_VISIBLE = frozenset({"step", "ids", "logits", "best", "top_ids", "top_values", "step_alt", "best_alt", "mask"})
 
     @staticmethod
     def sizes(config, n: int) -> dict[str, int]:
@@ -48,7 +50,7 @@ class Workspace:
                 "att": q_width, "gate": c.n_ff, "up": c.n_ff}
         return {"step": 16, "ids": 4 * n, **{name: 4 * n * width for name, width in rows.items()},
                 "logits": 4 * c.vocab_size, "best": 4, "top_ids": 4 * MAX_K, "top_values": 4 * MAX_K,
-                "step_alt": 16, "best_alt": 4}
+                "step_alt": 16, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32)}
 
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape) -> dict[str, int]:

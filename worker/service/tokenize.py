@@ -15,19 +15,27 @@ from redis import Redis
 
 from vkllm import protocol
 from vkllm.errors import VkllmError
+from worker.engine.grammar import GrammarError
 
 log = logging.getLogger(__name__)
 
 
 def count(engine, request: dict) -> dict:
     """The reply to one request: the prompt's length in tokens, encoded exactly as
-    Engine.generate encodes it, or why a chat cannot become a prompt."""
+    Engine.generate encodes it, or why a chat cannot become a prompt, or (param "constraint")
+    why its constraint cannot be enforced."""
     try:
         messages = request.get("messages")
         text = engine.render_chat(messages, request.get("tools")) if messages is not None else request["prompt"]
-        return {"tokens": len(engine.tokenizer.encode(text))}
+        tokens = len(engine.tokenizer.encode(text))
     except VkllmError as e:
         return {"error": str(e)}
+    if request.get("constraint") is not None:
+        try:
+            engine.constraint(request["constraint"])
+        except GrammarError as e:
+            return {"error": str(e), "param": "constraint"}
+    return {"tokens": tokens}
 
 
 class TokenCounter(threading.Thread):

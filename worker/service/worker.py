@@ -230,7 +230,7 @@ class GPUWorker(SimpleWorker):
             def cancelled() -> bool:   # while Redis is away: not cancelled, as far as we know
                 return bool(outbox.call(lambda: self.link.exists(cancel_key), False))
 
-            for event in engine.generate(prompt, params, cancelled, request.get("logprobs")):
+            for event in engine.generate(prompt, params, cancelled, request.get("logprobs"), request.get("constraint")):
                 text = calls.push(event.text) if calls else event.text
                 if event.finish_reason is not None and calls:
                     held, tool_calls = calls.finish()

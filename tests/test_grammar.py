@@ -1,0 +1,110 @@
+"""Constrained generation in the engine (worker/engine/grammar.py, the "_masked" selections) on
+the tiny model: every token is the best the grammar allows, checked against the engine's own
+logits and a matcher of the grammar library stepped independently on the host."""
+import json
+
+import jsonschema
+import llguidance
+import numpy as np
+import pytest
+
+from worker.engine.engine import Engine
+from worker.engine.grammar import JSON_OPTIONS, GrammarError
+from worker.engine.sampling import SamplingParams
+
+# Bounded everywhere, so that even the tiny model's random weights finish it within max_tokens.
+SCHEMA = {"type": "object", "properties": {
+    "color": {"enum": ["red", "green", "blue"]},
+    "size": {"type": "integer", "minimum": 0, "maximum": 99},
+    "ok": {"type": "boolean"}},
+    "required": ["color", "size", "ok"], "additionalProperties": False}
+PROMPT = "Describe a ball as JSON:"
+
+
+@pytest.fixture(scope="module")
+def engine(vk_session, tiny_model):
+    e = Engine.load(tiny_model, ctx=vk_session, max_batch=64)
+    yield e
+    e.close()
+
+
+def _allowed(matcher) -> np.ndarray:
+    """The host matcher's mask as booleans over the vocabulary."""
+    return np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8), bitorder="little").astype(bool)
+
+
+def test_greedy_takes_the_best_allowed_token_at_every_step(engine):
+    events = list(engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=60),
+                                  constraint={"type": "json_schema", "schema": SCHEMA}))
+    tokens = [e.token_id for e in events if e.token_id is not None]
+    assert events[-1].finish_reason == "stop"   # the grammar completed; only end-of-generation was left
+    text = "".join(e.text for e in events)
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+    prompt = engine.tokenizer.encode(PROMPT)
+    rows = engine.logits(prompt + tokens)[len(prompt) - 1:]
+    vocab = engine.config.vocab_size
+    reference = llguidance.LLMatcher(
+        llguidance.LLTokenizer(llguidance.TokenizerWrapper(_HostVocab(engine.tokenizer)), n_vocab=vocab,
+                               eos_token=sorted(engine.tokenizer.eog_ids)),
+        llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, overrides=JSON_OPTIONS))
+    for token, row in zip(tokens + [None], rows):
+        allowed = _allowed(reference)[:vocab]
+        best = int(np.flatnonzero(allowed)[np.argmax(row[allowed])])
+        if token is None:   # the step after the last token chose end of generation
+            assert best in engine.tokenizer.eog_ids
+        else:
+            assert token == best
+            assert reference.consume_token(token)
+    # unconstrained, the same prompt does not write this JSON
+    free = "".join(e.text for e in engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=len(tokens))))
+    assert free != text
+
+
+class _HostVocab:
+    """The tokenizer as llguidance's wrapper reads it, spelled out here from token_bytes alone."""
+
+    def __init__(self, tokenizer):
+        self.tokens = [tokenizer.token_bytes(i) or b"\xff" + tokenizer.vocab.tokens[i].encode()
+                       for i in range(tokenizer.vocab_size)]
+        self.eos_token_id, self.bos_token_id, self._t = tokenizer.eos_id, tokenizer.bos_id, tokenizer
+
+    def __call__(self, text: str):
+        return self._t.encode(text, add_special=False, parse_special=False)
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=1.0, top_k=40),                       # GPU top-k candidates
+    dict(temperature=1.0, top_k=0, repeat_penalty=1.3),    # all logits to the host sampler
+    dict(temperature=1.5, top_k=40, top_p=0.9),
+], ids=["topk", "logits", "top-p"])
+def test_sampled_output_always_validates(engine, params):
+    for seed in range(5):
+        events = list(engine.generate(PROMPT, SamplingParams(**params, seed=seed, max_tokens=60),
+                                      constraint={"type": "json_schema", "schema": SCHEMA}))
+        assert events[-1].finish_reason == "stop"
+        jsonschema.validate(json.loads("".join(e.text for e in events)), SCHEMA)
+
+
+def test_json_object_mode_and_logprobs_of_allowed_tokens_only(engine):
+    """With logprobs the alternatives are the grammar's: after `{` only `"` or `}` may follow."""
+    events = list(engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=3), logprobs=20,
+                                  constraint={"type": "json_object"}))
+    first = events[0]
+    assert engine.tokenizer.token_bytes(first.token_id).startswith(b"{")
+    for event in events[:-1]:
+        assert event.logprobs.logprob <= 0 and all(np.isfinite(v) for _, v in event.logprobs.top)
+        assert event.token_id in [t for t, _ in event.logprobs.top]
+    # the first token's alternatives all open an object: the others were masked
+    assert all(engine.tokenizer.token_bytes(t).lstrip().startswith(b"{") for t, _ in first.logprobs.top)
+
+
+@pytest.mark.parametrize("constraint, words", [
+    ({"type": "json_schema", "schema": {"type": "object", "if": {"type": "object"}}}, 'Unimplemented keys: ["if"]'),
+    ({"type": "json_schema", "schema": {"type": "nonsense"}}, "nonsense"),
+    ({"type": "tool_call", "tools": [{"type": "function", "function": {"name": "f"}}], "name": None},
+     "teaches no tool-call format"),
+])
+def test_constraints_the_library_cannot_enforce_are_refused(engine, constraint, words):
+    with pytest.raises(GrammarError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        list(engine.generate(PROMPT, SamplingParams(max_tokens=2), constraint=constraint))
