@@ -68,12 +68,14 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 class RefModel:
     """Dequantized weights are kept in `dtype` (float64 by default; float32 halves the memory,
-    540 MB for SmolLM2-135M, and still agrees with float64 to ~1e-4 in the logits)."""
+    540 MB for SmolLM2-135M, and still agrees with float64 to ~1e-4 in the logits). `gelu` is
+    the GeGLU gate's function (tests comparing with llama.cpp's CPU pass its f16-table form)."""
 
-    def __init__(self, model_file, dtype=np.float64):
+    def __init__(self, model_file, dtype=np.float64, gelu=gelu_tanh):
         self.mf = model_file
         self.cfg = model_file.config
         self.dtype = dtype
+        self.gelu = gelu
         self.weights: dict[str, np.ndarray] = {}
 
     def w(self, name: str) -> np.ndarray:
@@ -112,7 +114,7 @@ class RefModel:
             att = rms_norm(att, self.w(f"{p}.post_attention_norm.weight"), c.norm_eps)
         x = x + att
         h = rms_norm(x, self.w(f"{p}.ffn_norm.weight"), c.norm_eps)
-        act = gelu_tanh if c.ffn_gelu else silu
+        act = self.gelu if c.ffn_gelu else silu
         ffn = self.linear(act(self.linear(h, f"{p}.ffn_gate")) * self.linear(h, f"{p}.ffn_up"), f"{p}.ffn_down")
         if c.has_post_norms:
             ffn = rms_norm(ffn, self.w(f"{p}.post_ffw_norm.weight"), c.norm_eps)
