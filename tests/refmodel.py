@@ -39,15 +39,15 @@ def rope(x: np.ndarray, positions: np.ndarray, cfg, base=None, factors="config")
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int = 0) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int = 0, scale=None) -> np.ndarray:
     """Causal grouped-query attention of the last n positions. q: (n, n_head, d);
     k, v: (n_past + n, n_head_kv, d). window > 0: a query sees only the last `window` keys up to
-    its own position."""
+    its own position. `scale` of the scores: 1/sqrt(d) unless given."""
     n, n_head, d = q.shape
     group = n_head // k.shape[1]
     k = np.repeat(k, group, axis=1)
     v = np.repeat(v, group, axis=1)
-    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
+    scores = np.einsum("qhd,khd->hqk", q, k) * (1 / np.sqrt(d) if scale is None else scale)
     key_pos, query_pos = np.arange(len(k))[None, :], np.arange(len(k) - n, len(k))[:, None]
     visible = key_pos <= query_pos
     if window:
@@ -108,8 +108,8 @@ class RefModel:
             cache[i] = (k, v)
         else:
             cache.append((k, v))
-        att = self.linear(attention(q, k, v, c.sliding_window if local else 0).reshape(len(x), -1),
-                          f"{p}.attn_output")
+        att = self.linear(attention(q, k, v, c.sliding_window if local else 0, c.attention_scale)
+                          .reshape(len(x), -1), f"{p}.attn_output")
         if c.has_post_norms:
             att = rms_norm(att, self.w(f"{p}.post_attention_norm.weight"), c.norm_eps)
         x = x + att

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from worker.engine.errors import GGUFError
+from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.config import ModelConfig, llama3_rope_factors
 from worker.tools.synth import write_model
@@ -158,3 +159,12 @@ def test_gemma3_linear_rope_scaling_is_for_global_layers_only():
 def test_gemma3_final_logit_softcapping_is_refused():
     with pytest.raises(GGUFError, match="soft-capping"):
         ModelConfig.from_metadata(GEMMA3 | {"gemma3.final_logit_softcapping": 30.0})
+
+
+def test_gemma3_27b_scales_scores_by_embd_per_head():
+    """Gemma 3 27B (62 layers, 5376 wide, 32 heads of 128): query_pre_attn_scalar = 5376 / 32."""
+    big = GEMMA3 | {"gemma3.block_count": 62, "gemma3.embedding_length": 5376, "gemma3.attention.head_count": 32,
+                    "gemma3.attention.key_length": 128}
+    assert ModelConfig.from_metadata(big).attention_scale == pytest.approx(168 ** -0.5)
+    assert AttentionShape.from_config(ModelConfig.from_metadata(big), 64, 5).scale == pytest.approx(168 ** -0.5)
+    assert AttentionShape.from_config(ModelConfig.from_metadata(GEMMA3), 64, 5).scale == pytest.approx(16 ** -0.5)

@@ -36,10 +36,10 @@ class AttentionShape:
         RoPE base and sliding window (the geometry is the same for every layer)."""
         if layer is None:
             return cls(config.n_head, config.n_head_kv, config.head_dim, n_ctx, config.rope_dim, config.rope_base,
-                       config.rope_neox)
+                       config.rope_neox, config.attention_scale)
         local = config.is_sliding(layer)
         return cls(config.n_head, config.n_head_kv, config.head_dim, n_ctx, config.rope_dim,
-                   config.rope_base_swa if local else config.rope_base, config.rope_neox,
+                   config.rope_base_swa if local else config.rope_base, config.rope_neox, config.attention_scale,
                    window=config.sliding_window if local else 0)
 
     @property

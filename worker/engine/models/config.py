@@ -59,6 +59,10 @@ class Family:
     gelu: bool = False         # GeGLU (GELU-tanh gate) rather than SwiGLU
     swa_pattern: int = 0       # layers per group of local layers + one global (0: no sliding window)
     rope_base_swa: float = 10000.0  # RoPE base of local layers unless the file says
+    # layer counts of the family's models whose attention scores are scaled by
+    # (n_embd / n_head)^-0.5 instead of head_dim^-0.5 (Gemma 3 27B's query_pre_attn_scalar;
+    # llama.cpp picks it by the same layer count)
+    embd_per_head_scale_layers: tuple[int, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {
@@ -66,7 +70,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(rope_neox=True, qkv_bias=True),  # Qwen2/2.5, DeepSeek-R1-Distill-Qwen
     "qwen3": Family(rope_neox=True, qk_norm=True),   # Qwen3 (dense)
     "gemma3": Family(rope_neox=True, qk_norm=True, embd_scale=True, post_norms=True, gelu=True,
-                     swa_pattern=6),                 # Gemma 3 (text)
+                     swa_pattern=6, embd_per_head_scale_layers=(62,)),  # Gemma 3 (text)
 }
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -100,6 +104,7 @@ class ModelConfig:
     swa_layers: tuple[bool, ...] = ()             # per layer: local (sliding window)
     rope_base_swa: float = 10000.0                # RoPE base of local layers
     rope_freq_factors_swa: tuple[float, ...] | None = None   # rope_freq_factors of local layers
+    attention_scale: float | None = None          # score scale; None: head_dim^-0.5
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], tensors: Mapping[str, Any] | None = None):
@@ -147,7 +152,8 @@ class ModelConfig:
             embedding_scale=math.sqrt(n_embd) if family.embd_scale else 1.0,
             has_post_norms=family.post_norms, ffn_gelu=family.gelu, sliding_window=window,
             swa_layers=swa_layers, rope_base_swa=float(key("rope.freq_base_swa", family.rope_base_swa)),
-            rope_freq_factors_swa=None if linear else factors)
+            rope_freq_factors_swa=None if linear else factors,
+            attention_scale=(n_embd // n_head) ** -0.5 if n_layer in family.embd_per_head_scale_layers else None)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends over a sliding window (a local layer)."""
