@@ -3,10 +3,11 @@
 #include "common.glsl"
 
 // Causal grouped-query attention over f16 K/V caches [n_ctx, n_head_kv, HEAD_DIM] for queries
-// q [n_tokens, n_head, HEAD_DIM] at positions step[0] + t.
+// q [n_tokens, n_head, HEAD_DIM] at positions step[0] + t. With window > 0 (a sliding-window
+// layer) a query at position i sees only positions > i - window (llama.cpp's standard SWA mask).
 // Workgroup (s, y, t): token t, kv head g = y / row_groups, its query heads
 // g * group + (y % row_groups) * ROWS + r (r < ROWS), and the positions of split s:
-// [s * chunk, min((s + 1) * chunk, step[0] + t + 1)).
+// [max(s * chunk, first visible), min((s + 1) * chunk, step[0] + t + 1)).
 // LANES invocations share one position: each loads a few f16vec4 blocks of the K and V rows
 // (coalesced), the dot products are summed by subgroup shuffles, and one K/V read serves all
 // ROWS heads of the GQA group. The workgroup's STREAMS lane groups walk the positions
@@ -33,7 +34,7 @@ layout(std430, binding = 5) writeonly buffer PartML { vec2 part_ml[]; };
 #else
 layout(std430, binding = 4) writeonly buffer O { float o[]; };
 #endif
-layout(push_constant) uniform Push { uint n_head; uint n_head_kv; uint group; uint row_groups; uint chunk; float scale; } p;
+layout(push_constant) uniform Push { uint n_head; uint n_head_kv; uint group; uint row_groups; uint chunk; float scale; uint window; } p;
 
 shared vec4 q_sh[ROWS * BLOCKS];
 shared vec4 acc_sh[STREAMS * BLOCKS];
@@ -48,8 +49,10 @@ void main() {
     const uint first_in_group = (gl_WorkGroupID.y % p.row_groups) * ROWS;
     const uint rows = min(ROWS, p.group - first_in_group);
     const uint head0 = g * p.group + first_in_group;
-    const uint begin = split * p.chunk;
-    const uint end = min(begin + p.chunk, step[0] + t + 1);
+    const uint seen = step[0] + t + 1;   // positions up to and including this token's
+    const uint end = min(split * p.chunk + p.chunk, seen);
+    const uint first_visible = p.window != 0 && seen > p.window ? seen - p.window : 0;
+    const uint begin = max(split * p.chunk, first_visible);
 
     for (uint i = tid; i < ROWS * BLOCKS; i += WG) {
         q_sh[i] = i / BLOCKS < rows ? q4[(t * p.n_head + head0) * BLOCKS + i] * p.scale : vec4(0.0);

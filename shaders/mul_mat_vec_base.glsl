@@ -7,7 +7,8 @@
 // in the y dimension of the dispatch; column groups are the z dimension.
 // With GLU defined, two weights of one type and shape, gate (binding 0) and up (binding 1), take
 // the same x: each load of x serves both, every thread keeps a partial sum per weight, and
-// y = silu(gate x) * (up x), the SwiGLU of a feed-forward block, in one dispatch.
+// y = silu(gate x) * (up x), the SwiGLU of a feed-forward block, in one dispatch (with GLU_GELU
+// gelu(gate x) * (up x), the GeGLU of Gemma).
 // Quantized weights are read through mul_mat_vec_items.glsl (wide loads, several items in
 // flight, per-type inner loops) where that measured faster on an H200; Q6_K and Q8_0, and the
 // fused gate+up kernel of every type but MXFP4, read 16-value slices through dequant.glsl (as
@@ -38,7 +39,12 @@ float dot16(mat4 a, mat4 b) {
 const uint NUM_MATS = 2;
 // Weight m's values from function f (its *_up twin reads the up weights).
 #define WEIGHTS(m, f, args) ((m) == 0 ? f args : f##_up args)
-float silu(float v) { return v / (1.0 + exp(-v)); }
+#if defined(GLU_GELU)
+#include "gelu.glsl"
+float glu_act(float v) { return gelu(v); }
+#else
+float glu_act(float v) { return v / (1.0 + exp(-v)); }
+#endif
 #else
 const uint NUM_MATS = 1;
 #define WEIGHTS(m, f, args) f args
@@ -127,7 +133,7 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
             for (uint r = 0; r < NUM_ROWS && row0 + r < p.rows; r++) {
                 const uint i = (col0 + c) * p.y_stride + p.y_offset + row0 + r;
 #if defined(GLU)
-                y[i] = silu(acc[c][0][r]) * acc[c][1][r];
+                y[i] = glu_act(acc[c][0][r]) * acc[c][1][r];
 #else
                 y[i] = p.accumulate != 0 ? y[i] + acc[c][0][r] : acc[c][0][r];
 #endif

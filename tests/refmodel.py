@@ -4,6 +4,10 @@ from the maths (llama2.c's order of ops), sharing nothing with the engine but Mo
 
 Conventions follow llama.cpp: `llama` rotates adjacent pairs (x[2i], x[2i+1]), qwen2/qwen3
 rotate halves (x[i], x[i + rope_dim/2]) ("NeoX"); rope_freqs divide the frequencies.
+Gemma 3 as Hugging Face's Gemma3 text model computes it: embeddings times sqrt(hidden size),
+RMSNorm also after attention and after the MLP (the file's norm weights already hold 1 + w),
+gelu_pytorch_tanh gate, and local layers (all but every sixth) attending over the last
+sliding_window positions with their own RoPE base (rope_local_base_freq) and no rope scaling.
 """
 import numpy as np
 
@@ -12,12 +16,15 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope(x: np.ndarray, positions: np.ndarray, cfg) -> np.ndarray:
-    """x: (n_tokens, n_heads, head_dim) rotated over its first rope_dim dims."""
+def rope(x: np.ndarray, positions: np.ndarray, cfg, base=None, factors="config") -> np.ndarray:
+    """x: (n_tokens, n_heads, head_dim) rotated over its first rope_dim dims; `base` and
+    `factors` override the config's."""
     half = cfg.rope_dim // 2
-    inv_freq = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2 / cfg.rope_dim)
-    if cfg.rope_freq_factors is not None:
-        inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors[:half], dtype=np.float64)
+    base = cfg.rope_base if base is None else base
+    factors = cfg.rope_freq_factors if factors == "config" else factors
+    inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2 / cfg.rope_dim)
+    if factors is not None:
+        inv_freq = inv_freq / np.asarray(factors[:half], dtype=np.float64)
     angle = positions[:, None, None] * inv_freq[None, None, :]
     cos, sin = np.cos(angle), np.sin(angle)
     out = x.copy()
@@ -32,15 +39,19 @@ def rope(x: np.ndarray, positions: np.ndarray, cfg) -> np.ndarray:
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int = 0, scale=None) -> np.ndarray:
     """Causal grouped-query attention of the last n positions. q: (n, n_head, d);
-    k, v: (n_past + n, n_head_kv, d)."""
+    k, v: (n_past + n, n_head_kv, d). window > 0: a query sees only the last `window` keys up to
+    its own position. `scale` of the scores: 1/sqrt(d) unless given."""
     n, n_head, d = q.shape
     group = n_head // k.shape[1]
     k = np.repeat(k, group, axis=1)
     v = np.repeat(v, group, axis=1)
-    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
-    visible = np.arange(len(k))[None, :] <= np.arange(len(k) - n, len(k))[:, None]
+    scores = np.einsum("qhd,khd->hqk", q, k) * (1 / np.sqrt(d) if scale is None else scale)
+    key_pos, query_pos = np.arange(len(k))[None, :], np.arange(len(k) - n, len(k))[:, None]
+    visible = key_pos <= query_pos
+    if window:
+        visible &= query_pos - key_pos < window
     scores = np.where(visible, scores, -np.inf)
     scores = np.exp(scores - scores.max(-1, keepdims=True))
     scores /= scores.sum(-1, keepdims=True)
@@ -51,14 +62,20 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1 + np.exp(-x))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
 class RefModel:
     """Dequantized weights are kept in `dtype` (float64 by default; float32 halves the memory,
-    540 MB for SmolLM2-135M, and still agrees with float64 to ~1e-4 in the logits)."""
+    540 MB for SmolLM2-135M, and still agrees with float64 to ~1e-4 in the logits). `gelu` is
+    the GeGLU gate's function (tests comparing with llama.cpp's CPU pass its f16-table form)."""
 
-    def __init__(self, model_file, dtype=np.float64):
+    def __init__(self, model_file, dtype=np.float64, gelu=gelu_tanh):
         self.mf = model_file
         self.cfg = model_file.config
         self.dtype = dtype
+        self.gelu = gelu
         self.weights: dict[str, np.ndarray] = {}
 
     def w(self, name: str) -> np.ndarray:
@@ -79,16 +96,29 @@ class RefModel:
         if c.has_qk_norm:
             q = rms_norm(q, self.w(f"{p}.attn_q_norm.weight"), c.norm_eps)
             k = rms_norm(k, self.w(f"{p}.attn_k_norm.weight"), c.norm_eps)
-        q, k = rope(q, positions, c), rope(k, positions, c)
+        local = bool(c.swa_layers) and c.swa_layers[i]
+        if local:   # a local layer: its own base, no linear scaling (a rope_freqs tensor stays)
+            linear = c.rope_freq_factors is not None and "rope_freqs.weight" not in self.mf.tensors
+            base, factors = c.rope_base_swa, None if linear else c.rope_freq_factors
+        else:
+            base, factors = c.rope_base, c.rope_freq_factors
+        q, k = rope(q, positions, c, base, factors), rope(k, positions, c, base, factors)
         if len(cache) > i:
             k, v = np.concatenate([cache[i][0], k]), np.concatenate([cache[i][1], v])
             cache[i] = (k, v)
         else:
             cache.append((k, v))
-        x = x + self.linear(attention(q, k, v).reshape(len(x), -1), f"{p}.attn_output")
+        att = self.linear(attention(q, k, v, c.sliding_window if local else 0, c.attention_scale)
+                          .reshape(len(x), -1), f"{p}.attn_output")
+        if c.has_post_norms:
+            att = rms_norm(att, self.w(f"{p}.post_attention_norm.weight"), c.norm_eps)
+        x = x + att
         h = rms_norm(x, self.w(f"{p}.ffn_norm.weight"), c.norm_eps)
-        ffn = silu(self.linear(h, f"{p}.ffn_gate")) * self.linear(h, f"{p}.ffn_up")
-        return x + self.linear(ffn, f"{p}.ffn_down")
+        act = self.gelu if c.ffn_gelu else silu
+        ffn = self.linear(act(self.linear(h, f"{p}.ffn_gate")) * self.linear(h, f"{p}.ffn_up"), f"{p}.ffn_down")
+        if c.has_post_norms:
+            ffn = rms_norm(ffn, self.w(f"{p}.post_ffw_norm.weight"), c.norm_eps)
+        return x + ffn
 
     def logits(self, token_ids, cache: list | None = None) -> np.ndarray:
         """Logits of token_ids following the positions already in `cache` (a list of per-layer
@@ -98,6 +128,8 @@ class RefModel:
         start = len(cache[0][0]) if cache else 0
         positions = np.arange(start, start + len(tokens), dtype=np.float64)   # RoPE in float64
         x = self.w("token_embd.weight")[tokens]
+        if self.cfg.embedding_scale != 1.0:
+            x = x * np.sqrt(self.cfg.n_embd)
         for i in range(self.cfg.n_layer):
             x = self.block(x, i, positions, cache)
         x = rms_norm(x, self.w("output_norm.weight"), self.cfg.norm_eps)

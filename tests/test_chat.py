@@ -176,3 +176,32 @@ def test_assistant_content_may_be_null_only_beside_tool_calls():
     with pytest.raises(VkllmError, match="tool call arguments must be JSON"):
         render_chat(None, [{"role": "assistant", "content": None, "tool_calls": [
             {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}])
+
+
+GEMMA3_TEMPLATE = (GOLDEN.parent / "google-gemma-3-it.jinja").read_text()   # google/gemma-3-*-it's
+
+
+def test_gemma3_template_renders_gemma_turns():
+    """Gemma's documented turn format: no system turn (the system text opens the first user
+    turn), the assistant is `model`, each turn ends with <end_of_turn> and a newline."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4"}, {"role": "user", "content": " And 3+3? "}]
+    assert render_chat(GEMMA3_TEMPLATE, messages, bos_token="<bos>") == (
+        "<bos><start_of_turn>user\nBe brief.\n\n2+2?<end_of_turn>\n"
+        "<start_of_turn>model\n4<end_of_turn>\n"
+        "<start_of_turn>user\nAnd 3+3?<end_of_turn>\n"
+        "<start_of_turn>model\n")
+    with pytest.raises(VkllmError, match="must alternate"):
+        render_chat(GEMMA3_TEMPLATE, [{"role": "assistant", "content": "hi"}])
+
+
+def test_gemma3_chat_encodes_turn_markers_as_control_tokens(gemma3_270m_path):
+    """Through gemma-3-270m's own tokenizer: one BOS (the template writes it and the tokenizer
+    adds it), and the turn markers as their single tokens."""
+    tok = tokenizer_of(gemma3_270m_path)
+    ids = encode_chat(tok, GEMMA3_TEMPLATE, [{"role": "user", "content": "Hi!"}])
+    start, end = tok.encode("<start_of_turn>", add_special=False), tok.encode("<end_of_turn>", add_special=False)
+    assert len(start) == 1 and len(end) == 1
+    assert ids[0] == tok.bos_id and ids.count(tok.bos_id) == 1
+    assert ids.count(start[0]) == 2 and ids.count(end[0]) == 1
+    assert tok.decode(ids) == "user\nHi!\nmodel\n"     # control tokens decode to nothing

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from worker.engine.errors import GGUFError
+from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.config import ModelConfig, llama3_rope_factors
 from worker.tools.synth import write_model
@@ -113,3 +114,57 @@ def test_yarn_is_refused():
 def test_unknown_architecture():
     with pytest.raises(GGUFError, match="unsupported architecture 'mamba'"):
         ModelConfig.from_metadata(META | {"general.architecture": "mamba"})
+
+
+def test_tiny_gemma3(tiny):
+    c = tiny("tiny-gemma3")
+    assert c.arch == "gemma3" and c.rope_neox and c.has_qk_norm and c.tied_embeddings
+    assert c.has_post_norms and c.ffn_gelu and c.embedding_scale == pytest.approx(16.0)
+    assert c.sliding_window == 8 and c.swa_layers == (True,) * 5 + (False,)
+    assert (c.rope_base, c.rope_base_swa) == (1e6, 10000.0)
+    assert "blk.5.post_attention_norm.weight" in c.required_tensors()
+    assert "blk.5.post_ffw_norm.weight" in c.required_tensors()
+
+
+GEMMA3 = {k.replace("llama.", "gemma3."): v for k, v in META.items()} | {
+    "general.architecture": "gemma3", "gemma3.block_count": 12, "gemma3.attention.sliding_window": 512}
+
+
+def test_gemma3_every_sixth_layer_is_global():
+    c = ModelConfig.from_metadata(GEMMA3)
+    assert [i for i in range(12) if not c.is_sliding(i)] == [5, 11]
+    assert c.rope_base_swa == 10000.0 and c.embedding_scale == 8.0
+
+
+def test_gemma3_pattern_and_local_base_from_the_file():
+    c = ModelConfig.from_metadata(GEMMA3 | {"gemma3.attention.sliding_window_pattern": 3,
+                                            "gemma3.rope.freq_base_swa": 5000.0})
+    assert [i for i in range(12) if not c.is_sliding(i)] == [2, 5, 8, 11] and c.rope_base_swa == 5000.0
+    flags = [True, False] * 6
+    c = ModelConfig.from_metadata(GEMMA3 | {"gemma3.attention.sliding_window_pattern": flags})
+    assert list(c.swa_layers) == flags
+
+
+def test_gemma3_without_a_window_has_no_local_layers():
+    c = ModelConfig.from_metadata({k: v for k, v in GEMMA3.items() if "sliding_window" not in k})
+    assert c.sliding_window == 0 and not any(c.is_sliding(i) for i in range(12))
+
+
+def test_gemma3_linear_rope_scaling_is_for_global_layers_only():
+    """llama.cpp scales the frequency of global layers only (Gemma 3 4B and larger: factor 8)."""
+    c = ModelConfig.from_metadata(GEMMA3 | {"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0})
+    assert c.layer_rope_freq_factors(5) == (8.0,) * 8 and c.layer_rope_freq_factors(0) is None
+
+
+def test_gemma3_final_logit_softcapping_is_refused():
+    with pytest.raises(GGUFError, match="soft-capping"):
+        ModelConfig.from_metadata(GEMMA3 | {"gemma3.final_logit_softcapping": 30.0})
+
+
+def test_gemma3_27b_scales_scores_by_embd_per_head():
+    """Gemma 3 27B (62 layers, 5376 wide, 32 heads of 128): query_pre_attn_scalar = 5376 / 32."""
+    big = GEMMA3 | {"gemma3.block_count": 62, "gemma3.embedding_length": 5376, "gemma3.attention.head_count": 32,
+                    "gemma3.attention.key_length": 128}
+    assert ModelConfig.from_metadata(big).attention_scale == pytest.approx(168 ** -0.5)
+    assert AttentionShape.from_config(ModelConfig.from_metadata(big), 64, 5).scale == pytest.approx(168 ** -0.5)
+    assert AttentionShape.from_config(ModelConfig.from_metadata(GEMMA3), 64, 5).scale == pytest.approx(16 ** -0.5)

@@ -1,10 +1,12 @@
 """The GPU engine against the numpy reference forward pass (tests/refmodel.py) on tiny synthetic
 models of every architecture and several quant mixes."""
+import dataclasses
 import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from refmodel import RefModel
 from refmodel import logits as reference_logits
 
 from vkllm.errors import VkllmError
@@ -16,7 +18,8 @@ from worker.tools.synth import write_model
 
 CASES = [("tiny-llama", "Q4_K_M"), ("tiny-llama", "Q8_0"), ("tiny-qwen2", "Q4_0"), ("tiny-qwen2", "Q5_K_M"),
          ("tiny-qwen3", "Q3_K_L"), ("tiny-qwen3", "Q4_K_M"),
-         ("tiny-llama-bias", "Q4_K_M")]     # a `llama` file that carries q/k/v biases
+         ("tiny-llama-bias", "Q4_K_M"),     # a `llama` file that carries q/k/v biases
+         ("tiny-gemma3", "Q4_K_M"), ("tiny-gemma3", "Q5_0")]   # 11 tokens, past its 8-position window
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +174,30 @@ def test_tiny_models_match_llama_cpp(vk_ctx, synth_dir, preset, mix):
             assert a is None and b in engine.tokenizer.eog_ids or top2[step, 0] - top2[step, 1] < 0.05, \
                 f"greedy {greedy} parts from llama.cpp's {expected} at step {step}"
             break
+
+
+def test_sliding_window_in_chunked_prefill_and_decode(vk_ctx, synth_dir):
+    """tiny-gemma3 (local layers over 8 positions): 20 tokens prefilled in chunks of 4, then
+    decoded one by one, give the reference's logits at every step; the reference without the
+    window differs, so the mask is what makes them agree."""
+    path = _model(synth_dir, "tiny-gemma3", "Q8_0")
+    model_file = ModelFile.open(path)
+    ids = np.random.default_rng(5).integers(0, model_file.config.vocab_size, 24).tolist()
+    ref = reference_logits(model_file, ids)
+    no_window_model = RefModel(model_file)
+    no_window_model.cfg = dataclasses.replace(no_window_model.cfg, swa_layers=())
+    no_window = no_window_model.logits(ids)
+    tol = 2e-3 * np.abs(ref).max()
+    assert np.abs(no_window[-1] - ref[-1]).max() > 50 * tol
+    engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=4)
+    try:
+        engine.runner.prefill(ids[:20], 0, 4, select="logits")
+        np.testing.assert_allclose(engine.runner.read_logits(), ref[19], atol=tol)
+        for pos in range(20, 24):
+            engine.runner.decode(ids[pos], pos)
+            np.testing.assert_allclose(engine.runner.read_logits(), ref[pos], atol=tol)
+    finally:
+        engine.close()
 
 
 def test_close_returns_the_models_memory(vk_ctx, synth_dir):

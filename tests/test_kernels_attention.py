@@ -8,14 +8,16 @@ from worker.engine.kernels.attention import attention, split_scratch_bytes
 from worker.engine.kernels.shapes import AttentionShape
 
 
-def attention_reference(q, k_cache, v_cache, pos0, scale):
+def attention_reference(q, k_cache, v_cache, pos0, scale, window=0):
+    """window > 0: token t sees only the `window` positions ending at its own."""
     n_tokens, n_head, _ = q.shape
     group = n_head // k_cache.shape[1]
     out = np.empty(q.shape)
     for t in range(n_tokens):
         length = pos0 + t + 1
-        k = np.repeat(k_cache[:length].astype(np.float64), group, axis=1)  # [length, n_head, d]
-        v = np.repeat(v_cache[:length].astype(np.float64), group, axis=1)
+        first = max(0, length - window) if window else 0
+        k = np.repeat(k_cache[first:length].astype(np.float64), group, axis=1)  # [seen, n_head, d]
+        v = np.repeat(v_cache[first:length].astype(np.float64), group, axis=1)
         s = np.einsum("hd,lhd->hl", q[t].astype(np.float64), k) * scale
         p = np.exp(s - s.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
@@ -102,3 +104,35 @@ def test_split_without_enough_scratch_is_refused(dev):
         finally:
             rec.finish().destroy()
 
+
+
+WINDOW_CASES = [  # n_tokens, pos0, window, n_ctx, splits: sliding-window (local) layers
+    (1, 650, 512, 700, None),   # decode past the window, split: early splits see nothing
+    (1, 650, 512, 700, 1),      # the same in one pass
+    (1, 100, 512, 700, None),   # still inside the window: all positions
+    (7, 300, 8, 320, 1),        # a prefill chunk: each token's window ends at its own position
+    (7, 300, 8, 320, 3),
+    (5, 0, 3, 64, None),        # from the start, window smaller than the chunk
+]
+
+
+@pytest.mark.parametrize("n_tokens, pos0, window, n_ctx, splits", WINDOW_CASES)
+def test_attention_sliding_window(dev, n_tokens, pos0, window, n_ctx, splits):
+    """Positions older than the window are masked; the caches hold huge values there, which
+    would break the result if read."""
+    n_head, n_head_kv, head_dim = 4, 2, 64
+    rng = np.random.default_rng(pos0 + window)
+    q = f32(rng, n_tokens, n_head, head_dim)
+    k, v = caches(rng, n_ctx, n_head_kv, head_dim, pos0 + n_tokens)
+    first_seen = max(0, pos0 + 1 - window)
+    k[:first_seen], v[:first_seen] = 3e4, -3e4
+    shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, window=window)
+    out = dev.empty(q.nbytes)
+    step = dev.host(np.array([pos0, n_tokens], np.uint32))
+    nbytes = split_scratch_bytes(shape, n_tokens, splits)
+    scratch = dev.empty(nbytes) if nbytes else None
+    dev.run(lambda rec: attention(rec, shape, dev.put(q), dev.put(k), dev.put(v), out, step, n_tokens, scratch,
+                                  splits=splits))
+    got = dev.get(out, count=q.size).reshape(q.shape)
+    expected = attention_reference(q, k, v, pos0, head_dim ** -0.5, window)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

@@ -24,6 +24,29 @@ def test_swiglu(dev):
     np.testing.assert_allclose(dev.get(out, count=gate.size), g / (1 + np.exp(-g)) * up, rtol=1e-5, atol=1e-6)
 
 
+def test_add(dev):
+    rng = np.random.default_rng(4)
+    a, b = f32(rng, 3001), f32(rng, 3001)
+    ba = dev.put(a)
+    dev.run(lambda rec: elementwise.add(rec, ba, dev.put(b), ba, a.size))
+    np.testing.assert_allclose(dev.get(ba, count=a.size), a.astype(np.float64) + b, rtol=1e-6, atol=1e-7)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def test_geglu(dev):
+    """GELU's tanh form times up, down to large arguments (where tanh must saturate, not NaN)."""
+    rng = np.random.default_rng(5)
+    gate, up = 4 * f32(rng, 2051), f32(rng, 2051)
+    gate[:4] = [-100.0, 100.0, 0.0, -3.0]
+    out = dev.empty(gate.nbytes)
+    dev.run(lambda rec: elementwise.geglu(rec, dev.put(gate), dev.put(up), out, gate.size))
+    np.testing.assert_allclose(dev.get(out, count=gate.size), gelu_tanh(gate.astype(np.float64)) * up,
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_many_elements_take_several_per_invocation(dev):
     """Past the workgroup-count limit the grid-stride loop covers the rest."""
     n = min(dev.ctx.info.max_workgroup_count, 65535) * threads(dev.ctx) + 77

@@ -152,12 +152,12 @@ def test_more_row_groups_than_dispatch_limit(vk_ctx):
     np.testing.assert_allclose(y[0, -77:], (x @ w.T)[0, -77:], rtol=1e-4, atol=1e-5)
 
 
-def lookup(ctx, qtype, raw, cols, ids):
+def lookup(ctx, qtype, raw, cols, ids, scale=1.0):
     table = upload_tensor(ctx, "token_embd", qtype, (cols, raw.shape[0]), raw)
     idb, out = ctx.alloc(4 * len(ids)), ctx.alloc(4 * len(ids) * cols)
     ctx.upload(idb, np.asarray(ids, np.uint32))
     rec = ctx.recording()
-    get_rows(rec, table, idb, out, len(ids))
+    get_rows(rec, table, idb, out, len(ids), scale)
     ctx.run(rec.finish())
     result = ctx.download(out, count=len(ids) * cols).reshape(len(ids), cols)
     rec.destroy()
@@ -183,3 +183,12 @@ def test_get_rows_across_parts(small_binding_ctx):
     rows, parts = lookup(small_binding_ctx, T.Q6_K, raw, 256, ids)
     assert parts == 3  # 4 rows of 210 bytes per 1000-byte part
     np.testing.assert_allclose(rows, w[ids], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.Q8_0], ids=lambda t: t.name)
+def test_get_rows_scaled(vk_ctx, qtype):
+    """Gemma's embedding scale, sqrt(n_embd), applied in the lookup (F32 rows with a tail too)."""
+    for cols in cols_for(qtype):
+        raw, w = random_weights(qtype, 9, cols, seed=cols + 1)
+        rows, _ = lookup(vk_ctx, qtype, raw, cols, [3, 0, 8], scale=25.298221)
+        np.testing.assert_allclose(rows, w[[3, 0, 8]].astype(np.float64) * 25.298221, rtol=1e-6, atol=1e-6)

@@ -24,9 +24,13 @@ from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_tenso
 from worker.engine.kernels.tuning import candidates
 
 
-def reference(x, w_gate, w_up):
+def reference(x, w_gate, w_up, gelu=False):
     gate = x.astype(np.float64) @ w_gate.T
-    return gate * 0.5 * (1 + np.tanh(gate / 2)) * (x.astype(np.float64) @ w_up.T)
+    if gelu:    # GELU, tanh form
+        act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
+    else:       # silu
+        act = gate * 0.5 * (1 + np.tanh(gate / 2))
+    return act * (x.astype(np.float64) @ w_up.T)
 
 
 def activations(n, w_gate, seed) -> np.ndarray:
@@ -41,13 +45,13 @@ def small_shape(ctx) -> tuple[int, int]:
     return ctx.info.subgroup_size, 2
 
 
-def run_swiglu(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, x: np.ndarray) -> tuple[np.ndarray, int]:
+def run_swiglu(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, x: np.ndarray, gelu=False) -> tuple[np.ndarray, int]:
     """(out [n, rows], dispatches recorded)."""
     n, rows = x.shape[0], w_gate.rows
     xb, out, up = ctx.alloc(x.nbytes), ctx.alloc(4 * n * rows), ctx.alloc(4 * n * rows)
     ctx.upload(xb, x.astype(np.float32))
     rec = ctx.recording()
-    matmul_swiglu(rec, w_gate, w_up, xb, out, n, up)
+    matmul_swiglu(rec, w_gate, w_up, xb, out, n, up, gelu=gelu)
     dispatches = rec.dispatches
     ctx.run(rec.finish())
     y = ctx.download(out, count=n * rows).reshape(n, rows)
@@ -182,3 +186,35 @@ def test_shapes_must_match(vk_ctx):
         with pytest.raises(ValueError, match="differ in shape"):
             matmul_swiglu(rec, gate, up, None, None, 1, None)
         rec.destroy()
+
+
+GEMMA3_TYPES = (T.F32, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K)   # gemma-3-270m's Q4_K_M file has these
+
+
+@pytest.mark.parametrize("qtype", GEMMA3_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 5])
+def test_geglu_fused(vk_ctx, qtype, n):
+    """gelu=True: GeGLU in the fused kernel (one dispatch)."""
+    cols = cols_for(qtype)[-1]
+    raw_g, w_g = random_weights(qtype, 33, cols, seed=11)
+    raw_u, w_u = random_weights(qtype, 33, cols, seed=12)
+    x = activations(n, w_g, seed=n)
+    with Weights(vk_ctx) as w:
+        gate, up = w.upload(qtype, raw_g, cols, small_shape(vk_ctx)), w.upload(qtype, raw_u, cols)
+        y, dispatches = run_swiglu(vk_ctx, gate, up, x, gelu=True)
+    assert dispatches == 1
+    assert_close(y, reference(x, w_g, w_u, gelu=True))
+    assert np.abs(y - reference(x, w_g, w_u)).max() > 1e-2 * np.abs(y).max()   # not silu
+
+
+def test_geglu_unfused(vk_ctx):
+    """Types that differ: two products, then the elementwise GeGLU."""
+    raw_g, w_g = random_weights(T.Q5_0, 33, 640, seed=13)
+    raw_u, w_u = random_weights(T.Q8_0, 33, 640, seed=14)
+    x = activations(2, w_g, seed=3)
+    with Weights(vk_ctx) as w:
+        gate = w.upload(T.Q5_0, raw_g, 640, small_shape(vk_ctx))
+        up = w.upload(T.Q8_0, raw_u, 640, small_shape(vk_ctx))
+        y, dispatches = run_swiglu(vk_ctx, gate, up, x, gelu=True)
+    assert dispatches == 3
+    assert_close(y, reference(x, w_g, w_u, gelu=True))

@@ -13,7 +13,9 @@ from worker.tools.synthvocab import CONTROL_TOKENS, build_vocab, bytes_to_unicod
 # Parameter counts published with the models (without llama.cpp's rope_freqs tensor).
 PUBLISHED_PARAMS = {"llama-3.2-1b": 1_235_814_400, "llama-3.1-8b": 8_030_261_248,
                     "qwen2.5-7b": 7_615_616_512, "qwen2.5-32b": 32_763_876_352,
-                    "llama-3.1-70b": 70_553_706_496}
+                    "llama-3.1-70b": 70_553_706_496,
+                    # Gemma 3 report, table 1: 3,209M non-embedding + 262208 x 2560 embeddings
+                    "gemma-3-4b": 3_880_263_168}
 
 
 def type_counts(specs):
@@ -37,7 +39,7 @@ def test_q4_k_m_matches_llama_cpp_type_counts():
     assert type_counts(tensor_specs(PRESETS["qwen2.5-7b"], "Q4_K_M")) == {T.F32: 141, T.Q4_K: 169, T.Q6_K: 29}
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"])
 @pytest.mark.parametrize("mix", ["Q4_K_M", "Q5_K_M", "Q3_K_L", "Q8_0", "Q4_0"])
 def test_tiny_files_load(tmp_path, preset, mix):
     path = write_model(preset, tmp_path / "m.gguf", mix)
@@ -100,7 +102,7 @@ def test_bytes_to_unicode_is_gpt2s():
     assert len(set(m.values())) == 256
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"])
 def test_llama_cpp_loads_tiny_files(tmp_path, preset):
     llama_cpp = pytest.importorskip("llama_cpp")
     path = write_model(preset, tmp_path / "m.gguf", "Q4_K_M")

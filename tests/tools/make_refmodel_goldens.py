@@ -1,9 +1,11 @@
 """Write tests/golden/refmodel/*.npz from llama-cpp-python (CPU, default f16 KV cache).
 
     python tests/tools/make_refmodel_goldens.py [MODELS_DIR] [--tiny PRESET ...]
+    python tests/tools/make_refmodel_goldens.py --gemma3 gemma-3-270m-q4_k_m.gguf
 
 With --tiny, only those tiny presets are run, their entries replacing the ones in tiny.npz (the
-rest of the file and smollm2.npz are left as they are).
+rest of the file and smollm2.npz are left as they are). With --gemma3, only gemma3_270m.npz is
+written, from that file (tests/conftest.py's gemma3_270m_path fetches it).
 
 Two llama.cpp runs per model:
 - as shipped (`last`, `greedy`, `top2`): the quantized file with llama.cpp's defaults. Its CPU
@@ -19,6 +21,9 @@ Prompt 4 also has exact logits at every position for 1024 sampled vocabulary ids
 tiny.npz: per tiny preset and mix (seed 0): the file's sha256 (the generator must reproduce
 it), prompt tokens, last-position logits and 8-token greedy continuations; Q4_K_M files also
 exact logits at every position.
+gemma3_270m.npz: as smollm2.npz for GEMMA3_PROMPTS (the last one longer than the model's
+512-position sliding window); last-position logits (float16) exact for prompts 2 and 4, as
+shipped for prompt 4 (262144 of them each: the file stays small).
 Needs llama-cpp-python; tests only read the .npz files.
 """
 import argparse
@@ -49,11 +54,28 @@ SMOLLM2_PROMPTS = [
     "def fibonacci(n):\n",
     "Once upon a time, in a small village,",
 ]
+_COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "silver")
+_ANIMALS = ("fox", "owl", "badger", "heron", "otter", "lynx", "mole", "crow", "hare", "stoat", "wren")
+_PLACES = ("river", "old mill", "market", "hill", "lighthouse")
+# Sentences that never repeat as a whole, so the continuation needs more than copying.
+LONG_PROMPT = "".join(f"{i}. The {_COLORS[i % 7]} {_ANIMALS[i % 11]} walked to the {_PLACES[i % 5]} and "
+                      f"counted {i * 37 % 100} stones.\n" for i in range(1, 45)) + "45. The"
+GEMMA3_PROMPTS = [
+    "The quick brown fox",
+    "def fibonacci(n):\n",
+    "<start_of_turn>user\nWhat is the largest planet in our solar system?<end_of_turn>\n"
+    "<start_of_turn>model\n",
+    "Once upon a time, in a small village,",
+    LONG_PROMPT,
+]
 TINY_MIXES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
               "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q4_K_M", "Q5_K_M", "Q3_K_L")
-# preset -> mixes; tiny-llama-bias (a llama file with q/k/v biases) needs no full sweep of types
+# preset -> mixes; tiny-llama-bias (a llama file with q/k/v biases) and tiny-gemma3 need no full
+# sweep of types
 TINY_PRESETS = {"tiny-llama": TINY_MIXES, "tiny-qwen2": TINY_MIXES, "tiny-qwen3": TINY_MIXES,
-                "tiny-llama-bias": ("F32", "Q8_0", "Q4_K_M")}
+                "tiny-llama-bias": ("F32", "Q8_0", "Q4_K_M"),
+                # the types of gemma-3-270m's Q4_K_M file, each alone and as its mix
+                "tiny-gemma3": ("F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "Q4_K_M")}
 TINY_PROMPT = b"The weather is nice, so we will go for a walk in the park."
 
 
@@ -118,6 +140,25 @@ def smollm2(models_dir: Path) -> dict:
     return data
 
 
+def gemma3_270m(path: Path) -> dict:
+    data = {"prompts": np.array(GEMMA3_PROMPTS)}
+    with tempfile.TemporaryDirectory() as tmp:
+        shipped, exact = runs(path, tmp, 1024)
+        for i, prompt in enumerate(GEMMA3_PROMPTS):
+            tokens = shipped.tokenize(prompt.encode(), add_bos=True, special=True)
+            last, cont, top2 = greedy(shipped, tokens, 16)
+            e_last, e_cont, e_top2 = greedy(exact, tokens, 16)
+            data |= {f"p{i}_tokens": np.array(tokens, dtype=np.int32),
+                     f"p{i}_greedy": cont, f"p{i}_top2": top2,
+                     f"p{i}_exact_greedy": e_cont, f"p{i}_exact_top2": e_top2}
+            if i in (2, 4):
+                data[f"p{i}_exact_last"] = e_last.astype(np.float16)
+            if i == 4:
+                data[f"p{i}_last"] = last.astype(np.float16)
+        del shipped, exact
+    return data
+
+
 def tiny(presets) -> dict:
     data = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,8 +184,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models_dir", nargs="?", type=Path, default=Path(tempfile.gettempdir()) / "vkllm-models")
     parser.add_argument("--tiny", nargs="+", choices=sorted(TINY_PRESETS), help="only these tiny presets")
+    parser.add_argument("--gemma3", type=Path, help="only gemma3_270m.npz, from this gemma-3-270m Q4_K_M file")
     args = parser.parse_args()
     GOLDEN.mkdir(parents=True, exist_ok=True)
+    if args.gemma3:
+        np.savez_compressed(GOLDEN / "gemma3_270m.npz", **gemma3_270m(args.gemma3))
+        return
     if args.tiny:
         kept = {k: v for k, v in np.load(GOLDEN / "tiny.npz").items() if k.split("__")[0] not in args.tiny}
         np.savez_compressed(GOLDEN / "tiny.npz", **kept, **tiny(args.tiny))

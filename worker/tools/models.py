@@ -71,8 +71,13 @@ def _inspect(args):
             ("rope", f"base {c.rope_base:g}, {'neox' if c.rope_neox else 'normal'}"
                      f"{', freq factors' if c.rope_freq_factors else ''}"),
             ("extras", ", ".join(name for name, on in (("tied embeddings", c.tied_embeddings),
-                                 ("qkv bias", c.has_qkv_bias), ("q/k norm", c.has_qk_norm)) if on)
+                                 ("qkv bias", c.has_qkv_bias), ("q/k norm", c.has_qk_norm),
+                                 ("embeddings x sqrt(n_embd)", c.embedding_scale != 1.0),
+                                 ("post norms", c.has_post_norms), ("GeGLU", c.ffn_gelu)) if on)
              or "-")]
+    if c.sliding_window:
+        rows.append(("sliding window", f"{c.sliding_window} positions on {sum(c.swa_layers)} of {c.n_layer} "
+                                       f"layers, rope base {c.rope_base_swa:g} there"))
     for name, value in rows:
         print(f"{name:15} {value}")
     print(f"sampling        {_sampling(model.metadata, n_ctx)}")

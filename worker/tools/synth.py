@@ -42,6 +42,8 @@ class Preset:
     pre: str                                    # tokenizer.ggml.pre
     llama3_rope: tuple | None = None            # (factor, low_freq, high_freq, original_ctx)
     qkv_bias: bool = False                      # q/k/v biases even where the family has none
+    sliding_window: int = 0                     # attention.sliding_window (families with local layers)
+    rope_linear: float | None = None            # rope.scaling linear factor
 
 
 PRESETS = {
@@ -55,6 +57,9 @@ PRESETS = {
                          False, "qwen2"),
     "qwen2.5-32b": Preset("qwen2", 64, 5120, 27648, 40, 8, 128, 152064, 32768, 1e6, 1e-5,
                           False, "qwen2"),
+    # 3.88e9 parameters, as the text model of Gemma 3 4B (its vision tower is a separate file)
+    "gemma-3-4b": Preset("gemma3", 34, 2560, 10240, 8, 4, 256, 262208, 131072, 1e6, 1e-6,
+                         True, "llama-bpe", sliding_window=1024, rope_linear=8.0),
     # Tiny models for tests. tiny-llama's widths are multiples of 256 so k-quants apply
     # everywhere; tiny-qwen2 (128 wide) exercises the llama.cpp fallbacks to 32-blocks;
     # tiny-qwen3 has head_dim * n_head != n_embd, as real Qwen3 models do.
@@ -65,6 +70,10 @@ PRESETS = {
                               False, "llama-bpe", (8.0, 1.0, 4.0, 8192), qkv_bias=True),
     "tiny-qwen2": Preset("qwen2", 2, 128, 352, 4, 2, 32, 331, 2048, 1e6, 1e-6, False, "qwen2"),
     "tiny-qwen3": Preset("qwen3", 2, 256, 512, 4, 2, 32, 400, 2048, 1e6, 1e-6, True, "qwen2"),
+    # Six layers: five local ones over an 8-position window and one global, as Gemma 3's pattern;
+    # head_dim * n_head != n_embd as in every Gemma 3.
+    "tiny-gemma3": Preset("gemma3", 6, 256, 768, 4, 2, 128, 384, 2048, 1e6, 1e-6, True, "llama-bpe",
+                          sliding_window=8),
 }
 
 
@@ -114,9 +123,14 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
                       vec("attn_v", kv_dim, bias, "bias")]
         if family.qk_norm:
             specs += [vec("attn_q_norm", p.head_dim, norm), vec("attn_k_norm", p.head_dim, norm)]
-        specs += [mat("attn_output", p.n_embd, q_dim), vec("ffn_norm", p.n_embd, norm),
+        specs.append(mat("attn_output", p.n_embd, q_dim))
+        if family.post_norms:
+            specs.append(vec("post_attention_norm", p.n_embd, norm))
+        specs += [vec("ffn_norm", p.n_embd, norm),
                   mat("ffn_gate", p.n_ff, p.n_embd), mat("ffn_up", p.n_ff, p.n_embd),
                   mat("ffn_down", p.n_embd, p.n_ff)]
+        if family.post_norms:
+            specs.append(vec("post_ffw_norm", p.n_embd, norm))
     specs.append(TensorSpec("output_norm.weight", (p.n_embd,), T.F32, norm))
     if not p.tied:
         specs.append(TensorSpec("output.weight", (p.n_vocab, p.n_embd), pick("output", -1, p.n_embd),
@@ -155,6 +169,11 @@ def _add_metadata(w: GGUFWriter, name: str, p: Preset, mix: str) -> None:
     w.add_rope_dimension_count(p.head_dim)
     w.add_rope_freq_base(p.rope_base)
     w.add_layer_norm_rms_eps(p.norm_eps)
+    if p.sliding_window:
+        w.add_sliding_window(p.sliding_window)
+    if p.rope_linear:
+        w.add_rope_scaling_type("linear")
+        w.add_rope_scaling_factor(p.rope_linear)
     w.add_vocab_size(p.n_vocab)
     w.add_file_type(file_type(mix))
     w.add_quantization_version(2)

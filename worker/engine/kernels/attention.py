@@ -64,7 +64,8 @@ def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | No
 
 def attention(rec: Recording, shape: AttentionShape, q: Buffer, k_cache: Buffer, v_cache: Buffer, out: Buffer,
               step: Buffer, n_tokens: int, scratch: Buffer | None = None, splits: int | None = None):
-    """out[t, h] = softmax(scale * q[t, h] . K[0..pos0+t, h // group]) V[...], q and out f32
+    """out[t, h] = softmax(scale * q[t, h] . K[0..pos0+t, h // group]) V[...] (only the last
+    shape.window positions of that range when the window is set), q and out f32
     [n_tokens, n_head, head_dim]. `splits` overrides the automatic split count. With more than one
     split this records two dispatches with a barrier between them, the partials in `scratch`
     (split_scratch_bytes)."""
@@ -75,7 +76,7 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, k_cache: Buffer,
     splits = cdiv(shape.n_ctx, chunk)
     spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES}
     push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, row_groups=plan.row_groups,
-                chunk=chunk, scale=float(shape.scale))
+                chunk=chunk, scale=float(shape.scale), window=shape.window)
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
     if splits == 1:
         rec.dispatch(ctx.kernel("attention", spec), [q, k_cache, v_cache, step, out], groups, push)

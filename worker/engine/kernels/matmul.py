@@ -72,9 +72,10 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
 
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
-                  up: Buffer):
+                  up: Buffer, gelu: bool = False):
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
-    gate and up products of a feed-forward block and its SwiGLU. Where the mat-vec kernel would
+    gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh
+    form in place of silu). Where the mat-vec kernel would
     take both products (matmul's rule), one dispatch per part does all three, reading x once for
     both weights: that needs both weights of one type with the same row parts, and the
     workgroup's partial sums (two per row and column) within shared memory. Otherwise two matmul
@@ -90,21 +91,22 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         matmul(rec, w_gate, x, out, n)
         matmul(rec, w_up, x, up, n)
         rec.barrier()
-        elementwise.swiglu(rec, out, up, out, n * w_gate.rows)
+        (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)
         return
     spec = {0: threads, 1: rows_per_group, 2: cols}
-    kernel = ctx.kernel(f"mul_mat_vec_glu_{w_gate.ggml_type.name.lower()}", spec)
+    op = "geglu" if gelu else "glu"
+    kernel = ctx.kernel(f"mul_mat_vec_{op}_{w_gate.ggml_type.name.lower()}", spec)
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [gate, up_part, x, out], (x_groups, y_groups, cdiv(n, cols)),
                      _push(w_gate, first, count, n, False))
 
 
-def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int):
-    """out[i, :] = table row ids[i] as f32; ids uint32 [n], out f32 [n, table.cols]."""
+def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int, scale: float = 1.0):
+    """out[i, :] = scale * table row ids[i] as f32; ids uint32 [n], out f32 [n, table.cols]."""
     ctx = rec.ctx
     kernel = ctx.kernel(f"get_rows_{table.ggml_type.name.lower()}", {0: GET_ROWS_THREADS})
     slices = cdiv(table.cols, 16)
     for buffer, first, count in table.parts:
         rec.dispatch(kernel, [buffer, ids, out], (cdiv(slices, GET_ROWS_THREADS), n, 1),
-                     dict(ncols=table.cols, first_row=first, rows=count))
+                     dict(ncols=table.cols, first_row=first, rows=count, scale=float(scale)))

@@ -10,7 +10,8 @@ MAX_K = 64   # top-k candidates select.py's kernel keeps for the sampler
 class AttentionShape:
     """A model's attention geometry: query and KV heads of head_dim values, f16 KV caches of
     n_ctx rows [n_ctx, n_head_kv, head_dim], RoPE over the first rope_dim values of a head
-    (llama.cpp's normal or NeoX pairing), and the score scale (head_dim^-0.5 unless given)."""
+    (llama.cpp's normal or NeoX pairing), the score scale (head_dim^-0.5 unless given) and the
+    sliding window (window > 0: a query at position i sees only positions > i - window)."""
     n_head: int
     n_head_kv: int
     head_dim: int
@@ -19,6 +20,7 @@ class AttentionShape:
     rope_base: float = 10000.0
     rope_neox: bool = False
     scale: float | None = None
+    window: int = 0
 
     def __post_init__(self):
         if self.rope_dim is None:
@@ -29,10 +31,16 @@ class AttentionShape:
             raise ValueError(f"unsupported attention shape {self}")
 
     @classmethod
-    def from_config(cls, config, n_ctx: int) -> "AttentionShape":
-        """From a models.config.ModelConfig, for caches of n_ctx rows."""
-        return cls(config.n_head, config.n_head_kv, config.head_dim, n_ctx, config.rope_dim, config.rope_base,
-                   config.rope_neox)
+    def from_config(cls, config, n_ctx: int, layer: int | None = None) -> "AttentionShape":
+        """From a models.config.ModelConfig, for caches of n_ctx rows; with `layer`, that layer's
+        RoPE base and sliding window (the geometry is the same for every layer)."""
+        if layer is None:
+            return cls(config.n_head, config.n_head_kv, config.head_dim, n_ctx, config.rope_dim, config.rope_base,
+                       config.rope_neox, config.attention_scale)
+        local = config.is_sliding(layer)
+        return cls(config.n_head, config.n_head_kv, config.head_dim, n_ctx, config.rope_dim,
+                   config.rope_base_swa if local else config.rope_base, config.rope_neox, config.attention_scale,
+                   window=config.sliding_window if local else 0)
 
     @property
     def group(self) -> int:

@@ -3,8 +3,16 @@
 What differs between families is a flag on the config, which the one forward pass
 (models/model.py) reads. FAMILIES maps `general.architecture` to what the family's files always
 have (Mistral and SmolLM2 files say `llama`; Qwen2 = Llama + q/k/v biases + NeoX RoPE; Qwen3 =
-NeoX RoPE + per-head q/k RMSNorm); what a file may have besides (q/k/v biases in a `llama` file,
-tied embeddings, rope factors) is read from its tensors.
+NeoX RoPE + per-head q/k RMSNorm; Gemma 3 = Qwen3 + embeddings scaled by sqrt(n_embd), RMSNorm
+after attention and after the FFN too, GeGLU, and sliding-window layers); what a file may have
+besides (q/k/v biases in a `llama` file, tied embeddings, rope factors) is read from its tensors.
+
+Sliding-window attention (llama.cpp's "iSWA"): a family with `swa_pattern` has local layers, each
+seeing the last `attention.sliding_window` positions, and global ones: layer i is global when
+i % pattern == pattern - 1 (Gemma 3: every sixth), unless `attention.sliding_window_pattern`
+gives the pattern or a per-layer list. Local layers rotate with their own base
+(`rope.freq_base_swa`, default the family's) and without linear rope scaling (llama.cpp applies
+the scaled frequency to global layers only; a rope_freqs tensor applies to all).
 
 RoPE frequency factors: llama.cpp divides each rotation frequency by `rope_freqs.weight`
 (written by convert_hf_to_gguf.py for Llama 3.1/3.2 "llama3" rope scaling), so that tensor is
@@ -46,12 +54,23 @@ class Family:
     rope_neox: bool = False    # NeoX rotation (x_i, x_i+d/2) rather than adjacent pairs (x0, x1)
     qkv_bias: bool = False     # q/k/v biases required (a file of another family may still carry them)
     qk_norm: bool = False      # RMSNorm over each head of q and k before RoPE
+    embd_scale: bool = False   # token embeddings multiplied by sqrt(n_embd)
+    post_norms: bool = False   # RMSNorm of the attention and FFN outputs before each residual add
+    gelu: bool = False         # GeGLU (GELU-tanh gate) rather than SwiGLU
+    swa_pattern: int = 0       # layers per group of local layers + one global (0: no sliding window)
+    rope_base_swa: float = 10000.0  # RoPE base of local layers unless the file says
+    # layer counts of the family's models whose attention scores are scaled by
+    # (n_embd / n_head)^-0.5 instead of head_dim^-0.5 (Gemma 3 27B's query_pre_attn_scalar;
+    # llama.cpp picks it by the same layer count)
+    embd_per_head_scale_layers: tuple[int, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(),                               # Llama 2/3.x, Mistral, SmolLM2, TinyLlama
     "qwen2": Family(rope_neox=True, qkv_bias=True),  # Qwen2/2.5, DeepSeek-R1-Distill-Qwen
     "qwen3": Family(rope_neox=True, qk_norm=True),   # Qwen3 (dense)
+    "gemma3": Family(rope_neox=True, qk_norm=True, embd_scale=True, post_norms=True, gelu=True,
+                     swa_pattern=6, embd_per_head_scale_layers=(62,)),  # Gemma 3 (text)
 }
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -78,6 +97,14 @@ class ModelConfig:
     has_qkv_bias: bool
     has_qk_norm: bool
     rope_neox: bool
+    embedding_scale: float = 1.0
+    has_post_norms: bool = False
+    ffn_gelu: bool = False
+    sliding_window: int = 0                       # positions a local layer sees (0: none)
+    swa_layers: tuple[bool, ...] = ()             # per layer: local (sliding window)
+    rope_base_swa: float = 10000.0                # RoPE base of local layers
+    rope_freq_factors_swa: tuple[float, ...] | None = None   # rope_freq_factors of local layers
+    attention_scale: float | None = None          # score scale; None: head_dim^-0.5
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], tensors: Mapping[str, Any] | None = None):
@@ -105,17 +132,35 @@ class ModelConfig:
         head_dim = int(key("attention.key_length", n_embd // n_head))
         vocab = key("vocab_size", len(meta.get("tokenizer.ggml.tokens", ())) or None)
         has_bias = family.qkv_bias or "blk.0.attn_q.bias" in tensors
+        n_layer = int(key("block_count"))
+        if float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0) != 0.0:
+            raise GGUFError("final logit soft-capping is not supported")
+        window, swa_layers = _sliding_window(meta, arch, family, n_layer)
+        factors = _rope_factors(meta, arch, tensors, head_dim)
+        linear = "rope_freqs.weight" not in tensors
         return cls(
             arch=arch, name=str(meta.get("general.name", "")),
-            n_layer=int(key("block_count")), n_embd=n_embd, n_ff=int(key("feed_forward_length")),
+            n_layer=n_layer, n_embd=n_embd, n_ff=int(key("feed_forward_length")),
             n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
             head_dim=head_dim, rope_dim=int(key("rope.dimension_count", head_dim)),
             rope_base=float(key("rope.freq_base", 10000.0)),
-            rope_freq_factors=_rope_factors(meta, arch, tensors, head_dim),
+            rope_freq_factors=factors,
             norm_eps=float(key("attention.layer_norm_rms_epsilon")),
             context_length=int(key("context_length")), vocab_size=int(vocab),
             tied_embeddings="output.weight" not in tensors, has_qkv_bias=has_bias,
-            has_qk_norm=family.qk_norm, rope_neox=family.rope_neox)
+            has_qk_norm=family.qk_norm, rope_neox=family.rope_neox,
+            embedding_scale=math.sqrt(n_embd) if family.embd_scale else 1.0,
+            has_post_norms=family.post_norms, ffn_gelu=family.gelu, sliding_window=window,
+            swa_layers=swa_layers, rope_base_swa=float(key("rope.freq_base_swa", family.rope_base_swa)),
+            rope_freq_factors_swa=None if linear else factors,
+            attention_scale=(n_embd // n_head) ** -0.5 if n_layer in family.embd_per_head_scale_layers else None)
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether `layer` attends over a sliding window (a local layer)."""
+        return bool(self.swa_layers) and self.swa_layers[layer]
+
+    def layer_rope_freq_factors(self, layer: int) -> tuple[float, ...] | None:
+        return self.rope_freq_factors_swa if self.is_sliding(layer) else self.rope_freq_factors
 
     def required_tensors(self) -> list[str]:
         per_layer = list(LAYER_TENSORS)
@@ -123,6 +168,8 @@ class ModelConfig:
             per_layer += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
         if self.has_qk_norm:
             per_layer += ["attn_q_norm", "attn_k_norm"]
+        if self.has_post_norms:
+            per_layer += ["post_attention_norm", "post_ffw_norm"]
         names = ["token_embd.weight", "output_norm.weight"]
         names += [f"blk.{i}.{t}" if t.endswith(".bias") else f"blk.{i}.{t}.weight"
                   for i in range(self.n_layer) for t in per_layer]
@@ -150,3 +197,17 @@ def _rope_factors(meta, arch, tensors, head_dim) -> tuple[float, ...] | None:
     if kind == "linear":
         return (factor,) * (head_dim // 2)
     raise GGUFError(f"unsupported rope scaling type {kind!r}")
+
+
+def _sliding_window(meta, arch, family, n_layer) -> tuple[int, tuple[bool, ...]]:
+    """(window, per-layer local flags) as llama.cpp reads them; (0, ()) without a window."""
+    window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
+    if not family.swa_pattern or window <= 0:
+        return 0, ()
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", family.swa_pattern)
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != n_layer:
+            raise ValueError(f"sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
+        return window, tuple(bool(v) for v in pattern)
+    pattern = int(pattern)
+    return window, tuple(pattern == 0 or i % pattern < pattern - 1 for i in range(n_layer))

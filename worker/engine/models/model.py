@@ -1,6 +1,8 @@
 """The forward pass of every supported family on the GPU, recorded once per batch size and
 replayed. What differs between families is a flag on the config (models/config.py) that this one
-pass reads: q/k/v biases, per-head q/k RMSNorm, NeoX RoPE, tied embeddings.
+pass reads: q/k/v biases, per-head q/k RMSNorm, NeoX RoPE, tied embeddings, the embedding
+scale, norms after attention and FFN, GeGLU, and sliding-window layers (each layer's
+AttentionShape carries its RoPE base and window; the KV cache stays full length).
 
 Weights keep their GGUF names: layer i's `blk.i.attn_q.weight` is `self.layers[i]["attn_q"]`,
 its bias `["attn_q.bias"]`. The model holds weights and the KV cache; everything a pass writes
@@ -69,13 +71,16 @@ class Model:
             if progress is not None:
                 progress(info.n_bytes)
         self.output = self.globals.get("output", self.globals["token_embd"])
-        self.freq_factors = None
-        if config.rope_freq_factors is not None:
-            self.freq_factors = self._upload_f32(np.asarray(config.rope_freq_factors, np.float32))
+        # one buffer per distinct set of rope factors (local and global layers may differ)
+        factors = {config.layer_rope_freq_factors(i) for i in range(config.n_layer)} - {None}
+        self.freq_buffers = {f: self._upload_f32(np.asarray(f, np.float32)) for f in factors}
+        self.freq_factors = [self.freq_buffers.get(config.layer_rope_freq_factors(i))
+                             for i in range(config.n_layer)]
         kv_width = config.n_head_kv * config.head_dim
         self.k_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
         self.v_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
         self.attention_shape = AttentionShape.from_config(config, n_ctx)
+        self.layer_shapes = [AttentionShape.from_config(config, n_ctx, i) for i in range(config.n_layer)]
 
     def _upload(self, info):
         if not _is_matrix(info):
@@ -98,7 +103,7 @@ class Model:
                 free_tensor(self.ctx, t)
             else:
                 self.ctx.free(t)
-        for buffer in [*self.k_cache, *self.v_cache] + ([self.freq_factors] if self.freq_factors else []):
+        for buffer in [*self.k_cache, *self.v_cache, *self.freq_buffers.values()]:
             self.ctx.free(buffer)
 
     # -- the forward pass ------------------------------------------------------------------------
@@ -107,7 +112,7 @@ class Model:
         the last token (or of all)."""
         assert n <= ws.n
         c = self.config
-        get_rows(rec, self.globals["token_embd"], ws.ids if ids is None else ids, ws.x, n)
+        get_rows(rec, self.globals["token_embd"], ws.ids if ids is None else ids, ws.x, n, c.embedding_scale)
         rec.barrier()
         for i, layer in enumerate(self.layers):
             self.record_attention(rec, ws, ws.step if step is None else step, i, layer, n)
@@ -136,19 +141,32 @@ class Model:
             norm.rms_norm(rec, ws.k, layer["attn_k_norm"], ws.k, n * c.n_head_kv, c.head_dim, c.norm_eps)
             rec.barrier()
         # one dispatch: q rotated in place, k rotated and v copied into this layer's f16 cache
-        shape = self.attention_shape
-        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], step, n, self.freq_factors)
+        shape = self.layer_shapes[i]
+        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], step, n,
+                           self.freq_factors[i])
         rec.barrier()
         attn_ops.attention(rec, shape, ws.q, self.k_cache[i], self.v_cache[i], ws.att, step, n, ws.attention)
         rec.barrier()
-        matmul(rec, layer["attn_output"], ws.att, ws.x, n, y_accumulate=True)
+        self.record_residual(rec, ws, layer, "attn_output", ws.att, "post_attention_norm", n)
+
+    def record_residual(self, rec, ws, layer, weight, inp, post_norm, n):
+        """x += W inp, or with post norms x += rms_norm(W inp) (through xb, free by then)."""
+        c = self.config
+        if not c.has_post_norms:
+            matmul(rec, layer[weight], inp, ws.x, n, y_accumulate=True)
+            rec.barrier()
+            return
+        matmul(rec, layer[weight], inp, ws.xb, n)
+        rec.barrier()
+        norm.rms_norm(rec, ws.xb, layer[post_norm], ws.xb, n, c.n_embd, c.norm_eps)
+        rec.barrier()
+        elementwise.add(rec, ws.x, ws.xb, ws.x, n * c.n_embd)
         rec.barrier()
 
     def record_ffn(self, rec, ws, layer, n):
         c = self.config
         norm.rms_norm(rec, ws.x, layer["ffn_norm"], ws.xb, n, c.n_embd, c.norm_eps)
         rec.barrier()
-        matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], ws.xb, ws.gate, n, up=ws.up)
+        matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], ws.xb, ws.gate, n, up=ws.up, gelu=c.ffn_gelu)
         rec.barrier()
-        matmul(rec, layer["ffn_down"], ws.gate, ws.x, n, y_accumulate=True)
-        rec.barrier()
+        self.record_residual(rec, ws, layer, "ffn_down", ws.gate, "post_ffw_norm", n)
