@@ -118,3 +118,20 @@ def test_rest_job_with_a_response_format(client, start_worker):
     job = wait(client, r.json["id"])
     assert job["state"] == "finished" and job["finish_reason"] == "stop"
     jsonschema.validate(json.loads(job["output"]), SCHEMA)
+
+
+def test_llama_cpp_server_and_ours_both_keep_to_the_same_schema(oai, smollm2_qwen_template):  # noqa: F811
+    """The same JSON-schema requests to llama.cpp's server (xllamacpp, CPU, the same file and
+    template) and to ours, greedy and seeded: every output parses and validates in both."""
+    xllamacpp = pytest.importorskip("xllamacpp")
+    params = xllamacpp.CommonParams()
+    params.model.path = str(smollm2_qwen_template)
+    params.n_ctx, params.use_jinja = 1024, True
+    server = xllamacpp.Server(params)
+    request = {"messages": ask("Invent a person: name, age and pet."), "max_tokens": 40,
+               "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}}
+    for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 1}, {"temperature": 1.0, "seed": 2}):
+        peer = server.handle_chat_completions(request | sampling)["choices"][0]["message"]["content"]
+        ours = oai.chat.completions.create(model=MODEL, **request, **sampling).choices[0].message.content
+        for text in (peer, ours):
+            jsonschema.validate(json.loads(text), PERSON)
