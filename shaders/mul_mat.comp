@@ -1,6 +1,7 @@
 #version 450
 #include "common.glsl"
 #include "dequant.glsl"
+#include "mul_mat_base.glsl"
 
 // Matrix x matrix (prefill): y[t, y_offset + r] (+)= sum_k W[r, k] * x[t, k] for the rows of one
 // part and n token columns. Tiles of BM rows x BN columns (TILE, a specialization constant from
@@ -17,35 +18,8 @@ const uint BK = 32;
 const uint A_LOADERS = BM * BK / 16;
 const uint THREADS_PER_COL = BM / 4;   // threads along a column of the tile, 4 rows each
 
-layout(std430, binding = 1) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
-layout(std430, binding = 2) buffer Y { float y[]; };
-
-// The same block as mul_mat_vec_base.glsl's: matmul.py packs both alike.
-layout(push_constant) uniform Push {
-    uint ncols;       // K
-    uint rows;        // rows of this part
-    uint n;           // columns of x and y (tokens)
-    uint y_offset;    // index in a column of y of this part's first row
-    uint y_stride;    // length of a column of y: all rows of the tensor
-    uint accumulate;  // 1: add to what y holds (residual), 0: overwrite
-} p;
-
 shared vec4 tile_a[BK][BM / 4];
 shared vec4 tile_x[BK][BN / 4];
-
-mat4 load_a16(uint row, uint k) {
-#if QUANT_K == 1
-    if (k + 16 > p.ncols) {
-        mat4 v = mat4(0.0);
-        for (uint j = 0; k + j < p.ncols; j++) {
-            v[j / 4][j % 4] = dequantize1(row * p.ncols + k + j);
-        }
-        return v;
-    }
-#endif
-    return dequantize16(row * (p.ncols / QUANT_K) + k / QUANT_K, (k % QUANT_K) / 16);
-}
 
 void load_tiles(uint tid, uint row0, uint col0, uint k0) {
     if (tid < A_LOADERS) {
@@ -57,18 +31,8 @@ void load_tiles(uint tid, uint row0, uint col0, uint k0) {
         return;
     }
     for (uint v = tid - A_LOADERS; v < BN * BK / 4; v += gl_WorkGroupSize.x - A_LOADERS) {
-        const uint col = v / (BK / 4), k = k0 + 4 * (v % (BK / 4));
-        vec4 xv = vec4(0.0);
-        if (col0 + col < p.n && k < p.ncols) {
-            const uint i = (col0 + col) * p.ncols + k;
-            if (p.ncols % 4 == 0) {
-                xv = x4[i / 4];
-            } else {
-                for (uint j = 0; j < 4 && k + j < p.ncols; j++) {
-                    xv[j] = x[i + j];
-                }
-            }
-        }
+        const uint col = v / (BK / 4);
+        const vec4 xv = load_x4(col0 + col, k0 + 4 * (v % (BK / 4)));
         for (uint j = 0; j < 4; j++) {
             tile_x[4 * (v % (BK / 4)) + j][col / 4][col % 4] = xv[j];
         }
@@ -90,13 +54,8 @@ void main() {
         barrier();
     }
     for (uint j = 0; j < 4; j++) {
-        const uint col = col0 + 4 * tc + j;
         for (uint i = 0; i < 4; i++) {
-            const uint row = row0 + 4 * tr + i;
-            if (row < p.rows && col < p.n) {
-                const uint idx = col * p.y_stride + p.y_offset + row;
-                y[idx] = p.accumulate != 0 ? y[idx] + acc[j][i] : acc[j][i];
-            }
+            store_y(row0 + 4 * tr + i, col0 + 4 * tc + j, acc[j][i]);
         }
     }
 }

@@ -1,8 +1,12 @@
-"""Mat-vec, mat-mat and row lookup for every GGUF weight type, on lavapipe, against
+"""Mat-vec, mat-mat and row lookup for every GGUF weight type, on lavapipe (and on a GPU: the
+mat-mat tests take every kernel the device offers, cooperative matrices included), against
 gguf.quants.dequantize + numpy in float64.
 
 Tolerance: ||y - ref|| <= 1e-5 * ||ref|| (fp32 accumulation of exactly dequantized weights;
-observed errors are ~1e-7). get_rows must match the dequantized rows to fp32 rounding."""
+observed errors are ~1e-7). The cooperative-matrix kernel multiplies f16 weights and
+activations: its reference rounds both to f16 first (numpy), within 1e-4 (a value the GPU
+rounds the other way now and then; the f16 rounding itself is ~5e-4, so the check still tells).
+get_rows must match the dequantized rows to fp32 rounding."""
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
@@ -10,11 +14,13 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
 from tests.kernel_io import own_context
-from worker.engine.kernels.matmul import get_rows, mat_vec_shape, matmul
+from worker.engine.kernels.matmul import get_rows, mat_vec_shape, matmul, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.tuning import candidates
 
 RTOL = 1e-5
+F16_RTOL = 1e-4
+PATHS = ("tiled", "mat_vec", "coopmat")
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 LEGACY_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
 RANDOM_BLOCK_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
@@ -50,7 +56,7 @@ def cols_for(qtype: T) -> tuple[int, ...]:
     return {1: (37, 531), 32: (96, 800), 256: (768,)}[block]
 
 
-def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, tiled=None, shape=None):
+def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, path=None, shape=None):
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
     tensor.mat_vec_shape = shape
     xb, yb = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows)
@@ -58,7 +64,7 @@ def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, tiled=None, shape=None):
     if y0 is not None:
         ctx.upload(yb, y0.astype(np.float32))
     rec = ctx.recording()
-    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, tiled=tiled)
+    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path=path)
     ctx.run(rec.finish())
     y = ctx.download(yb, count=n * tensor.rows).reshape(n, tensor.rows)
     rec.destroy()
@@ -69,9 +75,22 @@ def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, tiled=None, shape=None):
     return y, parts
 
 
-def assert_close(y, ref):
+def assert_close(y, ref, rtol=RTOL):
     err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
-    assert err <= RTOL, f"relative error {err:.2e}"
+    assert err <= rtol, f"relative error {err:.2e}"
+
+
+def offered(ctx, path):
+    if path not in paths(ctx):
+        pytest.skip(f"{ctx.info.name} has no {path} kernel")
+
+
+def product(x, w, path):
+    """The reference of x @ w.T as the path computes it (f16 operands on matrix units)."""
+    if path == "coopmat":
+        x, w = (np.asarray(a, np.float16).astype(np.float64) for a in (x, w))
+        return x @ w.T, F16_RTOL
+    return x.astype(np.float64) @ w.T, RTOL
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
@@ -84,17 +103,30 @@ def test_mat_vec_every_type(vk_ctx, qtype):
             assert_close(y, x.astype(np.float32) @ w.T)
 
 
-@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "mat-vec-columns"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
-def test_mat_mat_every_type(vk_ctx, qtype, tiled):
-    """Several columns through the tiled kernel and through the mat-vec kernel's column groups
-    (n = 3 fits one group, 17 and 70 leave a partial last group)."""
+def test_mat_mat_every_type(vk_ctx, qtype, path):
+    """Several columns through each mat-mat kernel and through the mat-vec kernel's column
+    groups (n = 3 fits one group, 17 and 70 leave a partial last group and partial tiles)."""
+    offered(vk_ctx, path)
     cols = cols_for(qtype)[-1]
     raw, w = random_weights(qtype, 67, cols, seed=3)
     for n in (3, 17, 70):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
-        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, tiled=tiled)
-        assert_close(y, x @ w.T)
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path=path)
+        assert_close(y, *product(x, w, path))
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_mat_mat_over_many_tiles(vk_ctx, qtype):
+    """A product of several whole and partial tiles in both directions, K over several steps,
+    through each mat-mat kernel the device offers (a prefill chunk in miniature)."""
+    cols = {T.F32: 531}.get(qtype, 512)
+    raw, w = random_weights(qtype, 301, cols, seed=8)
+    x = np.random.default_rng(4).standard_normal((150, cols)).astype(np.float32)
+    for path in paths(vk_ctx)[1:]:
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, 150, path=path)
+        assert_close(y, *product(x, w, path))
 
 
 @pytest.mark.parametrize("qtype", [T.F16, T.Q4_0, T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
@@ -108,18 +140,20 @@ def test_mat_vec_every_tuning_candidate(vk_ctx, qtype):
     for n in (1, 2) if qtype == T.Q4_0 else (1,):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
         for shape in candidates(vk_ctx.info):
-            y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, tiled=False, shape=shape)
+            y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="mat_vec", shape=shape)
             assert_close(y, x @ w.T)
 
 
-@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "mat-vec-columns"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n", [1, 5])
-def test_accumulate_adds_to_y(vk_ctx, n, tiled):
+def test_accumulate_adds_to_y(vk_ctx, n, path):
+    offered(vk_ctx, path)
     raw, w = random_weights(T.Q4_1, 33, 96)
     x = np.random.default_rng(1).standard_normal((n, 96)).astype(np.float32)
     y0 = np.random.default_rng(2).standard_normal((n, 33)).astype(np.float32)
-    y, _ = run_matmul(vk_ctx, T.Q4_1, raw, 96, x, n, y0, tiled=tiled)
-    assert_close(y, y0 + x @ w.T)
+    y, _ = run_matmul(vk_ctx, T.Q4_1, raw, 96, x, n, y0, path=path)
+    ref, rtol = product(x, w, path)
+    assert_close(y, y0 + ref, rtol)
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +167,11 @@ def small_binding_ctx(vk_settings):
 def test_rows_split_into_parts(small_binding_ctx, qtype):
     cols = cols_for(qtype)[0]
     raw, w = random_weights(qtype, 41, cols, seed=5)
-    for n, tiled in ((1, False), (17, False), (17, True)):
+    for n, path in ((1, "mat_vec"), (17, "mat_vec")) + tuple((17, p) for p in paths(small_binding_ctx)[1:]):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
-        y, parts = run_matmul(small_binding_ctx, qtype, raw, cols, x, n, tiled=tiled)
+        y, parts = run_matmul(small_binding_ctx, qtype, raw, cols, x, n, path=path)
         assert parts > 3
-        assert_close(y, x @ w.T)
+        assert_close(y, *product(x, w, path))
 
 
 def test_more_row_groups_than_dispatch_limit(vk_ctx):

