@@ -1,6 +1,7 @@
 #version 450
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "dequant.glsl"
 #include "mul_mat_base.glsl"
@@ -9,9 +10,12 @@
 // the weight tile dequantized into shared memory as f16, the activation tile converted to f16 on
 // load, and f32 accumulation in TM x TN x TK cooperative matrices (a shape the device reports).
 // A workgroup computes BM rows x BN columns; its subgroups each own WM x WN of them
-// ((WM / TM) x (WN / TN) accumulators), rows first. K goes in steps of BK through shared memory.
-// y is written through a per-subgroup staging tile, which bounds-checks the edges and applies
-// `accumulate`. Sizes are specialization constants, chosen by matmul.py from the device's shapes;
+// ((WM / TM) x (WN / TN) accumulators), rows first. K goes in steps of BK (a multiple of 16 and
+// of TK) through shared memory.
+// The next step's weights and activations are loaded into registers while the matrix units work
+// on the current one. Loops over accumulators are unrolled: an accumulator array indexed at run
+// time would live in local memory. y is written through a per-subgroup staging tile, which
+// bounds-checks the edges and applies `accumulate`. Sizes are specialization constants, chosen by matmul.py from the device's shapes;
 // the workgroup size (constant 0) must be (BM / WM) * (BN / WN) subgroups.
 layout(constant_id = 1) const uint BM = 128;
 layout(constant_id = 2) const uint BN = 128;
@@ -21,27 +25,48 @@ layout(constant_id = 5) const uint TM = 16;
 layout(constant_id = 6) const uint TN = 16;
 layout(constant_id = 7) const uint TK = 16;
 layout(constant_id = 8) const uint SUBGROUP = 32;
-const uint BK = 32;
+layout(constant_id = 9) const uint BK = 32;
 // Rows of the tiles in f16 4-vectors: BK / 4 plus 2 (16 bytes) of padding against bank conflicts.
 const uint STRIDE = BK / 4 + 2;
 const uint SUBGROUPS = (BM / WM) * (BN / WN);
+const uint THREADS = SUBGROUPS * SUBGROUP;
 const uint CM_ROWS = WM / TM, CM_COLS = WN / TN;
+// 16-value weight slices and 4-value activation vectors per thread and step
+const uint A_PER_THREAD = (BM * (BK / 16) + THREADS - 1) / THREADS;
+const uint X_PER_THREAD = (BN * (BK / 4) + THREADS - 1) / THREADS;
 
 shared f16vec4 buf_a[BM * STRIDE];   // buf_a[r * STRIDE + k / 4]: row-major weights
 shared f16vec4 buf_x[BN * STRIDE];   // buf_x[t * STRIDE + k / 4]: column-major B = x^T
 shared float staging[SUBGROUPS * TM * TN];
 
-void load_tiles(uint tid, uint row0, uint col0, uint k0) {
-    for (uint i = tid; i < BM * (BK / 16); i += gl_WorkGroupSize.x) {
-        const uint row = i / (BK / 16), slice = i % (BK / 16), k = k0 + 16 * slice;
-        const mat4 v = row0 + row < p.rows && k < p.ncols ? load_a16(row0 + row, k) : mat4(0.0);
-        for (uint c = 0; c < 4; c++) {
-            buf_a[row * STRIDE + 4 * slice + c] = f16vec4(v[c]);
+mat4 reg_a[A_PER_THREAD];
+vec4 reg_x[X_PER_THREAD];
+
+void load_registers(uint tid, uint row0, uint col0, uint k0) {
+    [[unroll]] for (uint j = 0; j < A_PER_THREAD; j++) {
+        const uint i = tid + j * THREADS, row = i / (BK / 16), k = k0 + 16 * (i % (BK / 16));
+        reg_a[j] = i < BM * (BK / 16) && row0 + row < p.rows && k < p.ncols ? load_a16(row0 + row, k) : mat4(0.0);
+    }
+    [[unroll]] for (uint j = 0; j < X_PER_THREAD; j++) {
+        const uint i = tid + j * THREADS;
+        reg_x[j] = i < BN * (BK / 4) ? load_x4(col0 + i / (BK / 4), k0 + 4 * (i % (BK / 4))) : vec4(0.0);
+    }
+}
+
+void store_tiles(uint tid) {
+    [[unroll]] for (uint j = 0; j < A_PER_THREAD; j++) {
+        const uint i = tid + j * THREADS, row = i / (BK / 16), slice = i % (BK / 16);
+        if (i < BM * (BK / 16)) {
+            [[unroll]] for (uint c = 0; c < 4; c++) {
+                buf_a[row * STRIDE + 4 * slice + c] = f16vec4(reg_a[j][c]);
+            }
         }
     }
-    for (uint i = tid; i < BN * (BK / 4); i += gl_WorkGroupSize.x) {
-        const uint col = i / (BK / 4), k4 = i % (BK / 4);
-        buf_x[col * STRIDE + k4] = f16vec4(load_x4(col0 + col, k0 + 4 * k4));
+    [[unroll]] for (uint j = 0; j < X_PER_THREAD; j++) {
+        const uint i = tid + j * THREADS;
+        if (i < BN * (BK / 4)) {
+            buf_x[(i / (BK / 4)) * STRIDE + i % (BK / 4)] = f16vec4(reg_x[j]);
+        }
     }
 }
 
@@ -51,24 +76,28 @@ void main() {
     const uint warp_r = sg % (BM / WM), warp_c = sg / (BM / WM);
 
     coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> sums[CM_ROWS * CM_COLS];
-    for (uint i = 0; i < CM_ROWS * CM_COLS; i++) {
+    [[unroll]] for (uint i = 0; i < CM_ROWS * CM_COLS; i++) {
         sums[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
     }
     coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a[CM_ROWS];
     coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b;
 
+    load_registers(tid, row0, col0, 0);
     for (uint k0 = 0; k0 < p.ncols; k0 += BK) {
-        load_tiles(tid, row0, col0, k0);
+        store_tiles(tid);
         barrier();
-        for (uint kk = 0; kk < BK; kk += TK) {
-            for (uint i = 0; i < CM_ROWS; i++) {
+        if (k0 + BK < p.ncols) {
+            load_registers(tid, row0, col0, k0 + BK);
+        }
+        [[unroll]] for (uint kk = 0; kk < BK; kk += TK) {
+            [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
                 coopMatLoad(a[i], buf_a, (warp_r * WM + i * TM) * STRIDE + kk / 4, STRIDE,
                             gl_CooperativeMatrixLayoutRowMajor);
             }
-            for (uint j = 0; j < CM_COLS; j++) {
+            [[unroll]] for (uint j = 0; j < CM_COLS; j++) {
                 coopMatLoad(b, buf_x, (warp_c * WN + j * TN) * STRIDE + kk / 4, STRIDE,
                             gl_CooperativeMatrixLayoutColumnMajor);
-                for (uint i = 0; i < CM_ROWS; i++) {
+                [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
                     sums[j * CM_ROWS + i] = coopMatMulAdd(a[i], b, sums[j * CM_ROWS + i]);
                 }
             }
@@ -78,8 +107,8 @@ void main() {
 
     // staging[t * TM + r]: column-major, so lanes write consecutive rows of a column of y
     const uint stage = sg * TM * TN;
-    for (uint j = 0; j < CM_COLS; j++) {
-        for (uint i = 0; i < CM_ROWS; i++) {
+    [[unroll]] for (uint j = 0; j < CM_COLS; j++) {
+        [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
             coopMatStore(sums[j * CM_ROWS + i], staging, stage, TM, gl_CooperativeMatrixLayoutColumnMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();

@@ -16,6 +16,7 @@ from gguf import quants as gq
 from tests.kernel_io import own_context
 from worker.engine.kernels.matmul import get_rows, mat_vec_shape, matmul, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.kernels.tile_tuning import candidates as tile_candidates
 from worker.engine.kernels.tuning import candidates
 
 RTOL = 1e-5
@@ -56,9 +57,9 @@ def cols_for(qtype: T) -> tuple[int, ...]:
     return {1: (37, 531), 32: (96, 800), 256: (768,)}[block]
 
 
-def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, path=None, shape=None):
+def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, path=None, shape=None, tile=None):
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
-    tensor.mat_vec_shape = shape
+    tensor.mat_vec_shape, tensor.coopmat_tile = shape, tile
     xb, yb = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows)
     ctx.upload(xb, x.astype(np.float32))
     if y0 is not None:
@@ -142,6 +143,19 @@ def test_mat_vec_every_tuning_candidate(vk_ctx, qtype):
         for shape in candidates(vk_ctx.info):
             y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="mat_vec", shape=shape)
             assert_close(y, x @ w.T)
+
+
+@pytest.mark.parametrize("qtype", [T.F16, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_coopmat_every_tile_candidate(vk_ctx, qtype):
+    """Each tile the tile tuner may choose, over partial tiles in both directions."""
+    offered(vk_ctx, "coopmat")
+    raw, w = random_weights(qtype, 301, 512, seed=12)
+    x = np.random.default_rng(5).standard_normal((150, 512)).astype(np.float32)
+    tiles = tile_candidates(vk_ctx.info)
+    assert len(tiles) > 1
+    for tile in tiles:
+        y, _ = run_matmul(vk_ctx, qtype, raw, 512, x, 150, path="coopmat", tile=tile)
+        assert_close(y, *product(x, w, "coopmat"))
 
 
 @pytest.mark.parametrize("path", PATHS)

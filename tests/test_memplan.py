@@ -55,3 +55,25 @@ def test_default_context_shrinks_to_what_fits(smollm2):
     assert plan_context(smollm2, smollm2.config, None, 10**6, 64, 10 * full.total).n_ctx == 8192  # model's own
     with pytest.raises(VkllmError, match="largest context that fits is 768"):
         plan_context(smollm2, smollm2.config, 4096, 4096, 64, budget)  # asked for explicitly
+
+
+def test_chunk_grows_up_to_the_context(smollm2):
+    from worker.engine.memplan import plan_load
+    plan = plan_load(smollm2, smollm2.config, 2048, 4096, (512, 1024, 2048, 4096), 1 << 40)
+    assert (plan.n_ctx, plan.chunk) == (2048, 2048)
+    # 512 rows of activations (4 * 5760 bytes each) and a token id per chunk token, as test_smollm2_plan counts
+    small = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=2048, chunk=512)
+    assert plan.scratch_bytes - small.scratch_bytes == (2048 - 512) * (4 * 5760 + 4)
+
+
+def test_chunk_stays_where_a_bigger_one_would_not_fit(smollm2):
+    from worker.engine.memplan import plan_load
+    small = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=4096, chunk=512)
+    budget = small.total + 1000   # the 1024-token chunk's scratch is ~12 MB more
+    plan = plan_load(smollm2, smollm2.config, None, 4096, (512, 1024), budget)
+    assert (plan.n_ctx, plan.chunk) == (4096, 512)
+    # nor where its scratch would pass 1/16 of the budget (the whole plan fitting)
+    bigger = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=4096, chunk=1024)
+    assert bigger.total < 16 * bigger.scratch_bytes - 1
+    assert plan_load(smollm2, smollm2.config, 4096, 4096, (512, 1024), 16 * bigger.scratch_bytes - 1).chunk == 512
+    assert plan_load(smollm2, smollm2.config, 4096, 4096, (512, 1024), 16 * bigger.scratch_bytes).chunk == 1024

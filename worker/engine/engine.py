@@ -19,8 +19,10 @@ from worker.engine.errors import PromptTooLong
 from worker.engine.generation import Event, Timings, TokenLogprobs
 from worker.engine.grammar import Constraint, GrammarError, grammar, lltokenizer
 from worker.engine.kernels.shapes import MAX_K, AttentionShape
+from worker.engine.kernels.tile_tuning import model_tiles
 from worker.engine.kernels.tuning import model_shapes
-from worker.engine.memplan import plan_context
+from worker.engine.kernels.matmul import paths
+from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, plan_load
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, glu_keys, mat_vec_keys
 from worker.engine.runner import MASKED, Runner
@@ -30,12 +32,12 @@ from worker.engine.toolcalls import format_for
 from worker.engine.workspace import Workspace
 
 DEFAULT_CONTEXT = 4096
-PREFILL_CHUNK = 512
 
 
 class Engine:
     def __init__(self, ctx, model_file, config, tokenizer, n_ctx: int, max_batch: int, owns_ctx: bool,
-                 progress: bool = False, mat_vec_shapes: tuple[dict, dict] | None = None):
+                 progress: bool = False, mat_vec_shapes: tuple[dict, dict] | None = None,
+                 coopmat_tiles: dict | None = None):
         self.ctx, self.config, self.tokenizer, self.n_ctx = ctx, config, tokenizer, n_ctx
         self.name = Path(model_file.path).stem
         self.chat_template = model_file.metadata.get("tokenizer.chat_template")
@@ -47,7 +49,7 @@ class Engine:
         self._owns_ctx = owns_ctx
         bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
         self.model = Model(ctx, model_file, config, n_ctx, progress=bar.update if bar else None,
-                           mat_vec_shapes=mat_vec_shapes)
+                           mat_vec_shapes=mat_vec_shapes, coopmat_tiles=coopmat_tiles)
         if bar:
             bar.close()
         self.runner = Runner(self.model, max_batch)
@@ -56,12 +58,15 @@ class Engine:
 
     @classmethod
     def load(cls, path, settings: Settings | None = None, n_ctx: int | None = None, ctx=None,
-             max_batch: int = PREFILL_CHUNK, progress: bool = False) -> "Engine":
+             max_batch: int | None = None, progress: bool = False) -> "Engine":
         """Opens, checks against the device's memory budget, and uploads a GGUF model. Without
         `n_ctx` the context is DEFAULT_CONTEXT, capped by the model's and by what fits. `ctx`
         shares an existing Vulkan context (tests, several models in one worker); `settings`
-        default to the context's. Mat-vec shapes are tuned (worker/engine/kernels/tuning.py) before the
-        weights are uploaded, while the memory they will take is free for the timing copies."""
+        default to the context's. Mat-vec shapes and cooperative-matrix tiles are tuned
+        (worker/engine/kernels/tuning.py, tile_tuning.py) before the weights are uploaded, while
+        the memory they will take is free for the timing copies. `max_batch` is the prefill
+        chunk; without it the memory plan picks one for the device (memplan.plan_load: bigger on
+        matrix units)."""
         model_file = ModelFile.open(path)
         config = model_file.config
         tokenizer = Tokenizer.from_metadata(model_file.metadata)
@@ -71,11 +76,16 @@ class Engine:
             ctx = Context(settings or Settings())
         try:
             used, total = ctx.memory_budget()
-            plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used,
-                                lambda n: sum(Workspace.kernel_sizes(ctx, config, max_batch,
-                                                                     AttentionShape.from_config(config, n)).values()))
+            if max_batch is not None:
+                chunks = (max_batch,)
+            else:
+                chunks = MATRIX_UNIT_CHUNKS if "coopmat" in paths(ctx) else (PREFILL_CHUNK,)
+            plan = plan_load(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, total - used,
+                             lambda chunk, n: sum(Workspace.kernel_sizes(ctx, config, chunk,
+                                                                         AttentionShape.from_config(config, n)).values()))
             shapes = model_shapes(ctx, settings or ctx.settings, mat_vec_keys(model_file), glu_keys(model_file))
-            return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress, shapes)
+            tiles = model_tiles(ctx, settings or ctx.settings, mat_vec_keys(model_file), plan.chunk)
+            return cls(ctx, model_file, config, tokenizer, plan.n_ctx, plan.chunk, owns_ctx, progress, shapes, tiles)
         except BaseException:
             if owns_ctx:
                 ctx.close()

@@ -8,6 +8,10 @@ scratch: the runner's Workspace for passes of one prefill chunk (worker/engine/w
     float32 activations, the last token's logits, step values and sampler readbacks, and, when the
     caller knows the device, the kernels' scratch): the same sizes it allocates. Attention kernels
     stream over the cache, so the activations do not grow with the context.
+
+The chunk itself is chosen here too (`plan_load`): on matrix units a 512-token chunk leaves the
+narrow projections' mat-mats short of workgroups, so bigger chunks are taken where they cost no
+context and their scratch stays a small share of the budget.
 """
 from dataclasses import dataclass
 
@@ -15,6 +19,10 @@ from vkllm.errors import VkllmError
 from worker.engine.workspace import Workspace
 
 PREFILL_CHUNK = 512
+# Chunks tried, smallest first, on devices with matrix units (cooperative matrices); others keep
+# PREFILL_CHUNK, which already fills the scalar tiled kernel.
+MATRIX_UNIT_CHUNKS = (512, 1024, 2048)
+SCRATCH_SHARE = 1 / 16   # of the budget, at most, for a chunk beyond the first
 KV_BYTES = 2          # f16
 
 
@@ -32,6 +40,7 @@ class MemoryPlan:
     kv_bytes: int
     scratch_bytes: int
     kv_bytes_per_token: int
+    chunk: int = PREFILL_CHUNK   # tokens per prefill pass, which the scratch is sized for
 
     @classmethod
     def compute(cls, model_file, config, n_ctx: int, chunk: int = PREFILL_CHUNK,
@@ -44,7 +53,7 @@ class MemoryPlan:
                    weights_bytes=sum(t.n_bytes for t in model_file.tensors.values()),
                    kv_bytes=per_token * n_ctx,
                    scratch_bytes=sum(Workspace.sizes(c, chunk).values()) + kernel_scratch,
-                   kv_bytes_per_token=per_token)
+                   kv_bytes_per_token=per_token, chunk=chunk)
 
     @property
     def total(self) -> int:
@@ -70,7 +79,7 @@ class MemoryPlan:
                          f"{fits} tokens")
 
     def describe(self) -> dict[str, int]:
-        return {"n_ctx": self.n_ctx, "weights_bytes": self.weights_bytes,
+        return {"n_ctx": self.n_ctx, "chunk": self.chunk, "weights_bytes": self.weights_bytes,
                 "kv_bytes": self.kv_bytes, "scratch_bytes": self.scratch_bytes,
                 "total_bytes": self.total}
 
@@ -87,4 +96,22 @@ def plan_context(model_file, config, requested: int | None, default: int, chunk:
         n_ctx = min(n_ctx, plan.largest_context(budget_bytes))
         plan = MemoryPlan.compute(model_file, config, n_ctx, chunk, kernel_scratch(n_ctx))
     plan.check(budget_bytes)
+    return plan
+
+
+def plan_load(model_file, config, requested: int | None, default: int, chunks: tuple[int, ...],
+              budget_bytes: int, kernel_scratch=lambda chunk, n_ctx: 0) -> MemoryPlan:
+    """plan_context with the first of `chunks` (ascending), then the largest later chunk, up to
+    the context, whose plan keeps that context within the budget with its scratch at most
+    SCRATCH_SHARE of it. `kernel_scratch(chunk, n_ctx)`: bytes of the kernels' scratch."""
+    first = chunks[0]
+    plan = plan_context(model_file, config, requested, default, first, budget_bytes,
+                        lambda n_ctx: kernel_scratch(first, n_ctx))
+    for chunk in chunks[1:]:
+        if chunk > plan.n_ctx:
+            break
+        bigger = MemoryPlan.compute(model_file, config, plan.n_ctx, chunk, kernel_scratch(chunk, plan.n_ctx))
+        if bigger.total > budget_bytes or bigger.scratch_bytes > budget_bytes * SCRATCH_SHARE:
+            break
+        plan = bigger
     return plan

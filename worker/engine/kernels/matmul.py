@@ -13,9 +13,12 @@ from worker.engine.vk.memory import Buffer
 MAT_MAT_TILE = 64
 MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
 # mul_mat_coopmat.comp's tile: (BM, BN) rows and columns per workgroup, (WM, WN) per subgroup,
-# each subgroup holding (WM / TM) x (WN / TN) accumulators of the device's (TM, TN, TK) shape.
-COOPMAT_TILE = (64, 64, 32, 32)
-COOPMAT_BK = 32          # the shader's step along K: TK must divide it
+# each subgroup holding (WM / TM) x (WN / TN) accumulators of the device's (TM, TN, TK) shape,
+# and BK, the step along K (a multiple of 16 and of TK). A weight's tuned tile replaces it.
+COOPMAT_TILE = (64, 64, 32, 32, 32)
+# Tiles with sides that 16x16 and 8x8 shapes divide (the tuner's candidates).
+COOPMAT_TILES = ((64, 64, 32, 32, 32), (64, 64, 32, 32, 64), (128, 64, 64, 32, 32), (64, 128, 32, 64, 32),
+                 (128, 128, 64, 64, 32), (128, 128, 64, 32, 32), (128, 128, 64, 64, 64), (256, 128, 64, 64, 32))
 GET_ROWS_THREADS = 64
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 
@@ -50,8 +53,8 @@ def coopmat_shape(info) -> tuple[int, int, int] | None:
     """The (TM, TN, TK) cooperative-matrix shape the mat-mat kernel takes on this device: one
     that divides the subgroup tile and the K step, 16x16x16 where offered (every vendor's f16
     shape), else the largest; None without cooperative matrices."""
-    _, _, wm, wn = COOPMAT_TILE
-    fitting = [s for s in info.coopmat_shapes if wm % s[0] == 0 and wn % s[1] == 0 and COOPMAT_BK % s[2] == 0]
+    wm, wn, bk = (min(t[i] for t in COOPMAT_TILES) for i in (2, 3, 4))
+    fitting = [s for s in info.coopmat_shapes if wm % s[0] == 0 and wn % s[1] == 0 and bk % s[2] == 0]
     if not fitting:
         return None
     return (16, 16, 16) if (16, 16, 16) in fitting else max(fitting, key=lambda s: s[0] * s[1] * s[2])
@@ -93,12 +96,12 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
                          _push(w, first, count, n, y_accumulate))
         return
     if path == "coopmat":
-        bm, bn, wm, wn = COOPMAT_TILE
+        bm, bn, wm, wn, bk = w.coopmat_tile or COOPMAT_TILE
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
         kernel = ctx.kernel(f"mul_mat_coopmat_{type_name}",
-                            {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup})
+                            {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk})
     else:
         bm = bn = MAT_MAT_TILE
         kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})

@@ -25,6 +25,7 @@ class DeviceTensor:
     parts: list[tuple[Buffer, int, int]] = field(default_factory=list)
     mat_vec_shape: tuple[int, int] | None = None
     glu_shape: tuple[int, int] | None = None    # through the fused gate+up kernel, as the gate
+    coopmat_tile: tuple[int, ...] | None = None  # the cooperative-matrix mat-mat tile (matmul.py COOPMAT_TILE)
 
     @property
     def row_bytes(self) -> int:

@@ -50,12 +50,14 @@ def mat_vec_keys(model_file) -> set:
 
 class Model:
     def __init__(self, ctx, model_file, config, n_ctx: int, progress=None,
-                 mat_vec_shapes: tuple[dict, dict] | None = None):
+                 mat_vec_shapes: tuple[dict, dict] | None = None, coopmat_tiles: dict | None = None):
         """`mat_vec_shapes`: (type, rows, K) -> tuned mat-vec shape (worker/engine/kernels/tuning.py)
         of the weights in `mat_vec_keys`, and of the gates in `glu_keys` through the fused gate+up
-        kernel; the others keep the fixed shape."""
+        kernel; the others keep the fixed shape. `coopmat_tiles`: the same keys -> tuned
+        cooperative-matrix mat-mat tile (worker/engine/kernels/tile_tuning.py)."""
         self.ctx, self.config, self.n_ctx = ctx, config, n_ctx
         self.mat_vec_shapes, self.glu_shapes = mat_vec_shapes or ({}, {})
+        self.coopmat_tiles = coopmat_tiles or {}
         self.layers = [dict() for _ in range(config.n_layer)]
         self.globals = {}
         for name, info in model_file.tensors.items():
@@ -88,6 +90,7 @@ class Model:
         tensor = upload_tensor(self.ctx, info.name, info.ggml_type, info.shape, info.data)
         key = (tensor.ggml_type, tensor.rows, tensor.cols)
         tensor.mat_vec_shape, tensor.glu_shape = self.mat_vec_shapes.get(key), self.glu_shapes.get(key)
+        tensor.coopmat_tile = self.coopmat_tiles.get(key)
         return tensor
 
     def _upload_f32(self, array):
