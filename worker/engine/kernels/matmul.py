@@ -1,6 +1,7 @@
 """Weight x activation products and embedding-row lookup over DeviceTensors. Each function
 records one dispatch per part of the weight, no barriers: the caller orders dependent work
 (matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU)."""
+from worker.engine import compilers
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.tensor import DeviceTensor
@@ -63,8 +64,9 @@ def coopmat_shape(info) -> tuple[int, int, int] | None:
 def paths(ctx) -> tuple[str, ...]:
     """The kernels a product can take on this device: "mat_vec" (groups of up to
     MAT_VEC_MAX_COLS columns), "tiled" (mul_mat.comp) and, with cooperative matrices,
-    "coopmat" (mul_mat_coopmat.comp)."""
-    coopmat = COOPMAT in ctx.extensions and coopmat_shape(ctx.info) is not None
+    "coopmat" (mul_mat_coopmat.comp), which also needs a compiler for it (glslang >= 13)."""
+    coopmat = (COOPMAT in ctx.extensions and coopmat_shape(ctx.info) is not None
+               and compilers.supported("cooperative_matrix"))
     return ("mat_vec", "tiled") + (("coopmat",) if coopmat else ())
 
 
