@@ -26,6 +26,9 @@ layout(constant_id = 6) const uint TN = 16;
 layout(constant_id = 7) const uint TK = 16;
 layout(constant_id = 8) const uint SUBGROUP = 32;
 layout(constant_id = 9) const uint BK = 32;
+// 2: the tiles in shared memory alternate between two buffers, so that storing the next step's
+// needs no barrier after the matrix work of this one (one barrier per step instead of two)
+layout(constant_id = 10) const uint STAGES = 1;
 // Rows of the tiles in f16 4-vectors: BK / 4 plus 2 (16 bytes) of padding against bank conflicts.
 const uint STRIDE = BK / 4 + 2;
 const uint SUBGROUPS = (BM / WM) * (BN / WN);
@@ -35,8 +38,8 @@ const uint CM_ROWS = WM / TM, CM_COLS = WN / TN;
 const uint A_PER_THREAD = (BM * (BK / 16) + THREADS - 1) / THREADS;
 const uint X_PER_THREAD = (BN * (BK / 4) + THREADS - 1) / THREADS;
 
-shared f16vec4 buf_a[BM * STRIDE];   // buf_a[r * STRIDE + k / 4]: row-major weights
-shared f16vec4 buf_x[BN * STRIDE];   // buf_x[t * STRIDE + k / 4]: column-major B = x^T
+shared f16vec4 buf_a[STAGES * BM * STRIDE];   // buf_a[r * STRIDE + k / 4]: row-major weights
+shared f16vec4 buf_x[STAGES * BN * STRIDE];   // buf_x[t * STRIDE + k / 4]: column-major B = x^T
 shared float staging[SUBGROUPS * TM * TN];
 
 mat4 reg_a[A_PER_THREAD];
@@ -53,19 +56,20 @@ void load_registers(uint tid, uint row0, uint col0, uint k0) {
     }
 }
 
-void store_tiles(uint tid) {
+void store_tiles(uint tid, uint stage) {
+    const uint a0 = stage * BM * STRIDE, x0 = stage * BN * STRIDE;
     [[unroll]] for (uint j = 0; j < A_PER_THREAD; j++) {
         const uint i = tid + j * THREADS, row = i / (BK / 16), slice = i % (BK / 16);
         if (i < BM * (BK / 16)) {
             [[unroll]] for (uint c = 0; c < 4; c++) {
-                buf_a[row * STRIDE + 4 * slice + c] = f16vec4(reg_a[j][c]);
+                buf_a[a0 + row * STRIDE + 4 * slice + c] = f16vec4(reg_a[j][c]);
             }
         }
     }
     [[unroll]] for (uint j = 0; j < X_PER_THREAD; j++) {
         const uint i = tid + j * THREADS;
         if (i < BN * (BK / 4)) {
-            buf_x[(i / (BK / 4)) * STRIDE + i % (BK / 4)] = f16vec4(reg_x[j]);
+            buf_x[x0 + (i / (BK / 4)) * STRIDE + i % (BK / 4)] = f16vec4(reg_x[j]);
         }
     }
 }
@@ -83,38 +87,45 @@ void main() {
     coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b;
 
     load_registers(tid, row0, col0, 0);
+    // a subgroup stores step s + 1's tiles only after every subgroup passed step s's barrier,
+    // so after the matrix work of step s - 1: with two stages that is the other buffer
+    uint stage = 0;
     for (uint k0 = 0; k0 < p.ncols; k0 += BK) {
-        store_tiles(tid);
+        store_tiles(tid, stage);
         barrier();
         if (k0 + BK < p.ncols) {
             load_registers(tid, row0, col0, k0 + BK);
         }
+        const uint a0 = stage * BM * STRIDE, x0 = stage * BN * STRIDE;
         [[unroll]] for (uint kk = 0; kk < BK; kk += TK) {
             [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
-                coopMatLoad(a[i], buf_a, (warp_r * WM + i * TM) * STRIDE + kk / 4, STRIDE,
+                coopMatLoad(a[i], buf_a, a0 + (warp_r * WM + i * TM) * STRIDE + kk / 4, STRIDE,
                             gl_CooperativeMatrixLayoutRowMajor);
             }
             [[unroll]] for (uint j = 0; j < CM_COLS; j++) {
-                coopMatLoad(b, buf_x, (warp_c * WN + j * TN) * STRIDE + kk / 4, STRIDE,
+                coopMatLoad(b, buf_x, x0 + (warp_c * WN + j * TN) * STRIDE + kk / 4, STRIDE,
                             gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
                     sums[j * CM_ROWS + i] = coopMatMulAdd(a[i], b, sums[j * CM_ROWS + i]);
                 }
             }
         }
-        barrier();
+        if (STAGES == 1) {
+            barrier();
+        }
+        stage = (stage + 1) % STAGES;
     }
 
     // staging[t * TM + r]: column-major, so lanes write consecutive rows of a column of y
-    const uint stage = sg * TM * TN;
+    const uint staged = sg * TM * TN;
     [[unroll]] for (uint j = 0; j < CM_COLS; j++) {
         [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
-            coopMatStore(sums[j * CM_ROWS + i], staging, stage, TM, gl_CooperativeMatrixLayoutColumnMajor);
+            coopMatStore(sums[j * CM_ROWS + i], staging, staged, TM, gl_CooperativeMatrixLayoutColumnMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             const uint r0 = row0 + warp_r * WM + i * TM, c0 = col0 + warp_c * WN + j * TN;
             for (uint e = lane; e < TM * TN; e += SUBGROUP) {
-                store_y(r0 + e % TM, c0 + e / TM, staging[stage + e]);
+                store_y(r0 + e % TM, c0 + e / TM, staging[staged + e]);
             }
             subgroupBarrier();
         }

@@ -1,4 +1,4 @@
-"""Cooperative-matrix mat-mat tiles (mul_mat_coopmat.comp's BM, BN, WM, WN, BK) chosen per device
+"""Cooperative-matrix mat-mat tiles (mul_mat_coopmat.comp's BM, BN, WM, WN, BK, STAGES) chosen per device
 and weight by measurement, as tuning.py chooses mat-vec shapes: each distinct weight (type, rows,
 K) of a model is timed once per machine over one prefill chunk of columns with every candidate
 tile that fits the device, and the fastest is kept in <cache_dir>/coopmat_tiles.json under the
@@ -24,25 +24,27 @@ from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)
 
-Tile = tuple[int, int, int, int, int]
+Tile = tuple[int, int, int, int, int, int]
 COPIES = 4
 WARMUP_SECONDS = 0.3    # per weight, shared by its candidates
 RUNS = 3
 
 
 def candidates(info) -> list[Tile]:
-    """COOPMAT_TILES within the device's workgroup size and shared memory (the shader's two f16
-    tiles with 16 bytes of padding per row, and a TM x TN f32 staging tile per subgroup)."""
+    """COOPMAT_TILES within the device's workgroup size and shared memory (the shader's f16
+    tiles, per stage, with 16 bytes of padding per row, and a TM x TN f32 staging tile per
+    subgroup)."""
     shape = coopmat_shape(info)
     if shape is None:
         return []
     tm, tn, _ = shape
     fitting = []
-    for bm, bn, wm, wn, bk in COOPMAT_TILES:
+    for tile in COOPMAT_TILES:
+        bm, bn, wm, wn, bk, stages = tile
         subgroups = (bm // wm) * (bn // wn)
-        shared = (bm + bn) * (bk + 8) * 2 + subgroups * tm * tn * 4
+        shared = stages * (bm + bn) * (bk + 8) * 2 + subgroups * tm * tn * 4
         if subgroups * info.subgroup_size <= info.max_workgroup_size and shared <= info.max_shared_memory:
-            fitting.append((bm, bn, wm, wn, bk))
+            fitting.append(tile)
     return fitting
 
 
