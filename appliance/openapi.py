@@ -38,10 +38,15 @@ def _prompt_request(props: dict) -> dict:
                   "description": "OpenAI function definitions, given to the model's chat template"},
         "tool_choice": {"oneOf": [{"enum": list(schema.TOOL_CHOICES)}, {"type": "object"}],
                         "description": "\"required\" or {type: function, function: {name}} forces a call"},
+        "parallel_tool_calls": {"type": "boolean", "default": True, "description": (
+            "whether an answer may hold several calls (in the Hermes format, one <tool_call> block each); "
+            "false: at most one, the first the model writes (a forced call's grammar allows only one)")},
         "response_format": {"type": "object", "required": ["type"], "properties": {
             "type": {"enum": list(schema.RESPONSE_FORMATS)},
-            "json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
-                                                             "strict": {"type": "boolean"}}}},
+            "json_schema": {"type": "object", "properties": {
+                "name": {"type": "string"}, "schema": {"type": "object"},
+                "strict": {"type": "boolean", "description": "accepted; the schema is enforced whatever its value "
+                                                             "(every token is one its grammar allows)"}}}},
             "description": "constrains the output to a JSON object or to JSON valid under a schema"},
     } | props, "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
 

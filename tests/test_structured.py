@@ -25,6 +25,18 @@ TIME_TOOL = {"type": "function", "function": {
                    "required": ["zone"], "additionalProperties": False}}}
 
 
+def two_calls(first: str, second: str) -> list[dict]:
+    """A question about two cities and the two calls that answered it."""
+    return [{"role": "user", "content": f"What is the weather in {first} and in {second}?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{city}", "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps({"city": city})}} for city in (first, second)]}]
+
+
+TWO_CALLS = two_calls("Paris", "Rome") + two_calls("Madrid", "Oslo") + [
+    {"role": "user", "content": "What is the weather in London and in Berlin?"}]
+
+
 @pytest.fixture(scope="module")
 def oai(start_worker, smollm2_qwen_template, live_url):  # noqa: F811
     start_worker("structured", model=smollm2_qwen_template, n_ctx=1024)
@@ -98,6 +110,23 @@ def test_forced_tool_call_is_a_valid_call(oai, choice, name):
     assert free.choices[0].message.content and not free.choices[0].message.content.startswith("<tool_call>")
 
 
+def test_parallel_tool_calls(oai):
+    """Shown questions about two cities answered with two calls, the model answers the next
+    such question with two calls (Hermes blocks one after the other), also when forced; with
+    parallel_tool_calls false the answer holds the first only, and a forced call is one call."""
+    def calls(**more):
+        answer = oai.chat.completions.create(model=MODEL, messages=TWO_CALLS, tools=[WEATHER_TOOL], max_tokens=80,
+                                             temperature=0, **more).choices[0]
+        assert answer.finish_reason == "tool_calls"
+        return [(c.function.name, json.loads(c.function.arguments)) for c in answer.message.tool_calls]
+
+    both = calls()
+    assert both == [("get_weather", {"city": "London"}), ("get_weather", {"city": "Berlin"})]
+    assert calls(parallel_tool_calls=False) == both[:1]
+    assert calls(tool_choice="required") == both
+    assert calls(tool_choice="required", parallel_tool_calls=False) == both[:1]
+
+
 def test_unsupported_schema_keywords_are_named(oai):
     with pytest.raises(openai.BadRequestError, match='Unimplemented keys: \\["if"\\]') as refused:
         oai.chat.completions.create(model=MODEL, messages=ask("x"), max_tokens=5, response_format={
@@ -134,7 +163,8 @@ def test_llama_cpp_server_and_ours_both_keep_to_the_same_schema(oai, peer):
     """The same JSON-schema requests to llama.cpp's server and to ours, greedy and seeded: every
     output parses and validates in both."""
     request = {"messages": ask("Invent a person: name, age and pet."), "max_tokens": 40,
-               "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}}
+               "response_format": {"type": "json_schema",   # enforced, strict or not
+                                   "json_schema": {"name": "person", "schema": PERSON, "strict": False}}}
     for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 1}, {"temperature": 1.0, "seed": 2}):
         theirs = peer.handle_chat_completions(request | sampling)["choices"][0]["message"]["content"]
         ours = oai.chat.completions.create(model=MODEL, **request, **sampling).choices[0].message.content
