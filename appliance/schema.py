@@ -158,13 +158,15 @@ def _tools(body: dict) -> list[dict] | None:
     return [{"type": "function", "function": t["function"]} for t in tools] or None
 
 
-def parallel_tool_calls(body: dict) -> bool:
-    """Whether the model may call several tools in one answer (OpenAI's default: it may). In the
-    Hermes format each <tool_call> block is one call."""
+def parallel_tool_calls(body: dict) -> bool | None:
+    """Whether an answer may hold several calls (in the Hermes format each <tool_call> block is
+    one); None when unset. Unset, calls the model writes on its own are all kept (OpenAI's default),
+    while a forced call is one call (llama.cpp server's default): a small model under a grammar
+    that allows another call after each rarely stops."""
     value = body.get("parallel_tool_calls")
     if not isinstance(value, bool | None):
         raise Invalid("parallel_tool_calls must be true or false", "parallel_tool_calls")
-    return value is not False
+    return value
 
 
 def constraint(body: dict, tools: list[dict] | None) -> tuple[dict, str] | None:
@@ -179,7 +181,7 @@ def constraint(body: dict, tools: list[dict] | None) -> tuple[dict, str] | None:
             raise Invalid("tool_choice forces a tool call, which needs tools", "tool_choice")
         if name is not None and name not in [t["function"]["name"] for t in tools]:
             raise Invalid(f"tool_choice names the function {name!r}, which is not among the tools", "tool_choice")
-        return {"type": "tool_call", "tools": tools, "name": name, "parallel": parallel_tool_calls(body)}, "tool_choice"
+        return {"type": "tool_call", "tools": tools, "name": name, "parallel": parallel_tool_calls(body) is True}, "tool_choice"
     fmt = body.get("response_format")
     if fmt is None:
         return None
@@ -273,7 +275,7 @@ def generation(body, *, chat: bool | None) -> dict:
                       f"hold at least one generated token", param, 400, "context_length_exceeded")
     # parallel_tool_calls false: the response keeps the first call the model writes (a forced
     # call's grammar allows only one)
-    single = "tools" in prompt and not parallel_tool_calls(body)
+    single = "tools" in prompt and parallel_tool_calls(body) is False
     return {"model": model} | prompt | {"params": params} | ({"constraint": constrained[0]} if constrained else {}) \
         | ({"parallel_tool_calls": False} if single else {})
 

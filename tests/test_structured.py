@@ -112,8 +112,9 @@ def test_forced_tool_call_is_a_valid_call(oai, choice, name):
 
 def test_parallel_tool_calls(oai):
     """Shown questions about two cities answered with two calls, the model answers the next
-    such question with two calls (Hermes blocks one after the other), also when forced; with
-    parallel_tool_calls false the answer holds the first only, and a forced call is one call."""
+    such question with two calls (Hermes blocks one after the other), also when forced with
+    parallel_tool_calls true; with it false the answer holds the first only, and a forced call
+    is one call unless it is true."""
     def calls(**more):
         answer = oai.chat.completions.create(model=MODEL, messages=TWO_CALLS, tools=[WEATHER_TOOL], max_tokens=80,
                                              temperature=0, **more).choices[0]
@@ -123,8 +124,8 @@ def test_parallel_tool_calls(oai):
     both = calls()
     assert both == [("get_weather", {"city": "London"}), ("get_weather", {"city": "Berlin"})]
     assert calls(parallel_tool_calls=False) == both[:1]
-    assert calls(tool_choice="required") == both
-    assert calls(tool_choice="required", parallel_tool_calls=False) == both[:1]
+    assert calls(tool_choice="required", parallel_tool_calls=True) == both
+    assert calls(tool_choice="required") == calls(tool_choice="required", parallel_tool_calls=False) == both[:1]
 
 
 def test_unsupported_schema_keywords_are_named(oai):
