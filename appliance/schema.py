@@ -181,7 +181,8 @@ def constraint(body: dict, tools: list[dict] | None) -> tuple[dict, str] | None:
             raise Invalid("tool_choice forces a tool call, which needs tools", "tool_choice")
         if name is not None and name not in [t["function"]["name"] for t in tools]:
             raise Invalid(f"tool_choice names the function {name!r}, which is not among the tools", "tool_choice")
-        return {"type": "tool_call", "tools": tools, "name": name, "parallel": parallel_tool_calls(body) is True}, "tool_choice"
+        parallel = parallel_tool_calls(body) is True
+        return {"type": "tool_call", "tools": tools, "name": name, "parallel": parallel}, "tool_choice"
     fmt = body.get("response_format")
     if fmt is None:
         return None
