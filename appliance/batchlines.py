@@ -4,7 +4,8 @@ batch output format: {"id", "custom_id", "response": {"status_code", "request_id
 import json
 from dataclasses import dataclass
 
-from appliance import filestore, queue
+from appliance import batchstore, filestore, openai_api, queue
+from appliance.batchstore import ENDPOINTS
 from vkllm import protocol
 
 CHUNK = 500   # jobs read per round trip
@@ -79,29 +80,34 @@ def result_lines(batch: dict, renew):
     r, batch_id = queue.get_redis(), batch["id"]
     rejected = {int(k): json.loads(v) for k, v in r.hgetall(protocol.batch_rejected_key(batch_id)).items()}
     custom_ids = {line.number: line.custom_id for line in read_lines(batch, batch["lines"])[0]}
+    many = batchstore.choices(batch_id)
     for start in range(0, batch["lines"], CHUNK):
         renew(batch_id)
         numbers = range(start, min(start + CHUNK, batch["lines"]))
-        jobs = queue.fetch_many([protocol.batch_job_id(batch_id, i) for i in numbers])
-        for i, job in zip(numbers, jobs):
+        ids = batchstore.line_jobs(batch_id, numbers, many)
+        found = iter(queue.fetch_many([job_id for line in ids for job_id in line]))
+        for i, line in zip(numbers, ids):
+            jobs = [next(found) for _ in line]
             if i in rejected:
                 yield False, rejected[i]
                 continue
-            custom_id = custom_ids.get(i) or (job.meta["metadata"]["custom_id"] if job else None)
-            yield _result(batch, protocol.batch_job_id(batch_id, i), custom_id, job)
+            custom_id = custom_ids.get(i) or next((j.meta["metadata"]["custom_id"] for j in jobs if j), None)
+            yield _result(batch, line[0], custom_id, jobs)
 
 
-def _result(batch: dict, job_id: str, custom_id: str | None, job) -> tuple[bool, dict]:
+def _result(batch: dict, job_id: str, custom_id: str | None, jobs: list) -> tuple[bool, dict]:
+    """A line's output line from its jobs (one per choice)."""
     line = {"id": f"batch_req_{job_id}", "custom_id": custom_id}
-    st = queue.state(job) if job else None
+    st = batchstore.line_state([queue.state(job) if job else None for job in jobs])
     if st == "finished":
-        result = job.return_value()
-        if result and result["finish_reason"] != "cancelled":
+        results = [job.return_value() for job in jobs]
+        if all(result and result["finish_reason"] != "cancelled" for result in results):
             return True, line | {"response": {"status_code": 200, "request_id": job_id,
-                                              "body": _completion(batch, job, result)}, "error": None}
+                                              "body": _completion(batch, jobs, results)}, "error": None}
         st = "cancelled"   # stopped by the cancel, not yet filed as cancelled by its worker
     if st == "failed":
-        errors = [d for _, kind, d in queue.stream_records(job_id) if kind == protocol.ERROR]
+        job = next(job for job in jobs if job and queue.state(job) == "failed")
+        errors = [d for _, kind, d in queue.stream_records(job.id) if kind == protocol.ERROR]
         kind = errors[-1].get("kind") if errors else None
         message = errors[-1]["error"] if errors else queue.describe(job, with_output=False)["error"]
         status = 400 if kind == "invalid_request" else 500
@@ -118,15 +124,16 @@ def _result(batch: dict, job_id: str, custom_id: str | None, job) -> tuple[bool,
     return False, line | {"response": None, "error": error}
 
 
-def _completion(batch: dict, job, result: dict) -> dict:
-    """The response body the request's endpoint would have answered."""
-    from appliance.openai_api import FINISH
-    chat = batch["endpoint"] == "/v1/chat/completions"
-    usage = result["usage"] | {"total_tokens": result["usage"]["prompt_tokens"] + result["usage"]["completion_tokens"]}
-    choice = ({"index": 0, "message": {"role": "assistant", "content": result["text"]}} if chat
-              else {"index": 0, "text": result["text"]}) | {"logprobs": None,
-                                                              "finish_reason": FINISH[result["finish_reason"]]}
-    return {"id": ("chatcmpl-" if chat else "cmpl-") + job.id,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": int((job.ended_at or job.created_at).timestamp()), "model": job.meta["model"],
-            "choices": [choice], "usage": usage}
+def _completion(batch: dict, jobs: list, results: list[dict]) -> dict:
+    """The response body the request's endpoint would have answered (openai_api.response): each
+    choice's end record is its job's result; its tokens, where logprobs were asked, are its
+    stream's records, else its whole text."""
+    chat, gen, first = ENDPOINTS[batch["endpoint"]], jobs[0].kwargs["request"], jobs[0]
+    choices = []
+    for job, result in zip(jobs, results):
+        tokens = ([d for _, kind, d in queue.stream_records(job.id) if kind == protocol.TOKEN]
+                  if "logprobs" in gen else [{"text": result["text"]}])
+        choices.append((tokens, result))
+    head = {"id": ("chatcmpl-" if chat else "cmpl-") + first.id,
+            "created": int((first.ended_at or first.created_at).timestamp()), "model": first.meta["model"]}
+    return openai_api.response(head, chat, gen, choices)

@@ -77,6 +77,28 @@ def view(batch: dict, counts: dict | None = None) -> dict:
     return shown | ({"request_counts": counts} if counts else {})
 
 
+def choices(batch_id: str) -> dict[int, int]:
+    """Input line number -> n, for the lines that asked for several choices (the others have one)."""
+    return {int(k): int(v) for k, v in redis().hgetall(protocol.batch_choices_key(batch_id)).items()}
+
+
+def line_jobs(batch_id: str, numbers, many: dict[int, int]) -> list[list[str]]:
+    """The job ids of each of the lines `numbers`, one per choice (`many`: see choices)."""
+    return [[protocol.batch_job_id(batch_id, i, c) for c in range(many.get(i, 1))] for i in numbers]
+
+
+def line_state(states: list[str | None]) -> str | None:
+    """A line's state from its choices' jobs' states: the first of running, waiting, failed,
+    gone (None), cancelled that one of them is; finished once all are."""
+    return next((st for st in ("running", "queued", "failed", None, "cancelled") if st in states), "finished")
+
+
+def line_states(batch_id: str, numbers, many: dict[int, int]) -> list[str | None]:
+    jobs = line_jobs(batch_id, numbers, many)
+    flat = iter(queue.states([job_id for ids in jobs for job_id in ids]))
+    return [line_state([next(flat) for _ in ids]) for ids in jobs]
+
+
 def tally(batch: dict) -> tuple[dict, int]:
     """Request counts from the jobs now, and how many lines still wait or run."""
     r, lines = redis(), batch["lines"]
@@ -84,10 +106,9 @@ def tally(batch: dict) -> tuple[dict, int]:
         return batch["request_counts"], 1
     rejected = {int(i) for i in r.hkeys(protocol.batch_rejected_key(batch["id"]))}
     completed, failed, pending = 0, len(rejected), 0
-    numbers = [i for i in range(lines) if i not in rejected]
+    numbers, many = [i for i in range(lines) if i not in rejected], choices(batch["id"])
     for start in range(0, len(numbers), CHUNK):
-        ids = [protocol.batch_job_id(batch["id"], i) for i in numbers[start:start + CHUNK]]
-        for st in queue.states(ids):
+        for st in line_states(batch["id"], numbers[start:start + CHUNK], many):
             if st == "finished":
                 completed += 1
             elif st == "failed":

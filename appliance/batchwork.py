@@ -18,6 +18,8 @@ from appliance.batchstore import (
     CHUNK,
     ENDPOINTS,
     TERMINAL,
+    choices,
+    line_jobs,
     load,
     put,
     redis,
@@ -152,28 +154,37 @@ def _validate(batch: dict) -> None:
 
 
 def _checked(batch: dict, lines: list[Line]) -> list[tuple[str, dict, dict]]:
-    """The lines' generations to queue; those their endpoint refuses go to the error file now."""
-    chat, queued, refused = ENDPOINTS[batch["endpoint"]], [], {}
+    """The lines' generations to queue (n of them for a request with n choices, as its endpoint
+    runs it); those their endpoint refuses go to the error file now."""
+    chat, queued, refused, many = ENDPOINTS[batch["endpoint"]], [], {}, {}
     for line in lines:
         job_id = protocol.batch_job_id(batch["id"], line.number)
         try:
-            _, gen, _ = openai_api.parse(line.body, chat)
+            _, gen, n = openai_api.parse(line.body, chat)
         except Invalid as e:
             refused[line.number] = json.dumps({
                 "id": f"batch_req_{job_id}", "custom_id": line.custom_id,
                 "response": {"status_code": e.status, "request_id": job_id, "body": e.body()}, "error": None})
             continue
-        queued.append((job_id, gen, {"batch": batch["id"], "custom_id": line.custom_id}))
+        if n > 1:
+            many[line.number] = n
+        queued += [(protocol.batch_job_id(batch["id"], line.number, c), sequence,
+                    {"batch": batch["id"], "custom_id": line.custom_id})
+                   for c, sequence in enumerate(openai_api.sequences(gen, n))]
     if refused:
         redis().hset(protocol.batch_rejected_key(batch["id"]), mapping=refused)
+    if many:   # before the jobs: a line's count of jobs is known wherever one of them is
+        redis().hset(protocol.batch_choices_key(batch["id"]), mapping=many)
     return queued
 
 
 def _stop_jobs(batch: dict) -> None:
     """Cancel every line still waiting or running (a running one stops at its next token)."""
+    many = choices(batch["id"])
     for start in range(0, batch["lines"], CHUNK):
         _renew(batch["id"])
-        ids = [protocol.batch_job_id(batch["id"], i) for i in range(start, min(start + CHUNK, batch["lines"]))]
+        ids = [job_id for jobs in line_jobs(batch["id"], range(start, min(start + CHUNK, batch["lines"])), many)
+               for job_id in jobs]
         live = [i for i, st in zip(ids, queue.states(ids)) if st in ("queued", "running")]
         for job in queue.fetch_many(live):
             if job is not None:
@@ -209,7 +220,7 @@ def _finalize(batch: dict, counts: dict) -> None:
     if transition(batch_id, ("finalizing",), status, **{stamp: int(time.time())},
                   request_counts={"total": counts["total"]} | written,
                   output_file_id=files.get("output"), error_file_id=files.get("errors")):
-        redis().delete(protocol.batch_rejected_key(batch_id))
+        redis().delete(protocol.batch_rejected_key(batch_id), protocol.batch_choices_key(batch_id))
 
 
 def sweep(app, interval: float) -> None:

@@ -74,7 +74,7 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     return _top_count(top or 0, "top_logprobs") if want else None
 
 
-def _sequences(gen: dict, n: int) -> list[dict]:
+def sequences(gen: dict, n: int) -> list[dict]:
     """n independent generations of one request. A seeded request stays reproducible and its
     choices still differ: choice i draws with seed + i."""
     seed = gen["params"].get("seed")
@@ -102,8 +102,35 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
             "text_offset": offsets}
 
 
-def _finish(end: dict) -> str:
-    return "tool_calls" if end.get("tool_calls") else FINISH[end["finish_reason"]]
+def _calls(gen: dict, end: dict) -> list[dict]:
+    """The tool calls a choice answers: with parallel_tool_calls false, only the first."""
+    calls = end.get("tool_calls") or []
+    return calls[:1] if gen.get("parallel_tool_calls") is False else calls
+
+
+def _finish(gen: dict, end: dict) -> str:
+    return "tool_calls" if _calls(gen, end) else FINISH[end["finish_reason"]]
+
+
+def response(head: dict, chat: bool, gen: dict, results: list[tuple[list[dict], dict]]) -> dict:
+    """The whole (not streamed) answer to a request: head is its id, created and model; results
+    each choice's token records and end record, as its job's stream has them. Batch output
+    lines are this body too."""
+    choices = []
+    for index, (tokens, end) in enumerate(results):
+        text = "".join(t["text"] for t in tokens)
+        entries = [t["logprobs"] for t in tokens if "logprobs" in t]
+        calls = _calls(gen, end)
+        if chat:
+            logprobs = {"content": entries} if "logprobs" in gen else None
+            choice = {"message": {"role": "assistant", "content": text if text or not calls else None}
+                      | ({"tool_calls": calls} if calls else {})}
+        else:
+            logprobs = _completion_logprobs(entries, 0) if "logprobs" in gen else None
+            choice = {"text": text}
+        choices.append({"index": index} | choice | {"logprobs": logprobs, "finish_reason": _finish(gen, end)})
+    return head | {"object": "chat.completion" if chat else "text_completion", "choices": choices,
+                   "usage": _usage([end for _, end in results])}
 
 
 def _failure(data: dict) -> tuple[dict, int]:
@@ -173,36 +200,23 @@ def _respond(chat: bool):
     for _ in range(n):   # all admitted before any is queued: a refusal leaves no choice running
         limits.admit(gen["model"])
     jobs = [queue.submit(sequence, priority="normal", metadata={}, kind="chat" if chat else "completion")[0]
-            for sequence in _sequences(gen, n)]
+            for sequence in sequences(gen, n)]
     head = {"id": ("chatcmpl-" if chat else "cmpl-") + jobs[0], "created": int(time.time()), "model": gen["model"]}
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return _stream(jobs, head, chat, include_usage, "logprobs" in gen)
+        return _stream(jobs, head, chat, include_usage, gen)
     try:
         results = [_collect(job_id) for job_id in jobs]
     except _Abort as abort:
         _cancel(jobs)
         return abort.response
-    choices = []
-    for index, (tokens, end) in enumerate(results):
-        text = "".join(t["text"] for t in tokens)
-        entries = [t["logprobs"] for t in tokens if "logprobs" in t]
-        calls = end.get("tool_calls")
-        if chat:
-            logprobs = {"content": entries} if "logprobs" in gen else None
-            choice = {"message": {"role": "assistant", "content": text if text or not calls else None}
-                      | ({"tool_calls": calls} if calls else {})}
-        else:
-            logprobs = _completion_logprobs(entries, 0) if "logprobs" in gen else None
-            choice = {"text": text}
-        choices.append({"index": index} | choice | {"logprobs": logprobs, "finish_reason": _finish(end)})
-    return head | {"object": "chat.completion" if chat else "text_completion", "choices": choices,
-                   "usage": _usage([end for _, end in results])}
+    return response(head, chat, gen, results)
 
 
-def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, logprobs: bool) -> Response:
+def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, gen: dict) -> Response:
     """The choices one after the other, each a job's stream as it comes."""
     obj = "chat.completion.chunk" if chat else "text_completion"
+    logprobs = "logprobs" in gen
 
     def chunk(index: int, delta: dict, finish: str | None = None, entries: list | None = None,
               offset: int = 0) -> str:
@@ -234,10 +248,10 @@ def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, logpro
                         yield "data: [DONE]\n\n"
                         return
                     else:
-                        if chat and data.get("tool_calls"):
+                        if chat and _calls(gen, data):
                             yield chunk(index, {"tool_calls": [{"index": k} | call for k, call in
-                                                               enumerate(data["tool_calls"])]})
-                        yield chunk(index, {}, _finish(data))
+                                                               enumerate(_calls(gen, data))]})
+                        yield chunk(index, {}, _finish(gen, data))
                         ends.append(data)
                 pending.remove(job_id)
             if include_usage:

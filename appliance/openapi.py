@@ -38,10 +38,17 @@ def _prompt_request(props: dict) -> dict:
                   "description": "OpenAI function definitions, given to the model's chat template"},
         "tool_choice": {"oneOf": [{"enum": list(schema.TOOL_CHOICES)}, {"type": "object"}],
                         "description": "\"required\" or {type: function, function: {name}} forces a call"},
+        "parallel_tool_calls": {"type": "boolean", "description": (
+            "whether an answer may hold several calls (in the Hermes format, one <tool_call> block each); "
+            "false: at most one, the first the model writes. Unset: every call the model writes on its own "
+            "is kept (OpenAI's default), and a forced call is one call (llama.cpp server's default); true "
+            "lets a forced answer hold several")},
         "response_format": {"type": "object", "required": ["type"], "properties": {
             "type": {"enum": list(schema.RESPONSE_FORMATS)},
-            "json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
-                                                             "strict": {"type": "boolean"}}}},
+            "json_schema": {"type": "object", "properties": {
+                "name": {"type": "string"}, "schema": {"type": "object"},
+                "strict": {"type": "boolean", "description": "accepted; the schema is enforced whatever its value "
+                                                             "(every token is one its grammar allows)"}}}},
             "description": "constrains the output to a JSON object or to JSON valid under a schema"},
     } | props, "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
 

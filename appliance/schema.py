@@ -158,6 +158,17 @@ def _tools(body: dict) -> list[dict] | None:
     return [{"type": "function", "function": t["function"]} for t in tools] or None
 
 
+def parallel_tool_calls(body: dict) -> bool | None:
+    """Whether an answer may hold several calls (in the Hermes format each <tool_call> block is
+    one); None when unset. Unset, calls the model writes on its own are all kept (OpenAI's default),
+    while a forced call is one call (llama.cpp server's default): a small model under a grammar
+    that allows another call after each rarely stops."""
+    value = body.get("parallel_tool_calls")
+    if not isinstance(value, bool | None):
+        raise Invalid("parallel_tool_calls must be true or false", "parallel_tool_calls")
+    return value
+
+
 def constraint(body: dict, tools: list[dict] | None) -> tuple[dict, str] | None:
     """What the output must be, for the worker's grammar (worker/engine/grammar.py), and the
     parameter that asked: a forced tool call (tool_choice "required" or a named function),
@@ -170,7 +181,8 @@ def constraint(body: dict, tools: list[dict] | None) -> tuple[dict, str] | None:
             raise Invalid("tool_choice forces a tool call, which needs tools", "tool_choice")
         if name is not None and name not in [t["function"]["name"] for t in tools]:
             raise Invalid(f"tool_choice names the function {name!r}, which is not among the tools", "tool_choice")
-        return {"type": "tool_call", "tools": tools, "name": name}, "tool_choice"
+        parallel = parallel_tool_calls(body) is True
+        return {"type": "tool_call", "tools": tools, "name": name, "parallel": parallel}, "tool_choice"
     fmt = body.get("response_format")
     if fmt is None:
         return None
@@ -184,6 +196,9 @@ def constraint(body: dict, tools: list[dict] | None) -> tuple[dict, str] | None:
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
             raise Invalid("response_format json_schema must be {\"name\": ..., \"schema\": {a JSON schema object}}",
                           "response_format")
+        if not isinstance(spec.get("strict", False), bool | None):
+            raise Invalid("response_format json_schema.strict must be true or false (the schema is enforced "
+                          "either way)", "response_format")
         return {"type": "json_schema", "schema": spec.get("schema", {})}, "response_format"
     return None
 
@@ -259,7 +274,11 @@ def generation(body, *, chat: bool | None) -> dict:
     if tokens is not None and tokens >= n_ctx:
         raise Invalid(f"the prompt has {tokens} tokens; the context of {model} is {n_ctx} tokens and must also "
                       f"hold at least one generated token", param, 400, "context_length_exceeded")
-    return {"model": model} | prompt | {"params": params} | ({"constraint": constrained[0]} if constrained else {})
+    # parallel_tool_calls false: the response keeps the first call the model writes (a forced
+    # call's grammar allows only one)
+    single = "tools" in prompt and parallel_tool_calls(body) is False
+    return {"model": model} | prompt | {"params": params} | ({"constraint": constrained[0]} if constrained else {}) \
+        | ({"parallel_tool_calls": False} if single else {})
 
 
 def tokenize(body) -> tuple[str, int, dict]:

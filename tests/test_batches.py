@@ -15,6 +15,7 @@ from redis import Redis
 from rq.job import Job
 
 from tests.conftest import API_KEY, private_redis
+from tests.test_openai import smollm2_qwen_template  # noqa: F401 (a fixture)
 from vkllm import protocol
 
 CHAT = "/v1/chat/completions"
@@ -383,3 +384,49 @@ def test_a_batch_past_its_window_expires_its_waiting_lines(oai, w1, redis_url):
     errors = read_file(oai, done.error_file_id)
     assert [e["custom_id"] for e in errors] == [f"e{i}" for i in range(n)]
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+def _answer(body: dict) -> dict:
+    """A response body without what differs between two answers to one request: its id, its
+    time, its tool calls' ids."""
+    choices = [c | {"message": c["message"] | {"tool_calls": [t | {"id": None} for t in c["message"]["tool_calls"]]}}
+               if c.get("message", {}).get("tool_calls") else c for c in body["choices"]]
+    return {k: v for k, v in body.items() if k not in ("id", "created")} | {"choices": choices}
+
+
+def _batch_and_direct(client, lines: list[dict]) -> list[tuple[dict, dict]]:
+    """Each line's batch output body and what the endpoint answers the same request."""
+    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint=CHAT, completion_window="24h")
+    done = wait_status(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == len(lines), done
+    output = {line["custom_id"]: line["response"]["body"] for line in read_file(client, done.output_file_id)}
+    return [(output[line["custom_id"]], client.chat.completions.create(**line["body"]).model_dump(exclude_unset=True))
+            for line in lines]
+
+
+def test_batch_lines_answer_what_the_endpoint_answers(oai):
+    """logprobs and n > 1 choices in a batch's output lines, as the endpoint answers them."""
+    lines = [chat_line("logprobs", "Tell me a story", max_tokens=4, logprobs=True, top_logprobs=2),
+             chat_line("two", "Go", max_tokens=5, n=2, seed=5, temperature=1.0)]
+    (logprobs, direct_logprobs), (two, direct_two) = _batch_and_direct(oai, lines)
+    assert _answer(logprobs) == _answer(direct_logprobs)
+    assert len(logprobs["choices"][0]["logprobs"]["content"]) == logprobs["usage"]["completion_tokens"] > 0
+    assert all(len(e["top_logprobs"]) == 2 for e in logprobs["choices"][0]["logprobs"]["content"])
+    assert _answer(two) == _answer(direct_two)
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    assert two["choices"][0]["message"]["content"] != two["choices"][1]["message"]["content"]
+    ChatCompletion.model_validate(two)
+
+
+def test_a_batch_line_carries_its_tool_calls(oai, start_worker, smollm2_qwen_template):  # noqa: F811
+    """SmolLM2 (with Qwen2.5's template) forced to call a tool in a batch line: the output line
+    has the call, as the endpoint answers the same request."""
+    from tests.test_openai import SHOWN_CALLS, WEATHER_TOOL
+    start_worker("batch-tools", model=smollm2_qwen_template, n_ctx=1024)
+    line = {"custom_id": "call", "method": "POST", "url": CHAT, "body": {
+        "model": "SmolLM2-qwen-template", "messages": SHOWN_CALLS, "tools": [WEATHER_TOOL],
+        "tool_choice": "required", "max_tokens": 40, "temperature": 0}}
+    [(body, direct)] = _batch_and_direct(oai, [line])
+    assert _answer(body) == _answer(direct)
+    choice = ChatCompletion.model_validate(body).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from worker.engine.engine import Engine
-from worker.engine.grammar import JSON_OPTIONS, GrammarError
+from worker.engine.grammar import JSON_OPTIONS, GrammarError, grammar, lltokenizer
+from worker.engine.toolcalls import FORMATS
 from worker.engine.sampling import SamplingParams
 
 # Bounded everywhere, so that even the tiny model's random weights finish it within max_tokens.
@@ -102,9 +103,33 @@ def test_json_object_mode_and_logprobs_of_allowed_tokens_only(engine):
 @pytest.mark.parametrize("constraint, words", [
     ({"type": "json_schema", "schema": {"type": "object", "if": {"type": "object"}}}, 'Unimplemented keys: ["if"]'),
     ({"type": "json_schema", "schema": {"type": "nonsense"}}, "nonsense"),
-    ({"type": "tool_call", "tools": [{"type": "function", "function": {"name": "f"}}], "name": None},
+    ({"type": "tool_call", "tools": [{"type": "function", "function": {"name": "f"}}], "name": None,
+      "parallel": False},
      "teaches no tool-call format"),
 ])
 def test_constraints_the_library_cannot_enforce_are_refused(engine, constraint, words):
     with pytest.raises(GrammarError, match=words.replace("[", r"\[").replace("]", r"\]")):
         list(engine.generate(PROMPT, SamplingParams(max_tokens=2), constraint=constraint))
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "single"])
+def test_a_forced_call_takes_more_calls_only_when_parallel(engine, parallel):
+    """The Hermes format's grammar for a forced call: one <tool_call> block, or with
+    parallel_tool_calls several, one a line (as Qwen2.5's template writes them); the model may end
+    after any complete call. Checked by a matcher of the library over the tokens of each text."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+    text = grammar({"type": "tool_call", "tools": tools, "name": None, "parallel": parallel}, FORMATS[0])
+    one = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    two = one + "\n" + one.replace("1", "2")
+
+    def matches(candidate: str) -> bool:
+        tokens = engine.tokenizer.encode(candidate, add_special=False, parse_special=False)
+        matcher = llguidance.LLMatcher(lltokenizer(engine.tokenizer, engine.config.vocab_size), text)
+        return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) \
+            and matcher.is_accepting()
+
+    assert matches(one)
+    assert matches(two) == parallel
+    assert not matches(one[:-1])   # a call ends with its end tag
+    assert not matches(one.replace('"x": 1', '"x": "1"'))   # the arguments keep to the parameters

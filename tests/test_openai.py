@@ -221,6 +221,18 @@ def smollm2_qwen_template(smollm2_path, llama_cpp_models, tmp_path_factory):
     return out
 
 
+def earlier_call(city: str, n: int) -> list[dict]:
+    """A question and the get_weather call that answered it, as a chat's history has them."""
+    return [{"role": "user", "content": f"What is the weather in {city}?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {
+                "name": "get_weather", "arguments": json.dumps({"city": city})}}]}]
+
+
+# two calls shown, then a third city asked for: SmolLM2 calls tools after such a history
+SHOWN_CALLS = earlier_call("Paris", 1) + earlier_call("Rome", 2) + [
+    {"role": "user", "content": "What is the weather in London?"}]
+
+
 def test_tool_call_round_trip_with_a_real_model(start_worker, smollm2_qwen_template, live_url):
     """SmolLM2-135M, shown two calls earlier in the chat (it does not call tools unprompted),
     calls the tool for a third city; the client sends the call and its result back; the model
@@ -228,13 +240,7 @@ def test_tool_call_round_trip_with_a_real_model(start_worker, smollm2_qwen_templ
     start_worker("openai-tools", model=smollm2_qwen_template, n_ctx=1024)
     client = openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
     model = "SmolLM2-qwen-template"
-
-    def earlier(city, n):
-        return [{"role": "user", "content": f"What is the weather in {city}?"},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {
-                    "name": "get_weather", "arguments": json.dumps({"city": city})}}]}]
-
-    messages = earlier("Paris", 1) + earlier("Rome", 2) + [{"role": "user", "content": "What is the weather in London?"}]
+    messages = list(SHOWN_CALLS)
     ask = {"model": model, "tools": [WEATHER_TOOL], "max_tokens": 40, "temperature": 0}
     answer = client.chat.completions.create(messages=messages, **ask)
     choice = answer.choices[0]

@@ -84,6 +84,12 @@ BAD = [   # (path, raw JSON body, words in the error)
     ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x", "response_format": {"type": "json_schema", '
      '"json_schema": {"name": "a", "schema": {"type": "string", "format": "hostname-ish"}}}}', "hostname-ish"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "strict": "yes"}}}',
+     "json_schema.strict must be true or false"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 0}',
+     "parallel_tool_calls must be true or false"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"tools": [{"type": "retrieval"}]}', "tools[0] must be"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"top_logprobs": 3}', "top_logprobs needs logprobs: true"),

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.conftest import API_KEY
-from tests.test_openai import WEATHER_TOOL, smollm2_qwen_template  # noqa: F401 (a fixture)
+from tests.test_openai import SHOWN_CALLS, WEATHER_TOOL, smollm2_qwen_template  # noqa: F401 (a fixture)
 
 MODEL = "SmolLM2-qwen-template"
 # small, so that 20 runs at SmolLM2's few tokens a second on lavapipe take about a minute
@@ -23,6 +23,18 @@ TIME_TOOL = {"type": "function", "function": {
     "name": "get_time", "description": "Get the local time in a time zone",
     "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 32}},
                    "required": ["zone"], "additionalProperties": False}}}
+
+
+def two_calls(first: str, second: str) -> list[dict]:
+    """A question about two cities and the two calls that answered it."""
+    return [{"role": "user", "content": f"What is the weather in {first} and in {second}?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{city}", "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps({"city": city})}} for city in (first, second)]}]
+
+
+TWO_CALLS = two_calls("Paris", "Rome") + two_calls("Madrid", "Oslo") + [
+    {"role": "user", "content": "What is the weather in London and in Berlin?"}]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +110,24 @@ def test_forced_tool_call_is_a_valid_call(oai, choice, name):
     assert free.choices[0].message.content and not free.choices[0].message.content.startswith("<tool_call>")
 
 
+def test_parallel_tool_calls(oai):
+    """Shown questions about two cities answered with two calls, the model answers the next
+    such question with two calls (Hermes blocks one after the other), also when forced with
+    parallel_tool_calls true; with it false the answer holds the first only, and a forced call
+    is one call unless it is true."""
+    def calls(**more):
+        answer = oai.chat.completions.create(model=MODEL, messages=TWO_CALLS, tools=[WEATHER_TOOL], max_tokens=80,
+                                             temperature=0, **more).choices[0]
+        assert answer.finish_reason == "tool_calls"
+        return [(c.function.name, json.loads(c.function.arguments)) for c in answer.message.tool_calls]
+
+    both = calls()
+    assert both == [("get_weather", {"city": "London"}), ("get_weather", {"city": "Berlin"})]
+    assert calls(parallel_tool_calls=False) == both[:1]
+    assert calls(tool_choice="required", parallel_tool_calls=True) == both
+    assert calls(tool_choice="required") == calls(tool_choice="required", parallel_tool_calls=False) == both[:1]
+
+
 def test_unsupported_schema_keywords_are_named(oai):
     with pytest.raises(openai.BadRequestError, match='Unimplemented keys: \\["if"\\]') as refused:
         oai.chat.completions.create(model=MODEL, messages=ask("x"), max_tokens=5, response_format={
@@ -120,18 +150,53 @@ def test_rest_job_with_a_response_format(client, start_worker):
     jsonschema.validate(json.loads(job["output"]), SCHEMA)
 
 
-def test_llama_cpp_server_and_ours_both_keep_to_the_same_schema(oai, smollm2_qwen_template):  # noqa: F811
-    """The same JSON-schema requests to llama.cpp's server (xllamacpp, CPU, the same file and
-    template) and to ours, greedy and seeded: every output parses and validates in both."""
+@pytest.fixture(scope="module")
+def peer(smollm2_qwen_template):  # noqa: F811
+    """llama.cpp's server (xllamacpp, CPU) on the same file, its chat template through Jinja."""
     xllamacpp = pytest.importorskip("xllamacpp")
     params = xllamacpp.CommonParams()
     params.model.path = str(smollm2_qwen_template)
     params.n_ctx, params.use_jinja = 1024, True
-    server = xllamacpp.Server(params)
+    return xllamacpp.Server(params)
+
+
+def test_llama_cpp_server_and_ours_both_keep_to_the_same_schema(oai, peer):
+    """The same JSON-schema requests to llama.cpp's server and to ours, greedy and seeded: every
+    output parses and validates in both."""
     request = {"messages": ask("Invent a person: name, age and pet."), "max_tokens": 40,
-               "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}}
+               "response_format": {"type": "json_schema",   # enforced, strict or not
+                                   "json_schema": {"name": "person", "schema": PERSON, "strict": False}}}
     for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 1}, {"temperature": 1.0, "seed": 2}):
-        peer = server.handle_chat_completions(request | sampling)["choices"][0]["message"]["content"]
+        theirs = peer.handle_chat_completions(request | sampling)["choices"][0]["message"]["content"]
         ours = oai.chat.completions.create(model=MODEL, **request, **sampling).choices[0].message.content
-        for text in (peer, ours):
+        for text in (theirs, ours):
             jsonschema.validate(json.loads(text), PERSON)
+
+
+@pytest.mark.parametrize("name", [None, "get_time"], ids=["required", "named"])
+def test_llama_cpp_server_and_ours_both_make_the_forced_call(oai, peer, name):
+    """The same forced tool calls, greedy, to llama.cpp's server and to ours: both answer with
+    tool_calls, and the same call. The chat shows two earlier calls: asked the bare question,
+    llama.cpp's "required" grammar lets SmolLM2 write text before the call it must end with,
+    and the model writes prose until max_tokens, so its answer holds no call (ours allows the
+    call alone). llama.cpp's server takes tool_choice as a string only (it ignores an object,
+    with a warning), so the named function is asked of it as "required" with only that
+    function offered."""
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    choice = "required" if name is None else {"type": "function", "function": {"name": name}}
+    answer = oai.chat.completions.create(model=MODEL, messages=SHOWN_CALLS, tools=tools, tool_choice=choice,
+                                         max_tokens=60, temperature=0).choices[0]
+    ours = [c.function.model_dump() for c in answer.message.tool_calls or []]
+    offered = [t for t in tools if name is None or t["function"]["name"] == name]
+    reply = peer.handle_chat_completions({"messages": SHOWN_CALLS, "tools": offered, "tool_choice": "required",
+                                          "max_tokens": 60, "temperature": 0})["choices"][0]
+    theirs = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+              for c in reply["message"].get("tool_calls") or []]
+    assert answer.finish_reason == reply["finish_reason"] == "tool_calls"
+    for calls in (ours, theirs):
+        (call,) = calls
+        assert call["name"] == (name or call["name"])
+        function = next(t["function"] for t in tools if t["function"]["name"] == call["name"])
+        jsonschema.validate(json.loads(call["arguments"]), function["parameters"])
+    assert [(c["name"], json.loads(c["arguments"])) for c in ours] == \
+        [(c["name"], json.loads(c["arguments"])) for c in theirs]

@@ -115,7 +115,13 @@ def batch_lock_key(batch_id: str) -> str:
     return f"vkllm:batch-lock:{batch_id}"
 
 
-def batch_job_id(batch_id: str, line: int) -> str:
-    """The job of an input line (0-based): known without a lookup, so a validation cut short by
-    a restart resumes where it stopped and a finalization reads every line's job by its number."""
-    return f"{batch_id}-{line}"
+def batch_choices_key(batch_id: str) -> str:
+    """Hash: input line number -> n, for the lines whose request asks for n > 1 choices."""
+    return f"vkllm:batch-choices:{batch_id}"
+
+
+def batch_job_id(batch_id: str, line: int, choice: int = 0) -> str:
+    """The job of an input line (0-based), or of its choice (a request with n > 1 is a job per
+    choice): known without a lookup, so a validation cut short by a restart resumes where it
+    stopped and a finalization reads every line's jobs by their numbers."""
+    return f"{batch_id}-{line}" if choice == 0 else f"{batch_id}-{line}-{choice}"

@@ -8,9 +8,10 @@ A constraint, as the request carries it (the web app checks its shape; the schem
 checked here, where the library is):
   {"type": "json_object"}                      any JSON object (OpenAI's JSON mode)
   {"type": "json_schema", "schema": {...}}     JSON valid under the schema
-  {"type": "tool_call", "tools": [...], "name": None | str}
+  {"type": "tool_call", "tools": [...], "name": None | str, "parallel": bool}
                                                one call (of `name`, when given) in the tool-call
-                                               format the chat template teaches
+                                               format the chat template teaches; with parallel
+                                               (OpenAI's parallel_tool_calls) one or more
 """
 import json
 
@@ -69,14 +70,15 @@ def grammar(constraint: dict, tool_format: Format | None) -> str:
         if tool_format is None:
             raise GrammarError("this model's chat template teaches no tool-call format this server knows, so a "
                                "tool call cannot be required")
-        return _tool_call_grammar(constraint["tools"], constraint.get("name"), tool_format)
+        return _tool_call_grammar(constraint["tools"], constraint.get("name"), tool_format,
+                                  constraint["parallel"])
     raise GrammarError(f"unknown constraint type {kind!r}")
 
 
-def _tool_call_grammar(tools: list[dict], name: str | None, fmt: Format) -> str:
-    """One call in the format's tags: {"name": one of the functions (`name` when given),
-    "arguments": valid under its parameters}. One, not one or more: a small model that may go
-    on with another call after each would never stop."""
+def _tool_call_grammar(tools: list[dict], name: str | None, fmt: Format, parallel: bool) -> str:
+    """A call in the format's tags: {"name": one of the functions (`name` when given),
+    "arguments": valid under its parameters}; with `parallel`, more calls may follow, each in
+    its own tags on a new line (as the template writes several), and the model ends after any."""
     functions = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
     if not functions:
         raise GrammarError(f"tool_choice names {name!r}, which is not among the tools")
@@ -85,7 +87,8 @@ def _tool_call_grammar(tools: list[dict], name: str | None, fmt: Format) -> str:
                        "required": ["name", "arguments"], "additionalProperties": False} for f in functions]}
     opening, closing = json.dumps(fmt.start + "\n"), json.dumps("\n" + fmt.end)
     body = json.dumps(call | {"x-guidance": JSON_OPTIONS})
-    lark = f"start: {opening} body {closing}\nbody: %json {body}"
+    more = ' ("\\n" call)*' if parallel else ""
+    lark = f"start: call{more}\ncall: {opening} body {closing}\nbody: %json {body}"
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
