@@ -155,3 +155,62 @@ def test_combine_adds_the_weighted_experts_to_the_residual(dev):
     dev.run(lambda rec: experts.combine(rec, dev.put(y), dev.put(weights), bx, n, n_used, n_embd))
     ref = x + np.einsum("tj,tjc->tc", weights.astype(np.float64), y.reshape(n, n_used, n_embd))
     np.testing.assert_allclose(dev.get(bx, count=n * n_embd).reshape(n, n_embd), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_group_tiles_every_slot_once_by_expert(dev):
+    """40 slots over 6 experts (expert 4 unused): tiles of one expert each, at most tile_cols
+    slots, every slot in exactly one tile, unused tiles empty."""
+    n_expert, cols = 6, experts.tile_cols(dev.ctx)
+    ids = np.random.default_rng(12).choice([0, 1, 2, 3, 5], 40).astype(np.uint32)
+    out = dev.empty(experts.tiles_bytes(len(ids), n_expert, cols))
+    dev.run(lambda rec: experts.group(rec, dev.put(ids), out, len(ids), n_expert))
+    words = dev.get(out, np.uint32, experts.tiles_bytes(len(ids), n_expert, cols) // 4)
+    slots, tiles = words[:len(ids)], words[len(ids):].reshape(-1, 3)
+    seen = []
+    for expert, first, count in tiles[tiles[:, 2] > 0]:
+        assert count <= cols and (ids[slots[first:first + count]] == expert).all()
+        seen += slots[first:first + count].tolist()
+    assert sorted(seen) == list(range(len(ids)))
+    assert len(tiles[tiles[:, 2] > 0]) == sum(-(-np.sum(ids == e) // cols) for e in range(n_expert))
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.MXFP4, T.Q6_K], ids=lambda t: t.name)
+def test_tiled_expert_products_equal_per_slot_ones(dev, qtype):
+    """A prefill's 20 tokens x 2 experts of 6 through the tiles (each tile's expert rows read once
+    for its slots): the gate+up SwiGLU and the down product with bias equal numpy's per slot."""
+    n_expert, rows, cols, n_used, n = 6, 40, 256, 2, 20
+    rng = np.random.default_rng(13)
+    ids = np.stack([rng.choice(n_expert, n_used, replace=False) for _ in range(n)]).reshape(-1).astype(np.uint32)
+    raw_g, wg = expert_weights(qtype, n_expert, rows, cols, seed=4)
+    raw_u, wu = expert_weights(qtype, n_expert, rows, cols, seed=5)
+    raw_d, wd = expert_weights(T.Q8_0, n_expert, cols, 32, seed=6)
+    gate, up = (upload_experts(dev.ctx, qtype, raw, n_expert, rows, cols) for raw in (raw_g, raw_u))
+    down = upload_experts(dev.ctx, T.Q8_0, raw_d, n_expert, cols, 32)
+    x = f32(rng, n, cols) * 0.05
+    b_down = f32(rng, n_expert, cols)
+    slots = len(ids)
+    bids = dev.put(ids)
+    tiles = dev.empty(experts.tiles_bytes(slots, n_expert, experts.tile_cols(dev.ctx)))
+    act, y = dev.empty(4 * slots * rows), dev.empty(4 * slots * cols)
+    act_in = dev.empty(4 * slots * 32)
+
+    def record(rec):
+        experts.group(rec, bids, tiles, slots, n_expert)
+        rec.barrier()
+        experts.matmul_experts_glu(rec, gate, up, dev.put(x), act, bids, slots, n_used, tiles=tiles)
+
+    try:
+        dev.run(record)
+        got_act = dev.get(act, count=slots * rows).reshape(slots, rows)
+        down_in = np.ascontiguousarray(got_act[:, :32])
+        dev.ctx.upload(act_in, down_in)
+        dev.run(lambda rec: experts.matmul_experts(rec, down, act_in, y, bids, slots, n_used, True,
+                                                   bias=dev.put(b_down), tiles=tiles))
+    finally:
+        for t in (gate, up, down):
+            free_tensor(dev.ctx, t)
+    g = np.stack([wg[e] @ x[z // n_used].astype(np.float64) for z, e in enumerate(ids)])
+    u = np.stack([wu[e] @ x[z // n_used].astype(np.float64) for z, e in enumerate(ids)])
+    assert_close(got_act, g / (1 + np.exp(-g)) * u)
+    ref = np.stack([wd[e] @ down_in[z].astype(np.float64) + b_down[e] for z, e in enumerate(ids)])
+    assert_close(dev.get(y, count=slots * cols).reshape(slots, cols), ref)

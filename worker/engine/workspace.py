@@ -34,6 +34,7 @@ class Workspace:
     moe_weights: Buffer | None  # f32 [n * n_expert_used] their weights
     moe_gate: Buffer | None     # f32 [n * n_expert_used, n_ff_exp] the experts' SwiGLU
     moe_out: Buffer | None      # f32 [n * n_expert_used, n_embd] their down products
+    moe_tiles: Buffer | None    # the slots grouped by expert (kernels/experts.py's group), prefill only
     logits: Buffer      # f32 [vocab] of the last token, read back when the sampler needs them all
     best: Buffer        # uint32: GPU argmax
     top_ids: Buffer     # uint32 [MAX_K]: GPU top-k candidates
@@ -64,12 +65,17 @@ class Workspace:
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape) -> dict[str, int]:
         """Bytes of the kernels' scratch for passes of up to n tokens over `shape` (an
-        AttentionShape) on the device of `ctx` (top-k's stages depend on its workgroup size)."""
-        from worker.engine.kernels import attention, select
-        vocab = config.vocab_size
+        AttentionShape) on the device of `ctx` (top-k's stages depend on its workgroup size, an
+        expert tile's slots on its shared memory)."""
+        from worker.engine.kernels import attention, experts, select
+        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS
+        vocab, c = config.vocab_size, config
+        grouped = c.n_expert and n > MAT_VEC_MAX_COLS
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, 1, vocab, 1),
-                              select.scratch_bytes(ctx, 1, vocab, min(MAX_K, vocab)))}
+                              select.scratch_bytes(ctx, 1, vocab, min(MAX_K, vocab))),
+                "moe_tiles": experts.tiles_bytes(n * c.n_expert_used, c.n_expert, experts.tile_cols(ctx))
+                if grouped else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape) -> Workspace:

@@ -41,6 +41,7 @@ from gguf.quants import dequantize
 from worker.engine.errors import GGUFError
 
 MAX_EXPERTS_USED = 32   # experts per token the routing kernel keeps (shaders/moe_route.comp)
+MAX_EXPERTS = 512       # experts per layer the grouping kernel counts (shaders/moe_group.comp)
 
 
 def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float,
@@ -166,8 +167,9 @@ class ModelConfig:
         n_expert = int(key("expert_count")) if family.experts else 0
         n_expert_used = int(key("expert_used_count")) if n_expert else 0
         n_ff_exp = int(key("expert_feed_forward_length")) if n_expert else 0
-        if n_expert and not 0 < n_expert_used <= min(n_expert, MAX_EXPERTS_USED):
-            raise ValueError(f"{n_expert_used} experts used of {n_expert} (at most {MAX_EXPERTS_USED} supported)")
+        if n_expert and not (0 < n_expert_used <= min(n_expert, MAX_EXPERTS_USED) and n_expert <= MAX_EXPERTS):
+            raise ValueError(f"{n_expert_used} experts used of {n_expert} (supported: up to {MAX_EXPERTS_USED} "
+                             f"of {MAX_EXPERTS})")
         if float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0) != 0.0:
             raise GGUFError("final logit soft-capping is not supported")
         window, swa_layers = _sliding_window(meta, arch, family, n_layer)
