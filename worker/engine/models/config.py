@@ -224,10 +224,24 @@ class ModelConfig:
         return names
 
     def check_tensors(self, tensors: Mapping[str, Any]) -> None:
-        """Raise GGUFError naming the first required tensor the file lacks."""
+        """Raise GGUFError naming the first required tensor the file lacks, or the first expert
+        tensor whose shape is not the config's (GGUF order) or whose gate and up types differ
+        (the fused kernel reads both alike)."""
         for name in self.required_tensors():
             if name not in tensors:
                 raise GGUFError(f"required tensor '{name}' is missing ({self.arch} model)")
+        shapes = {"ffn_gate_inp": (self.n_embd, self.n_expert),
+                  "ffn_gate_exps": (self.n_embd, self.n_ff_exp, self.n_expert),
+                  "ffn_up_exps": (self.n_embd, self.n_ff_exp, self.n_expert),
+                  "ffn_down_exps": (self.n_ff_exp, self.n_embd, self.n_expert)} if self.n_expert else {}
+        for i in range(self.n_layer):
+            for base, shape in shapes.items():
+                info = tensors[f"blk.{i}.{base}.weight"]
+                if tuple(info.shape) != shape:
+                    raise GGUFError(f"tensor 'blk.{i}.{base}.weight' has shape {tuple(info.shape)}, "
+                                    f"expected {shape} ({self.arch} model)")
+            if shapes and tensors[f"blk.{i}.ffn_gate_exps.weight"].ggml_type != tensors[f"blk.{i}.ffn_up_exps.weight"].ggml_type:
+                raise GGUFError(f"layer {i}: ffn_gate_exps and ffn_up_exps differ in type ({self.arch} model)")
 
     def describe(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
