@@ -52,11 +52,11 @@ def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_u
     if data.nbytes != rows * stride:
         raise VkllmError(f"tensor {name}: {data.nbytes} bytes for {rows} rows of {stride} bytes")
     experts = int(shape[2]) if len(shape) > 2 else 1
-    per_expert = rows // experts
-    per_part = (ctx.max_binding_range & ~15) // stride // per_expert * per_expert  # parts are padded to 16 bytes
+    unit = rows // experts if experts > 1 else 1     # rows that stay in one part: a row, or an expert's
+    per_part = (ctx.max_binding_range & ~15) // stride // unit * unit  # parts are padded to 16 bytes
     if per_part == 0:
         what = "one row" if experts == 1 else "one expert"
-        raise VkllmError(f"tensor {name}: {what} ({stride * per_expert} bytes) exceeds the binding range")
+        raise VkllmError(f"tensor {name}: {what} ({stride * unit} bytes) exceeds the binding range")
     tensor = DeviceTensor(ggml_type, rows, cols, experts=experts)
     for first in range(0, rows, per_part):
         count = min(per_part, rows - first)
