@@ -14,7 +14,9 @@
 // independently, each with its own online softmax (running max m, sum l, accumulator), so no
 // barrier sits in the loop and loads of many positions are in flight; the streams are merged by
 // log-sum-exp at the end. With SPLIT the unnormalized result of the split (acc, m, l) goes to
-// attention_merge (flash-decoding); otherwise the finished output.
+// attention_merge (flash-decoding); otherwise the finished output. With SINKS (gpt-oss) each
+// head's learned logit sinks[h] joins the softmax's denominator only: out = sum_i e^(s_i - M) v_i /
+// (sum_i e^(s_i - M) + e^(sinks[h] - M)), M the maximum over the scores and the sink.
 layout(constant_id = 1) const uint HEAD_DIM = 128;
 layout(constant_id = 2) const uint ROWS = 1;
 layout(constant_id = 3) const uint LANES = 8;            // attention.py's LANES
@@ -33,6 +35,9 @@ layout(std430, binding = 4) writeonly buffer PartO { float part_o[]; };
 layout(std430, binding = 5) writeonly buffer PartML { vec2 part_ml[]; };
 #else
 layout(std430, binding = 4) writeonly buffer O { float o[]; };
+#if defined(SINKS)
+layout(std430, binding = 5) readonly buffer Sinks { float sinks[]; };
+#endif
 #endif
 layout(push_constant) uniform Push { uint n_head; uint n_head_kv; uint group; uint row_groups; uint chunk; float scale; uint window; } p;
 
@@ -130,8 +135,13 @@ void main() {
                 part_ml[part] = vec2(big_m, big_l);
             }
 #else
+            float norm = 1.0 / big_l;
+#if defined(SINKS)
+            const float sink = sinks[head0 + r], m_all = max(big_m, sink);
+            norm = exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all));
+#endif
             for (uint c = 0; c < 4; c++) {
-                o[row * HEAD_DIM + 4 * blk + c] = sum[c] / big_l;
+                o[row * HEAD_DIM + 4 * blk + c] = sum[c] * norm;
             }
 #endif
         }

@@ -13,7 +13,16 @@
 // flight, per-type inner loops) where that measured faster on an H200; Q6_K and Q8_0, and the
 // fused gate+up kernel of every type but MXFP4, read 16-value slices through dequant.glsl (as
 // float weights do): there the item loops measured slower.
-// Bindings: the weights (one or two), x, y.
+// With EXPERTS (a mixture-of-experts FFN) the weights are the 3-D expert tensor of one part
+// (experts expert_first .. + expert_count, `rows` rows each) and column z of the dispatch is the
+// slot (token t, j-th chosen expert): it multiplies the rows of expert ids[z] (moe_route.comp's
+// choice, read here: no host round trip) with x column z (x_per_slot) or t, into y row z; a slot
+// whose expert lies in another part does nothing. With EXPERT_TILES (prefill) column z is instead
+// tile z of moe_group.comp (up to NUM_COLS slots of one expert): each load of the expert's
+// weights serves all of them, slot s reading x column s (x_per_slot) or its token's and writing
+// y row s. EXPERT_BIAS adds that expert's bias row (the
+// gate's and the up's under GLU); GLU_OAI is gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai).
+// Bindings: the weights (one or two), x, y; with EXPERTS the ids, then the biases.
 #include "types.glsl"
 #if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4))
 #define MAT_VEC_ITEMS
@@ -42,6 +51,12 @@ const uint NUM_MATS = 2;
 #if defined(GLU_GELU)
 #include "gelu.glsl"
 float glu_act(float v) { return gelu(v); }
+#elif defined(GLU_OAI)
+const float OAI_ALPHA = 1.702, OAI_LIMIT = 7.0;
+float glu_oai(float g, float u) {
+    g = min(g, OAI_LIMIT);
+    return g / (1.0 + exp(-OAI_ALPHA * g)) * (clamp(u, -OAI_LIMIT, OAI_LIMIT) + 1.0);
+}
 #else
 float glu_act(float v) { return v / (1.0 + exp(-v)); }
 #endif
@@ -65,6 +80,18 @@ const uint UNROLL = ITEMS_FIT < 1 ? 1 : (ITEMS_FIT > 4 ? 4 : ITEMS_FIT);
 layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };
 layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = NUM_MATS + 1) buffer Y { float y[]; };
+#if defined(EXPERT_TILES)
+// moe_group.comp's output: the slots by expert, then (expert, first, count) per tile
+layout(std430, binding = NUM_MATS + 2) readonly buffer Tiles { uint tiles[]; };
+#elif defined(EXPERTS)
+layout(std430, binding = NUM_MATS + 2) readonly buffer Ids { uint expert_ids[]; };
+#endif
+#if defined(EXPERT_BIAS)
+layout(std430, binding = NUM_MATS + 3) readonly buffer Bias { float bias[]; };   // [n_expert, rows]
+#if defined(GLU)
+layout(std430, binding = NUM_MATS + 4) readonly buffer BiasUp { float bias_up[]; };
+#endif
+#endif
 
 // The same block as mul_mat.comp's: matmul.py packs both alike.
 layout(push_constant) uniform Push {
@@ -74,10 +101,47 @@ layout(push_constant) uniform Push {
     uint y_offset;    // index in a column of y of this part's first row
     uint y_stride;    // length of a column of y: all rows of the tensor
     uint accumulate;  // 1: add to what y holds (residual), 0: overwrite; GLU: always overwrites
+#if defined(EXPERTS)
+    uint n_used;        // experts per token: slot z is token z / n_used
+    uint expert_first;  // the part's first expert
+    uint expert_count;  // experts in the part
+    uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
+#endif
 } p;
 
 shared float partial[NUM_COLS * NUM_MATS * NUM_ROWS][BLOCK_SIZE];
 
+#if defined(EXPERT_TILES)
+uint tile_word(uint i) { return tiles[p.n + 3 * gl_WorkGroupID.z + i]; }
+uint slot_expert() { return tile_word(0); }
+uint stored_cols(uint col0) { return tile_word(2); }
+// The slot of the tile's column `col` (past its count: its last slot, computed, never stored).
+uint column_slot(uint col) { return tiles[tile_word(1) + min(col, tile_word(2) - 1)]; }
+uint first_col() { return 0; }
+#elif defined(EXPERTS)
+// NUM_COLS is 1: workgroup z is one slot.
+uint slot_expert() { return expert_ids[gl_WorkGroupID.z]; }
+uint stored_cols(uint col0) { return 1; }
+uint column_slot(uint col) { return col; }
+uint first_col() { return gl_WorkGroupID.z; }
+#endif
+
+#if defined(EXPERTS)
+// p.rows (nothing to do) for an empty tile or when the expert is in another part.
+uint first_row() {
+    const uint row = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
+    return stored_cols(0) != 0 && slot_expert() - p.expert_first < p.expert_count ? row : p.rows;
+}
+
+// Row `row` of the expert within the part; rows past the end clamped as below.
+uint clamped_row(uint row) { return (slot_expert() - p.expert_first) * p.rows + min(row, p.rows - 1); }
+
+// The column of x that column `col` reads.
+uint clamped_col(uint col) { return p.x_per_slot != 0 ? column_slot(col) : column_slot(col) / p.n_used; }
+
+// The row of y that column `col` writes.
+uint out_col(uint col) { return column_slot(col); }
+#else
 uint first_row() {
     return (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
 }
@@ -91,6 +155,27 @@ uint first_col() {
 
 // Columns past the end are computed on a clamped column and never stored.
 uint clamped_col(uint col) { return min(col, p.n - 1); }
+uint stored_cols(uint col0) { return min(NUM_COLS, p.n - col0); }
+uint out_col(uint col) { return col; }
+#endif
+
+// The output of row r from its products (gate's and up's under GLU).
+float epilogue(uint r, float a, float b) {
+#if defined(EXPERT_BIAS)
+    const uint bias_row = slot_expert() * p.rows + r;
+    a += bias[bias_row];
+#if defined(GLU)
+    b += bias_up[bias_row];
+#endif
+#endif
+#if defined(GLU_OAI)
+    return glu_oai(a, b);
+#elif defined(GLU)
+    return glu_act(a) * b;
+#else
+    return a;
+#endif
+}
 
 // x[k .. k+15], k a multiple of 16 (column c starts at c * ncols).
 mat4 load_x16(uint k) {
@@ -129,14 +214,11 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
         }
     }
     if (gl_LocalInvocationID.x == 0) {
-        for (uint c = 0; c < NUM_COLS && col0 + c < p.n; c++) {
+        for (uint c = 0; c < stored_cols(col0); c++) {
             for (uint r = 0; r < NUM_ROWS && row0 + r < p.rows; r++) {
-                const uint i = (col0 + c) * p.y_stride + p.y_offset + row0 + r;
-#if defined(GLU)
-                y[i] = glu_act(acc[c][0][r]) * acc[c][1][r];
-#else
-                y[i] = p.accumulate != 0 ? y[i] + acc[c][0][r] : acc[c][0][r];
-#endif
+                const uint i = out_col(col0 + c) * p.y_stride + p.y_offset + row0 + r;
+                const float v = epilogue(row0 + r, acc[c][0][r], acc[c][NUM_MATS - 1][r]);
+                y[i] = p.accumulate != 0 ? y[i] + v : v;
             }
         }
     }

@@ -8,6 +8,12 @@ Gemma 3 as Hugging Face's Gemma3 text model computes it: embeddings times sqrt(h
 RMSNorm also after attention and after the MLP (the file's norm weights already hold 1 + w),
 gelu_pytorch_tanh gate, and local layers (all but every sixth) attending over the last
 sliding_window positions with their own RoPE base (rope_local_base_freq) and no rope scaling.
+Mixtures of experts as llama.cpp's build_moe_ffn: each token's router logits pick the
+n_expert_used best experts; Qwen3-MoE weighs them by the softmax over all experts renormalised
+over the chosen, gpt-oss by the softmax of the chosen logits; the weighted sum of the chosen
+experts' SwiGLU FFNs. gpt-oss besides: biases on the router and the experts, the clamped SwiGLU
+(swiglu_oai: alpha 1.702, limit 7), an attention output bias and per-head sink logits in the
+attention softmax's denominator, and every other layer local.
 """
 import numpy as np
 
@@ -39,10 +45,11 @@ def rope(x: np.ndarray, positions: np.ndarray, cfg, base=None, factors="config")
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int = 0, scale=None) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int = 0, scale=None, sinks=None) -> np.ndarray:
     """Causal grouped-query attention of the last n positions. q: (n, n_head, d);
     k, v: (n_past + n, n_head_kv, d). window > 0: a query sees only the last `window` keys up to
-    its own position. `scale` of the scores: 1/sqrt(d) unless given."""
+    its own position. `scale` of the scores: 1/sqrt(d) unless given. `sinks` (n_head,): a logit
+    per head that joins the softmax's denominator and attends to nothing."""
     n, n_head, d = q.shape
     group = n_head // k.shape[1]
     k = np.repeat(k, group, axis=1)
@@ -53,13 +60,24 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int = 0, scal
     if window:
         visible &= query_pos - key_pos < window
     scores = np.where(visible, scores, -np.inf)
-    scores = np.exp(scores - scores.max(-1, keepdims=True))
-    scores /= scores.sum(-1, keepdims=True)
+    top = scores.max(-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks[:, None, None])
+    scores = np.exp(scores - top)
+    denominator = scores.sum(-1, keepdims=True)
+    if sinks is not None:
+        denominator = denominator + np.exp(sinks[:, None, None] - top)
+    scores /= denominator
     return np.einsum("hqk,khd->qhd", scores, v)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1 + np.exp(-x))
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    gate = np.minimum(gate, limit)
+    return gate / (1 + np.exp(-alpha * gate)) * (np.clip(up, -limit, limit) + 1)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -108,17 +126,47 @@ class RefModel:
             cache[i] = (k, v)
         else:
             cache.append((k, v))
-        att = self.linear(attention(q, k, v, c.sliding_window if local else 0, c.attention_scale)
+        sinks = self.w(f"{p}.attn_sinks.weight") if c.has_attn_sinks else None
+        att = self.linear(attention(q, k, v, c.sliding_window if local else 0, c.attention_scale, sinks)
                           .reshape(len(x), -1), f"{p}.attn_output")
         if c.has_post_norms:
             att = rms_norm(att, self.w(f"{p}.post_attention_norm.weight"), c.norm_eps)
         x = x + att
-        h = rms_norm(x, self.w(f"{p}.ffn_norm.weight"), c.norm_eps)
+        h = rms_norm(x, self.w(f"{p}.{c.ffn_norm}.weight"), c.norm_eps)
+        if c.n_expert:
+            return x + self.moe(h, p)
         act = self.gelu if c.ffn_gelu else silu
         ffn = self.linear(act(self.linear(h, f"{p}.ffn_gate")) * self.linear(h, f"{p}.ffn_up"), f"{p}.ffn_down")
         if c.has_post_norms:
             ffn = rms_norm(ffn, self.w(f"{p}.post_ffw_norm.weight"), c.norm_eps)
         return x + ffn
+
+    def moe(self, h: np.ndarray, p: str) -> np.ndarray:
+        """The mixture-of-experts FFN of block `p` on normalised inputs h (n, n_embd)."""
+        c = self.cfg
+        logits = self.linear(h, f"{p}.ffn_gate_inp")
+        out = np.zeros_like(h)
+        for t in range(len(h)):
+            chosen = np.argsort(-logits[t], kind="stable")[:c.n_expert_used]
+            if c.expert_softmax_chosen:
+                w = np.exp(logits[t, chosen] - logits[t, chosen].max())
+                w /= w.sum()
+            else:
+                w = np.exp(logits[t] - logits[t].max())
+                w = (w / w.sum())[chosen]
+            if c.expert_weights_norm:
+                w = w / max(w.sum(), 6.103515625e-5)
+            for weight, e in zip(w, chosen):
+                out[t] += weight * self.expert(h[t], p, e)
+        return out
+
+    def expert(self, h: np.ndarray, p: str, e: int) -> np.ndarray:
+        """Expert e's FFN of block p on one normalised input h (n_embd,)."""
+        def product(name, v):
+            y = self.w(f"{p}.{name}.weight")[e] @ v
+            return y + self.w(f"{p}.{name}.bias")[e] if self.cfg.ffn_oai else y
+        gate, up = product("ffn_gate_exps", h), product("ffn_up_exps", h)
+        return product("ffn_down_exps", swiglu_oai(gate, up) if self.cfg.ffn_oai else silu(gate) * up)
 
     def logits(self, token_ids, cache: list | None = None) -> np.ndarray:
         """Logits of token_ids following the positions already in `cache` (a list of per-layer

@@ -15,7 +15,9 @@ PUBLISHED_PARAMS = {"llama-3.2-1b": 1_235_814_400, "llama-3.1-8b": 8_030_261_248
                     "qwen2.5-7b": 7_615_616_512, "qwen2.5-32b": 32_763_876_352,
                     "llama-3.1-70b": 70_553_706_496,
                     # Gemma 3 report, table 1: 3,209M non-embedding + 262208 x 2560 embeddings
-                    "gemma-3-4b": 3_880_263_168}
+                    "gemma-3-4b": 3_880_263_168,
+                    # Hugging Face's safetensors totals (every expert counted)
+                    "qwen3-30b-a3b": 30_532_122_624, "gpt-oss-20b": 20_914_757_184}
 
 
 def type_counts(specs):
@@ -52,6 +54,23 @@ def test_tiny_files_load(tmp_path, preset, mix):
     x = model.dequantize("blk.0.ffn_up.weight")
     assert x.shape == (p.n_ff, p.n_embd)
     assert 0.5 < x.std() * np.sqrt(p.n_embd) < 1.5          # std 1/sqrt(row length)
+
+
+@pytest.mark.parametrize("preset, mix", [("tiny-qwen3moe", "Q4_K_M"), ("tiny-gpt-oss", "MXFP4_MOE")])
+def test_tiny_moe_files_load(tmp_path, preset, mix):
+    """Expert tensors [n_expert, rows, K] as GGUF stores them (ne = K, rows, n_expert), typed by
+    the mix (MXFP4_MOE: MXFP4 experts, Q8_0 else), the router F32."""
+    p = PRESETS[preset]
+    model = ModelFile.open(write_model(preset, tmp_path / "m.gguf", mix))
+    assert (model.config.n_expert, model.config.n_expert_used, model.config.n_ff_exp) == \
+        (p.n_expert, p.n_expert_used, p.n_ff_exp)
+    up = model.tensors["blk.0.ffn_up_exps.weight"]
+    assert up.shape == (p.n_embd, p.n_ff_exp, p.n_expert)
+    assert up.ggml_type == (T.MXFP4 if mix == "MXFP4_MOE" else T.Q4_K)
+    assert model.tensors["blk.0.ffn_down_exps.weight"].shape == (p.n_ff_exp, p.n_embd, p.n_expert)
+    assert model.tensors["blk.0.ffn_gate_inp.weight"].ggml_type == T.F32
+    x = model.dequantize("blk.1.ffn_gate_exps.weight")
+    assert x.shape == (p.n_expert, p.n_ff_exp, p.n_embd) and 0.5 < x.std() * np.sqrt(p.n_embd) < 1.5
 
 
 def test_tiny_llama_q4_k_m_types(tmp_path):

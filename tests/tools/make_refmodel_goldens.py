@@ -33,14 +33,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from llama_cpp import Llama
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.tools.f32copy import dequantized_copy  # noqa: E402
 from vkllm.demo import fetch_demo  # noqa: E402
-from worker.engine.modelfile import ModelFile  # noqa: E402
 from worker.tools.synth import write_model  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden" / "refmodel"
@@ -91,24 +90,6 @@ def greedy(llm: Llama, tokens: list[int], n: int) -> tuple[np.ndarray, np.ndarra
         top2.append(np.sort(logits)[::-1][:2])
         llm.eval([out[-1]])
     return first, np.array(out, dtype=np.int32), np.array(top2, dtype=np.float32)
-
-
-def dequantized_copy(src: Path, dst: Path) -> Path:
-    """src with the same metadata and every tensor as F32."""
-    reader, model = GGUFReader(src), ModelFile.open(src)
-    writer = GGUFWriter(dst, model.architecture)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type)
-    for name in model.tensors:
-        writer.add_tensor(name, model.dequantize(name))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
 
 
 def runs(path: Path, tmp: str, n_ctx: int):

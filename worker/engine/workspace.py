@@ -28,6 +28,13 @@ class Workspace:
     att: Buffer         # f32 [n, n_head * head_dim] attention output
     gate: Buffer        # f32 [n, n_ff]
     up: Buffer
+    # A mixture-of-experts FFN's (None in a dense model), per slot = (token, chosen expert):
+    moe_logits: Buffer | None   # f32 [n, n_expert] router logits
+    moe_ids: Buffer | None      # uint32 [n * n_expert_used] chosen experts
+    moe_weights: Buffer | None  # f32 [n * n_expert_used] their weights
+    moe_gate: Buffer | None     # f32 [n * n_expert_used, n_ff_exp] the experts' SwiGLU
+    moe_out: Buffer | None      # f32 [n * n_expert_used, n_embd] their down products
+    moe_tiles: Buffer | None    # the slots grouped by expert (kernels/experts.py's group), prefill only
     logits: Buffer      # f32 [vocab] of the last token, read back when the sampler needs them all
     best: Buffer        # uint32: GPU argmax
     top_ids: Buffer     # uint32 [MAX_K]: GPU top-k candidates
@@ -46,8 +53,11 @@ class Workspace:
         """Bytes of each buffer for passes of up to n tokens of a model of `config`."""
         c = config
         q_width, kv_width = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        slots = c.n_expert_used
+        dense_ff = 0 if c.n_expert else c.n_ff
         rows = {"x": c.n_embd, "xb": c.n_embd, "q": q_width, "k": kv_width, "v": kv_width,
-                "att": q_width, "gate": c.n_ff, "up": c.n_ff}
+                "att": q_width, "gate": dense_ff, "up": dense_ff, "moe_logits": c.n_expert,
+                "moe_ids": slots, "moe_weights": slots, "moe_gate": slots * c.n_ff_exp, "moe_out": slots * c.n_embd}
         return {"step": 16, "ids": 4 * n, **{name: 4 * n * width for name, width in rows.items()},
                 "logits": 4 * c.vocab_size, "best": 4, "top_ids": 4 * MAX_K, "top_values": 4 * MAX_K,
                 "step_alt": 16, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32)}
@@ -55,12 +65,17 @@ class Workspace:
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape) -> dict[str, int]:
         """Bytes of the kernels' scratch for passes of up to n tokens over `shape` (an
-        AttentionShape) on the device of `ctx` (top-k's stages depend on its workgroup size)."""
-        from worker.engine.kernels import attention, select
-        vocab = config.vocab_size
+        AttentionShape) on the device of `ctx` (top-k's stages depend on its workgroup size, an
+        expert tile's slots on its shared memory)."""
+        from worker.engine.kernels import attention, experts, select
+        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS
+        vocab, c = config.vocab_size, config
+        grouped = c.n_expert and n > MAT_VEC_MAX_COLS
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, 1, vocab, 1),
-                              select.scratch_bytes(ctx, 1, vocab, min(MAX_K, vocab)))}
+                              select.scratch_bytes(ctx, 1, vocab, min(MAX_K, vocab))),
+                "moe_tiles": experts.tiles_bytes(n * c.n_expert_used, c.n_expert, experts.tile_cols(ctx))
+                if grouped else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape) -> Workspace:

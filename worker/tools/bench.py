@@ -27,8 +27,11 @@ def register(sub):
 
 
 def weight_bytes_per_token(model_file) -> int:
-    """Every weight is read once per token, except the embedding table, of which one row is."""
-    total = sum(t.n_bytes for t in model_file.tensors.values())
+    """Every weight is read once per token, except the embedding table, of which one row is, and
+    a mixture of experts' expert tensors, of which the n_expert_used chosen experts' rows are."""
+    c = model_file.config
+    total = sum(t.n_bytes * c.n_expert_used // c.n_expert if "_exps." in name else t.n_bytes
+                for name, t in model_file.tensors.items())
     embd = model_file.tensors["token_embd.weight"]
     return total - (embd.n_bytes if "output.weight" in model_file.tensors else 0)
 

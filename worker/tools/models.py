@@ -75,6 +75,13 @@ def _inspect(args):
                                  ("embeddings x sqrt(n_embd)", c.embedding_scale != 1.0),
                                  ("post norms", c.has_post_norms), ("GeGLU", c.ffn_gelu)) if on)
              or "-")]
+    if c.n_expert:
+        weights = "softmax of the chosen" if c.expert_softmax_chosen else \
+            "softmax" + (", renormalised" if c.expert_weights_norm else "")
+        rows.append(("experts", f"{c.n_expert_used} of {c.n_expert} per token, {c.n_ff_exp} rows each, "
+                                f"weights {weights}" + (", biases, clamped SwiGLU" if c.ffn_oai else "")))
+    if c.has_attn_sinks:
+        rows.append(("attention", "sinks (a logit per head in the softmax denominator), output bias"))
     if c.sliding_window:
         rows.append(("sliding window", f"{c.sliding_window} positions on {sum(c.swa_layers)} of {c.n_layer} "
                                        f"layers, rope base {c.rope_base_swa:g} there"))

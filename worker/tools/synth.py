@@ -44,6 +44,9 @@ class Preset:
     qkv_bias: bool = False                      # q/k/v biases even where the family has none
     sliding_window: int = 0                     # attention.sliding_window (families with local layers)
     rope_linear: float | None = None            # rope.scaling linear factor
+    n_expert: int = 0                           # mixture of experts: experts per layer
+    n_expert_used: int = 0                      # experts per token
+    n_ff_exp: int = 0                           # rows of one expert's gate and up
 
 
 PRESETS = {
@@ -60,6 +63,13 @@ PRESETS = {
     # 3.88e9 parameters, as the text model of Gemma 3 4B (its vision tower is a separate file)
     "gemma-3-4b": Preset("gemma3", 34, 2560, 10240, 8, 4, 256, 262208, 131072, 1e6, 1e-6,
                          True, "llama-bpe", sliding_window=1024, rope_linear=8.0),
+    # 30.5e9 parameters (3.3e9 active per token), as Qwen3-30B-A3B
+    "qwen3-30b-a3b": Preset("qwen3moe", 48, 2048, 6144, 32, 4, 128, 151936, 40960, 1e6, 1e-6, False, "qwen2",
+                            n_expert=128, n_expert_used=8, n_ff_exp=768),
+    # 20.9e9 parameters (3.6e9 active), as gpt-oss-20b (its YaRN rope scaling left out: a rope
+    # the engine does not run yet; the shapes and bytes per token are the model's)
+    "gpt-oss-20b": Preset("gpt-oss", 24, 2880, 2880, 64, 8, 64, 201088, 131072, 150000.0, 1e-5, False,
+                          "llama-bpe", sliding_window=128, n_expert=32, n_expert_used=4, n_ff_exp=2880),
     # Tiny models for tests. tiny-llama's widths are multiples of 256 so k-quants apply
     # everywhere; tiny-qwen2 (128 wide) exercises the llama.cpp fallbacks to 32-blocks;
     # tiny-qwen3 has head_dim * n_head != n_embd, as real Qwen3 models do.
@@ -74,6 +84,12 @@ PRESETS = {
     # head_dim * n_head != n_embd as in every Gemma 3.
     "tiny-gemma3": Preset("gemma3", 6, 256, 768, 4, 2, 128, 384, 2048, 1e6, 1e-6, True, "llama-bpe",
                           sliding_window=8),
+    # Mixtures of experts: 2 of 8 experts per token; gpt-oss's four layers alternate local (over
+    # 8 positions) and global as its pattern does.
+    "tiny-qwen3moe": Preset("qwen3moe", 2, 256, 512, 4, 2, 32, 400, 2048, 1e6, 1e-6, False, "qwen2",
+                            n_expert=8, n_expert_used=2, n_ff_exp=256),
+    "tiny-gpt-oss": Preset("gpt-oss", 4, 256, 256, 4, 2, 64, 384, 2048, 150000.0, 1e-5, False, "llama-bpe",
+                           sliding_window=8, n_expert=8, n_expert_used=2, n_ff_exp=256),
 }
 
 
@@ -91,6 +107,11 @@ def _normal(gain: float, mean: float = 0.0):
         x *= np.float32(gain / np.sqrt(shape[-1]) if len(shape) > 1 else gain)
         return x + np.float32(mean) if mean else x
     return init
+
+
+def _std(std: float):
+    """Normal values of standard deviation `std` whatever the shape (biases of any rank)."""
+    return lambda rng, shape: rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
 
 
 def _const(values):
@@ -124,11 +145,13 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
         if family.qk_norm:
             specs += [vec("attn_q_norm", p.head_dim, norm), vec("attn_k_norm", p.head_dim, norm)]
         specs.append(mat("attn_output", p.n_embd, q_dim))
+        if family.oai:
+            specs += [vec("attn_output", p.n_embd, bias, "bias"), vec("attn_sinks", p.n_head, _normal(1.0))]
         if family.post_norms:
             specs.append(vec("post_attention_norm", p.n_embd, norm))
-        specs += [vec("ffn_norm", p.n_embd, norm),
-                  mat("ffn_gate", p.n_ff, p.n_embd), mat("ffn_up", p.n_ff, p.n_embd),
-                  mat("ffn_down", p.n_embd, p.n_ff)]
+        specs.append(vec("post_attention_norm" if family.oai else "ffn_norm", p.n_embd, norm))
+        specs += _expert_specs(p, i, pick, family.oai) if family.experts else \
+            [mat("ffn_gate", p.n_ff, p.n_embd), mat("ffn_up", p.n_ff, p.n_embd), mat("ffn_down", p.n_embd, p.n_ff)]
         if family.post_norms:
             specs.append(vec("post_ffw_norm", p.n_embd, norm))
     specs.append(TensorSpec("output_norm.weight", (p.n_embd,), T.F32, norm))
@@ -138,9 +161,27 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
     return specs
 
 
+def _expert_specs(p: Preset, i: int, pick, biases: bool) -> list[TensorSpec]:
+    """The router (F32, as llama.cpp's quantizer leaves it) and the 3-D expert tensors
+    [n_expert, rows, K], typed as their dense counterparts would be; gpt-oss's biases besides."""
+    def experts(name, rows, k):
+        return TensorSpec(f"blk.{i}.{name}.weight", (p.n_expert, rows, k), pick(name, i, k), _normal(1.0))
+
+    specs = [TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (p.n_expert, p.n_embd), T.F32, _normal(1.0)),
+             experts("ffn_gate_exps", p.n_ff_exp, p.n_embd), experts("ffn_up_exps", p.n_ff_exp, p.n_embd),
+             experts("ffn_down_exps", p.n_embd, p.n_ff_exp)]
+    if biases:
+        # [n_expert, rows] biases stay F32 whatever the mix, as every bias
+        specs += [TensorSpec(f"blk.{i}.{name}.bias", shape, T.F32, _std(0.1))
+                  for name, shape in (("ffn_gate_inp", (p.n_expert,)), ("ffn_gate_exps", (p.n_expert, p.n_ff_exp)),
+                                      ("ffn_up_exps", (p.n_expert, p.n_ff_exp)),
+                                      ("ffn_down_exps", (p.n_expert, p.n_embd)))]
+    return specs
+
+
 def _tensor_bytes(spec: TensorSpec, index: int, seed: int, pool: ThreadPoolExecutor) -> np.ndarray:
     k = spec.shape[-1]
-    rows = spec.shape[0] if len(spec.shape) > 1 else 1
+    rows = int(np.prod(spec.shape[:-1])) if len(spec.shape) > 1 else 1
     out = np.empty((rows, row_bytes(spec.qtype, k)), dtype=np.uint8)
     step = max(1, (1 << 21) // k)
 
@@ -171,6 +212,10 @@ def _add_metadata(w: GGUFWriter, name: str, p: Preset, mix: str) -> None:
     w.add_layer_norm_rms_eps(p.norm_eps)
     if p.sliding_window:
         w.add_sliding_window(p.sliding_window)
+    if p.n_expert:
+        w.add_expert_count(p.n_expert)
+        w.add_expert_used_count(p.n_expert_used)
+        w.add_expert_feed_forward_length(p.n_ff_exp)
     if p.rope_linear:
         w.add_rope_scaling_type("linear")
         w.add_rope_scaling_factor(p.rope_linear)

@@ -63,12 +63,14 @@ def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | No
 
 
 def attention(rec: Recording, shape: AttentionShape, q: Buffer, k_cache: Buffer, v_cache: Buffer, out: Buffer,
-              step: Buffer, n_tokens: int, scratch: Buffer | None = None, splits: int | None = None):
+              step: Buffer, n_tokens: int, scratch: Buffer | None = None, splits: int | None = None,
+              sinks: Buffer | None = None):
     """out[t, h] = softmax(scale * q[t, h] . K[0..pos0+t, h // group]) V[...] (only the last
     shape.window positions of that range when the window is set), q and out f32
     [n_tokens, n_head, head_dim]. `splits` overrides the automatic split count. With more than one
     split this records two dispatches with a barrier between them, the partials in `scratch`
-    (split_scratch_bytes)."""
+    (split_scratch_bytes). `sinks` (f32 [n_head], gpt-oss): each head's sink logit joins the
+    softmax's denominator."""
     ctx = rec.ctx
     size = attention_threads(ctx)
     plan = _plan(shape, n_tokens, splits)
@@ -78,8 +80,9 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, k_cache: Buffer,
     push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, row_groups=plan.row_groups,
                 chunk=chunk, scale=float(shape.scale), window=shape.window)
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
+    suffix, extra = ("_sinks", [sinks]) if sinks is not None else ("", [])
     if splits == 1:
-        rec.dispatch(ctx.kernel("attention", spec), [q, k_cache, v_cache, step, out], groups, push)
+        rec.dispatch(ctx.kernel("attention" + suffix, spec), [q, k_cache, v_cache, step, out, *extra], groups, push)
         return
     o_bytes, ml_bytes = _partial_bytes(shape, n_tokens, splits)
     if scratch is None or scratch.size < o_bytes + ml_bytes:
@@ -87,5 +90,6 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, k_cache: Buffer,
     part_o, part_ml = scratch.sub(0, o_bytes), scratch.sub(o_bytes, ml_bytes)
     rec.dispatch(ctx.kernel("attention_split", spec), [q, k_cache, v_cache, step, part_o, part_ml], groups, push)
     rec.barrier()
-    rec.dispatch(ctx.kernel("attention_merge", {0: MERGE_THREADS}), [part_o, part_ml, out], (shape.n_head, n_tokens, 1),
+    rec.dispatch(ctx.kernel("attention_merge" + suffix, {0: MERGE_THREADS}), [part_o, part_ml, out, *extra],
+                 (shape.n_head, n_tokens, 1),
                  dict(n_splits=splits, head_dim=shape.head_dim))

@@ -1,6 +1,7 @@
 """Weight tensors on the device, kept in their GGUF block format. A tensor whose bytes exceed
 the device's storage-buffer binding range (128 MiB on lavapipe, 4 GiB on big GPUs) is split by
-rows into parts, each bound on its own; kernels run once per part."""
+rows into parts, each bound on its own; kernels run once per part. A 3-D tensor (a mixture of
+experts' [n_expert, rows, K]) is `experts` matrices stacked by rows, split only between experts."""
 from dataclasses import dataclass, field
 from math import prod
 
@@ -26,6 +27,7 @@ class DeviceTensor:
     mat_vec_shape: tuple[int, int] | None = None
     glu_shape: tuple[int, int] | None = None    # through the fused gate+up kernel, as the gate
     coopmat_tile: tuple[int, ...] | None = None  # the cooperative-matrix mat-mat tile (matmul.py COOPMAT_TILE)
+    experts: int = 1                            # stacked matrices of rows / experts rows each
 
     @property
     def row_bytes(self) -> int:
@@ -37,7 +39,8 @@ class DeviceTensor:
 
 
 def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_uint8) -> DeviceTensor:
-    """`shape` in GGUF order (ne[0] = row length first); dimensions past the first are rows."""
+    """`shape` in GGUF order (ne[0] = row length first); dimensions past the first are rows, a
+    third one the number of experts."""
     ggml_type = GGMLQuantizationType(ggml_type)
     if ggml_type not in WEIGHT_TYPES:
         raise VkllmError(f"tensor {name}: type {ggml_type.name} is not supported")
@@ -49,10 +52,13 @@ def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_u
     stride = row_bytes(ggml_type, cols)
     if data.nbytes != rows * stride:
         raise VkllmError(f"tensor {name}: {data.nbytes} bytes for {rows} rows of {stride} bytes")
-    per_part = (ctx.max_binding_range & ~15) // stride  # parts are padded to 16 bytes
+    experts = int(shape[2]) if len(shape) > 2 else 1
+    unit = rows // experts if experts > 1 else 1     # rows that stay in one part: a row, or an expert's
+    per_part = (ctx.max_binding_range & ~15) // stride // unit * unit  # parts are padded to 16 bytes
     if per_part == 0:
-        raise VkllmError(f"tensor {name}: one row ({stride} bytes) exceeds the binding range")
-    tensor = DeviceTensor(ggml_type, rows, cols)
+        what = "one row" if experts == 1 else "one expert"
+        raise VkllmError(f"tensor {name}: {what} ({stride * unit} bytes) exceeds the binding range")
+    tensor = DeviceTensor(ggml_type, rows, cols, experts=experts)
     for first in range(0, rows, per_part):
         count = min(per_part, rows - first)
         buffer = ctx.alloc(round_up(count * stride, 16))  # float kernels read 4-vectors

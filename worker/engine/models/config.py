@@ -19,6 +19,17 @@ RoPE frequency factors: llama.cpp divides each rotation frequency by `rope_freqs
 the source of truth. GGUF has no keys for the llama3 parameters; a file without the tensor but
 with `rope.scaling.type = linear` gets a constant factor (the same maths as position scaling).
 `llama3_rope_factors` is the conversion script's formula, used to write synthetic files.
+
+Mixture of experts (llama.cpp's build_moe_ffn): a family with `experts` replaces the dense FFN by
+a router (`ffn_gate_inp`, one logit per expert) choosing `expert_used_count` of `expert_count`
+experts per token, each a SwiGLU FFN of `expert_feed_forward_length` rows stored as 3-D tensors
+[n_expert, rows, K] (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`), their outputs summed with
+the router's weights. How the weights come from the logits is the family's, as llama.cpp
+hard-codes it per architecture: Qwen3-MoE takes the softmax over all experts and renormalises the
+chosen ones to sum 1; gpt-oss softmaxes the chosen logits only. gpt-oss besides: biases on q/k/v,
+the attention output, the router and every expert, the clamped SwiGLU of llama.cpp's
+swiglu_oai, a learned per-head attention sink, every other layer local (pattern 2) with the
+global layers' RoPE base, and its FFN norm stored as `post_attention_norm`.
 """
 import math
 from dataclasses import dataclass, fields
@@ -28,6 +39,9 @@ import numpy as np
 from gguf.quants import dequantize
 
 from worker.engine.errors import GGUFError
+
+MAX_EXPERTS_USED = 32   # experts per token the routing kernel keeps (shaders/moe_route.comp)
+MAX_EXPERTS = 512       # experts per layer the grouping kernel counts (shaders/moe_group.comp)
 
 
 def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float,
@@ -58,11 +72,15 @@ class Family:
     post_norms: bool = False   # RMSNorm of the attention and FFN outputs before each residual add
     gelu: bool = False         # GeGLU (GELU-tanh gate) rather than SwiGLU
     swa_pattern: int = 0       # layers per group of local layers + one global (0: no sliding window)
-    rope_base_swa: float = 10000.0  # RoPE base of local layers unless the file says
+    rope_base_swa: float | None = 10000.0  # RoPE base of local layers unless the file says (None: the global one)
     # layer counts of the family's models whose attention scores are scaled by
     # (n_embd / n_head)^-0.5 instead of head_dim^-0.5 (Gemma 3 27B's query_pre_attn_scalar;
     # llama.cpp picks it by the same layer count)
     embd_per_head_scale_layers: tuple[int, ...] = ()
+    experts: bool = False      # mixture-of-experts FFN (router + expert tensors)
+    expert_norm: bool = False  # the chosen experts' softmax weights renormalised to sum 1
+    expert_softmax_chosen: bool = False  # softmax over the chosen logits only (gpt-oss)
+    oai: bool = False          # gpt-oss: biases everywhere, clamped SwiGLU, attention sinks
 
 
 FAMILIES: dict[str, Family] = {
@@ -71,10 +89,14 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family(rope_neox=True, qk_norm=True),   # Qwen3 (dense)
     "gemma3": Family(rope_neox=True, qk_norm=True, embd_scale=True, post_norms=True, gelu=True,
                      swa_pattern=6, embd_per_head_scale_layers=(62,)),  # Gemma 3 (text)
+    "qwen3moe": Family(rope_neox=True, qk_norm=True, experts=True, expert_norm=True),  # Qwen3-30B-A3B, 235B-A22B
+    "gpt-oss": Family(rope_neox=True, qkv_bias=True, swa_pattern=2, rope_base_swa=None, experts=True,
+                      expert_softmax_chosen=True, oai=True),     # gpt-oss-20b, 120b
 }
 
-LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+ATTENTION_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
+DENSE_FFN_TENSORS = ("ffn_gate", "ffn_up", "ffn_down")
+EXPERT_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 @dataclass(frozen=True)
@@ -105,6 +127,15 @@ class ModelConfig:
     rope_base_swa: float = 10000.0                # RoPE base of local layers
     rope_freq_factors_swa: tuple[float, ...] | None = None   # rope_freq_factors of local layers
     attention_scale: float | None = None          # score scale; None: head_dim^-0.5
+    ffn_norm: str = "ffn_norm"                    # the FFN's input norm tensor (gpt-oss: post_attention_norm)
+    n_expert: int = 0                             # experts per layer (0: a dense FFN)
+    n_expert_used: int = 0                        # experts each token goes through
+    n_ff_exp: int = 0                             # rows of one expert's gate and up
+    expert_weights_norm: bool = False             # chosen weights renormalised to sum 1
+    expert_softmax_chosen: bool = False           # weights: softmax of the chosen logits only
+    ffn_oai: bool = False                         # gpt-oss's clamped SwiGLU, expert and router biases
+    has_attn_sinks: bool = False                  # a learned logit per head in the softmax denominator
+    has_attn_out_bias: bool = False
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], tensors: Mapping[str, Any] | None = None):
@@ -133,6 +164,12 @@ class ModelConfig:
         vocab = key("vocab_size", len(meta.get("tokenizer.ggml.tokens", ())) or None)
         has_bias = family.qkv_bias or "blk.0.attn_q.bias" in tensors
         n_layer = int(key("block_count"))
+        n_expert = int(key("expert_count")) if family.experts else 0
+        n_expert_used = int(key("expert_used_count")) if n_expert else 0
+        n_ff_exp = int(key("expert_feed_forward_length")) if n_expert else 0
+        if n_expert and not (0 < n_expert_used <= min(n_expert, MAX_EXPERTS_USED) and n_expert <= MAX_EXPERTS):
+            raise ValueError(f"{n_expert_used} experts used of {n_expert} (supported: up to {MAX_EXPERTS_USED} "
+                             f"of {MAX_EXPERTS})")
         if float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0) != 0.0:
             raise GGUFError("final logit soft-capping is not supported")
         window, swa_layers = _sliding_window(meta, arch, family, n_layer)
@@ -140,7 +177,7 @@ class ModelConfig:
         linear = "rope_freqs.weight" not in tensors
         return cls(
             arch=arch, name=str(meta.get("general.name", "")),
-            n_layer=n_layer, n_embd=n_embd, n_ff=int(key("feed_forward_length")),
+            n_layer=n_layer, n_embd=n_embd, n_ff=int(key("feed_forward_length", n_ff_exp or None)),
             n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
             head_dim=head_dim, rope_dim=int(key("rope.dimension_count", head_dim)),
             rope_base=float(key("rope.freq_base", 10000.0)),
@@ -151,9 +188,14 @@ class ModelConfig:
             has_qk_norm=family.qk_norm, rope_neox=family.rope_neox,
             embedding_scale=math.sqrt(n_embd) if family.embd_scale else 1.0,
             has_post_norms=family.post_norms, ffn_gelu=family.gelu, sliding_window=window,
-            swa_layers=swa_layers, rope_base_swa=float(key("rope.freq_base_swa", family.rope_base_swa)),
+            swa_layers=swa_layers,
+            rope_base_swa=float(key("rope.freq_base_swa", family.rope_base_swa or key("rope.freq_base", 10000.0))),
             rope_freq_factors_swa=None if linear else factors,
-            attention_scale=(n_embd // n_head) ** -0.5 if n_layer in family.embd_per_head_scale_layers else None)
+            attention_scale=(n_embd // n_head) ** -0.5 if n_layer in family.embd_per_head_scale_layers else None,
+            ffn_norm="post_attention_norm" if family.oai else "ffn_norm",
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
+            expert_weights_norm=family.expert_norm, expert_softmax_chosen=family.expert_softmax_chosen,
+            ffn_oai=family.oai, has_attn_sinks=family.oai, has_attn_out_bias=family.oai)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends over a sliding window (a local layer)."""
@@ -163,7 +205,13 @@ class ModelConfig:
         return self.rope_freq_factors_swa if self.is_sliding(layer) else self.rope_freq_factors
 
     def required_tensors(self) -> list[str]:
-        per_layer = list(LAYER_TENSORS)
+        per_layer = [*ATTENTION_TENSORS, self.ffn_norm, *(EXPERT_TENSORS if self.n_expert else DENSE_FFN_TENSORS)]
+        if self.ffn_oai:
+            per_layer += [f"{t}.bias" for t in EXPERT_TENSORS]
+        if self.has_attn_out_bias:
+            per_layer.append("attn_output.bias")
+        if self.has_attn_sinks:
+            per_layer.append("attn_sinks")
         if self.has_qkv_bias:
             per_layer += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
         if self.has_qk_norm:
@@ -176,10 +224,24 @@ class ModelConfig:
         return names
 
     def check_tensors(self, tensors: Mapping[str, Any]) -> None:
-        """Raise GGUFError naming the first required tensor the file lacks."""
+        """Raise GGUFError naming the first required tensor the file lacks, or the first expert
+        tensor whose shape is not the config's (GGUF order) or whose gate and up types differ
+        (the fused kernel reads both alike)."""
         for name in self.required_tensors():
             if name not in tensors:
                 raise GGUFError(f"required tensor '{name}' is missing ({self.arch} model)")
+        shapes = {"ffn_gate_inp": (self.n_embd, self.n_expert),
+                  "ffn_gate_exps": (self.n_embd, self.n_ff_exp, self.n_expert),
+                  "ffn_up_exps": (self.n_embd, self.n_ff_exp, self.n_expert),
+                  "ffn_down_exps": (self.n_ff_exp, self.n_embd, self.n_expert)} if self.n_expert else {}
+        for i in range(self.n_layer):
+            for base, shape in shapes.items():
+                info = tensors[f"blk.{i}.{base}.weight"]
+                if tuple(info.shape) != shape:
+                    raise GGUFError(f"tensor 'blk.{i}.{base}.weight' has shape {tuple(info.shape)}, "
+                                    f"expected {shape} ({self.arch} model)")
+            if shapes and tensors[f"blk.{i}.ffn_gate_exps.weight"].ggml_type != tensors[f"blk.{i}.ffn_up_exps.weight"].ggml_type:
+                raise GGUFError(f"layer {i}: ffn_gate_exps and ffn_up_exps differ in type ({self.arch} model)")
 
     def describe(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

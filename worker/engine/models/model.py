@@ -1,8 +1,10 @@
 """The forward pass of every supported family on the GPU, recorded once per batch size and
 replayed. What differs between families is a flag on the config (models/config.py) that this one
 pass reads: q/k/v biases, per-head q/k RMSNorm, NeoX RoPE, tied embeddings, the embedding
-scale, norms after attention and FFN, GeGLU, and sliding-window layers (each layer's
-AttentionShape carries its RoPE base and window; the KV cache stays full length).
+scale, norms after attention and FFN, GeGLU, sliding-window layers (each layer's
+AttentionShape carries its RoPE base and window; the KV cache stays full length), attention
+sinks and an attention output bias (gpt-oss), and a mixture-of-experts FFN in place of the dense
+one (models/moe.py).
 
 Weights keep their GGUF names: layer i's `blk.i.attn_q.weight` is `self.layers[i]["attn_q"]`,
 its bias `["attn_q.bias"]`. The model holds weights and the KV cache; everything a pass writes
@@ -19,14 +21,16 @@ from worker.engine.kernels import elementwise, norm, rope
 from worker.engine.kernels.matmul import get_rows, matmul, matmul_swiglu
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
+from worker.engine.models.moe import record_moe_ffn
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
 def _is_matrix(info) -> bool:
     """Matrices stay in their GGUF format as DeviceTensors; vectors (norms, biases, F32 columns)
-    become plain f32 buffers."""
-    return len(info.shape) > 1 and not (info.ggml_type == T.F32 and info.shape[1] == 1)
+    and biases (an expert tensor's are [n_expert, rows]) become plain f32 buffers."""
+    return len(info.shape) > 1 and not (info.ggml_type == T.F32 and info.shape[1] == 1) \
+        and not info.name.endswith(".bias")
 
 
 def glu_keys(model_file) -> set:
@@ -40,12 +44,13 @@ def glu_keys(model_file) -> set:
 
 
 def mat_vec_keys(model_file) -> set:
-    """(type, rows, K) of every weight the forward pass multiplies: all matrices except the
-    embedding table, which is looked up by row unless it is also the output head."""
+    """(type, rows, K) of every weight the dense mat-vec multiplies: all matrices except the
+    embedding table, which is looked up by row unless it is also the output head, and the
+    experts' (their kernel reads a few experts' rows, kernels/experts.py)."""
     tied = "output.weight" not in model_file.tensors
     return {(info.ggml_type, prod(int(d) for d in info.shape[1:]), int(info.shape[0]))
             for name, info in model_file.tensors.items()
-            if _is_matrix(info) and (tied or name != "token_embd.weight")}
+            if _is_matrix(info) and (tied or name != "token_embd.weight") and "_exps." not in name}
 
 
 class Model:
@@ -148,9 +153,13 @@ class Model:
         rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], step, n,
                            self.freq_factors[i])
         rec.barrier()
-        attn_ops.attention(rec, shape, ws.q, self.k_cache[i], self.v_cache[i], ws.att, step, n, ws.attention)
+        attn_ops.attention(rec, shape, ws.q, self.k_cache[i], self.v_cache[i], ws.att, step, n, ws.attention,
+                           sinks=layer.get("attn_sinks"))
         rec.barrier()
         self.record_residual(rec, ws, layer, "attn_output", ws.att, "post_attention_norm", n)
+        if c.has_attn_out_bias:
+            elementwise.add_bias(rec, ws.x, layer["attn_output.bias"], n, c.n_embd)
+            rec.barrier()
 
     def record_residual(self, rec, ws, layer, weight, inp, post_norm, n):
         """x += W inp, or with post norms x += rms_norm(W inp) (through xb, free by then)."""
@@ -168,8 +177,11 @@ class Model:
 
     def record_ffn(self, rec, ws, layer, n):
         c = self.config
-        norm.rms_norm(rec, ws.x, layer["ffn_norm"], ws.xb, n, c.n_embd, c.norm_eps)
+        norm.rms_norm(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps)
         rec.barrier()
+        if c.n_expert:
+            record_moe_ffn(rec, ws, layer, c, n)
+            return
         matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], ws.xb, ws.gate, n, up=ws.up, gelu=c.ffn_gelu)
         rec.barrier()
         self.record_residual(rec, ws, layer, "ffn_down", ws.gate, "post_ffw_norm", n)

@@ -1,0 +1,69 @@
+"""ModelConfig of the mixture-of-experts families from GGUF metadata (as llama.cpp reads it):
+the tiny synthetic qwen3moe and gpt-oss files, and files that the expert kernels cannot run
+refused with one line."""
+import dataclasses
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from tests.test_config import META
+from worker.engine.errors import GGUFError
+from worker.engine.modelfile import ModelFile
+from worker.engine.models.config import ModelConfig
+from worker.tools.synth import write_model
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cfg-moe")
+    return lambda preset: ModelFile.open(write_model(preset, folder / f"{preset}.gguf", "Q8_0"))
+
+
+def test_tiny_qwen3moe(files):
+    c = files("tiny-qwen3moe").config
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp) == (8, 2, 256)
+    assert c.expert_weights_norm and not c.expert_softmax_chosen and not c.ffn_oai
+    assert c.has_qk_norm and c.rope_neox and not c.has_attn_sinks and not c.sliding_window
+    required = c.required_tensors()
+    assert "blk.1.ffn_down_exps.weight" in required and "blk.1.ffn_down.weight" not in required
+
+
+def test_tiny_gpt_oss(files):
+    c = files("tiny-gpt-oss").config
+    assert (c.n_expert, c.n_expert_used) == (8, 2) and c.expert_softmax_chosen and not c.expert_weights_norm
+    assert c.ffn_oai and c.has_attn_sinks and c.has_attn_out_bias and c.has_qkv_bias
+    assert c.swa_layers == (True, False, True, False) and c.sliding_window == 8   # pattern 2: even layers local
+    assert c.rope_base_swa == c.rope_base == 150000.0                           # one base for all layers
+    assert c.ffn_norm == "post_attention_norm"
+    required = c.required_tensors()
+    assert {"blk.3.attn_sinks.weight", "blk.3.ffn_down_exps.bias", "blk.3.attn_output.bias"} <= set(required)
+
+
+MOE = {k.replace("llama.", "qwen3moe."): v for k, v in META.items()} | {
+    "general.architecture": "qwen3moe", "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2,
+    "qwen3moe.expert_feed_forward_length": 32}
+
+
+@pytest.mark.parametrize("used, count", [(0, 8), (9, 8), (33, 64), (8, 1024)])
+def test_expert_counts_the_kernels_cannot_run_are_refused(used, count):
+    meta = MOE | {"qwen3moe.expert_used_count": used, "qwen3moe.expert_count": count}
+    with pytest.raises(GGUFError, match="experts used of"):
+        ModelConfig.from_metadata(meta)
+
+
+def test_missing_expert_keys_are_named():
+    meta = {k: v for k, v in MOE.items() if k != "qwen3moe.expert_feed_forward_length"}
+    with pytest.raises(GGUFError, match="expert_feed_forward_length' is missing"):
+        ModelConfig.from_metadata(meta)
+
+
+def test_expert_tensor_of_the_wrong_shape_or_types_is_refused(files):
+    model = files("tiny-qwen3moe")
+    tensors = dict(model.tensors)
+    up = tensors["blk.1.ffn_up_exps.weight"]
+    wrong = tensors | {up.name: dataclasses.replace(up, shape=(up.shape[0], up.shape[1], 4))}
+    with pytest.raises(GGUFError, match=r"'blk.1.ffn_up_exps.weight' has shape \(256, 256, 4\), expected \(256, 256, 8\)"):
+        model.config.check_tensors(wrong)
+    other = tensors | {up.name: dataclasses.replace(up, ggml_type=T.F16)}
+    with pytest.raises(GGUFError, match="layer 1: ffn_gate_exps and ffn_up_exps differ in type"):
+        model.config.check_tensors(other)

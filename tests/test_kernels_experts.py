@@ -1,0 +1,216 @@
+"""The mixture-of-experts kernels (kernels/experts.py) on the real device against numpy: routing
+(top-k of the router logits and both families' weights), the mat-vecs over the chosen experts'
+rows (weights dequantized by gguf.quants), with gpt-oss's biases and clamped SwiGLU, expert
+tensors split into parts between experts, and the weighted sum into the residual."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from tests.kernel_io import Device, f32, own_context
+from tests.test_kernels_matmul import assert_close, random_weights
+from worker.engine.kernels import experts
+from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.weight_types import row_bytes
+
+
+def route_reference(logits, n_used, softmax_chosen, norm):
+    ids = np.argsort(-logits, axis=1, kind="stable")[:, :n_used]
+    chosen = np.take_along_axis(logits, ids, axis=1).astype(np.float64)
+    if softmax_chosen:
+        w = np.exp(chosen - chosen.max(1, keepdims=True))
+        w /= w.sum(1, keepdims=True)
+    else:
+        all_w = np.exp(logits - logits.max(1, keepdims=True))
+        w = np.take_along_axis(all_w / all_w.sum(1, keepdims=True), ids, axis=1)
+    if norm:
+        w /= np.maximum(w.sum(1, keepdims=True), 6.103515625e-5)
+    return ids, w
+
+
+@pytest.mark.parametrize("n_expert, n_used, softmax_chosen, norm", [
+    (128, 8, False, True),    # Qwen3-30B-A3B: softmax over all, renormalised over the chosen
+    (32, 4, True, False),     # gpt-oss-20b: softmax over the chosen logits
+    (130, 32, False, False),  # more experts than threads, the most chosen the kernel keeps
+])
+def test_route_matches_numpy(dev, n_expert, n_used, softmax_chosen, norm):
+    n = 5
+    logits = f32(np.random.default_rng(n_expert), n, n_expert) * 3
+    ids, weights = dev.empty(4 * n * n_used), dev.empty(4 * n * n_used)
+    dev.run(lambda rec: experts.route(rec, dev.put(logits), ids, weights, n, n_expert, n_used, softmax_chosen, norm))
+    ref_ids, ref_w = route_reference(logits, n_used, softmax_chosen, norm)
+    np.testing.assert_array_equal(dev.get(ids, np.uint32, n * n_used).reshape(n, n_used), ref_ids)
+    np.testing.assert_allclose(dev.get(weights, count=n * n_used).reshape(n, n_used), ref_w, rtol=1e-5, atol=1e-7)
+
+
+def expert_weights(qtype, n_expert, rows, cols, seed):
+    """(GGUF bytes of the 3-D tensor, dequantized [n_expert, rows, cols])."""
+    raw, w = random_weights(qtype, n_expert * rows, cols, seed)
+    return raw, w.reshape(n_expert, rows, cols)
+
+
+def upload_experts(ctx, qtype, raw, n_expert, rows, cols):
+    return upload_tensor(ctx, "exps", qtype, (cols, rows, n_expert), raw)
+
+
+SLOT_IDS = np.array([5, 0, 2, 5, 1, 3], np.uint32)   # 3 tokens x 2 experts; expert 4 never chosen
+
+
+@pytest.mark.parametrize("qtype", [T.F16, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("x_per_slot", [False, True])
+def test_expert_mat_vec_reads_the_chosen_experts(dev, qtype, x_per_slot):
+    n_expert, rows, cols, n_used = 6, 33, 256, 2
+    raw, w = expert_weights(qtype, n_expert, rows, cols, seed=3)
+    tensor = upload_experts(dev.ctx, qtype, raw, n_expert, rows, cols)
+    x = f32(np.random.default_rng(4), len(SLOT_IDS) if x_per_slot else len(SLOT_IDS) // n_used, cols)
+    y = dev.empty(4 * len(SLOT_IDS) * rows)
+    try:
+        dev.run(lambda rec: experts.matmul_experts(rec, tensor, dev.put(x), y, dev.put(SLOT_IDS), len(SLOT_IDS),
+                                                   n_used, x_per_slot))
+    finally:
+        free_tensor(dev.ctx, tensor)
+    got = dev.get(y, count=len(SLOT_IDS) * rows).reshape(len(SLOT_IDS), rows)
+    ref = np.stack([w[e] @ x[z if x_per_slot else z // n_used].astype(np.float64) for z, e in enumerate(SLOT_IDS)])
+    assert_close(got, ref)
+
+
+def oai_reference(gate, up):
+    gate = np.minimum(gate, 7.0)
+    return gate / (1 + np.exp(-1.702 * gate)) * (np.clip(up, -7.0, 7.0) + 1)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("oai", [False, True])
+def test_expert_glu_and_down_with_biases(dev, qtype, oai):
+    """Gate+up of the chosen experts fused with SwiGLU (gpt-oss: biases, then its clamped form,
+    with gate and up values past the clamp), then the down product with its bias."""
+    n_expert, rows, cols, n_used = 6, 40, 256, 2
+    rng = np.random.default_rng(9)
+    raw_g, wg = expert_weights(qtype, n_expert, rows, cols, seed=1)
+    raw_u, wu = expert_weights(qtype, n_expert, rows, cols, seed=2)
+    raw_d, wd = expert_weights(T.Q8_0, n_expert, cols, 32, seed=3)
+    tensors = [upload_experts(dev.ctx, qtype, raw_g, n_expert, rows, cols),
+               upload_experts(dev.ctx, qtype, raw_u, n_expert, rows, cols)]
+    n_tokens = len(SLOT_IDS) // n_used
+    x = f32(rng, n_tokens, cols)
+    gate_ref = np.stack([wg[e] @ x[z // n_used].astype(np.float64) for z, e in enumerate(SLOT_IDS)])
+    x *= 12 / np.abs(gate_ref).max()        # gate and up values up to about +-12: past the clamp at 7
+    gate_ref, up_ref = (np.stack([w_[e] @ x[z // n_used].astype(np.float64) for z, e in enumerate(SLOT_IDS)])
+                        for w_ in (wg, wu))
+    b_gate, b_up = f32(rng, n_expert, rows), f32(rng, n_expert, rows)
+    out = dev.empty(4 * len(SLOT_IDS) * rows)
+    ids = dev.put(SLOT_IDS)
+    biases = (dev.put(b_gate), dev.put(b_up)) if oai else None
+    try:
+        dev.run(lambda rec: experts.matmul_experts_glu(rec, *tensors, dev.put(x), out, ids, len(SLOT_IDS), n_used,
+                                                       biases))
+    finally:
+        for t in tensors:
+            free_tensor(dev.ctx, t)
+    got = dev.get(out, count=len(SLOT_IDS) * rows).reshape(len(SLOT_IDS), rows)
+    if oai:
+        gate_ref, up_ref = gate_ref + b_gate[SLOT_IDS], up_ref + b_up[SLOT_IDS]
+        assert (gate_ref > 7).any() and (np.abs(up_ref) > 7).any()
+        assert_close(got, oai_reference(gate_ref, up_ref))
+    else:
+        assert_close(got, gate_ref / (1 + np.exp(-gate_ref)) * up_ref)
+    # the down product (Q8_0, K = 32) of each slot's first 32 activations, with its bias
+    down = upload_experts(dev.ctx, T.Q8_0, raw_d, n_expert, cols, 32)
+    act = np.ascontiguousarray(got[:, :32])
+    b_down = f32(rng, n_expert, cols)
+    y = dev.empty(4 * len(SLOT_IDS) * cols)
+    try:
+        dev.run(lambda rec: experts.matmul_experts(rec, down, dev.put(act), y, ids, len(SLOT_IDS), n_used, True,
+                                                   bias=dev.put(b_down)))
+    finally:
+        free_tensor(dev.ctx, down)
+    ref = np.stack([wd[e] @ act[z].astype(np.float64) + b_down[e] for z, e in enumerate(SLOT_IDS)])
+    assert_close(dev.get(y, count=len(SLOT_IDS) * cols).reshape(len(SLOT_IDS), cols), ref)
+
+
+def test_experts_split_into_parts_between_experts(vk_settings):
+    """A binding range of 2.5 experts: parts of two experts each, every slot served by its part."""
+    n_expert, rows, cols, n_used = 6, 33, 256, 2
+    expert_bytes = rows * row_bytes(T.Q8_0, cols)
+    with own_context(vk_settings, block_size=16 << 20, max_binding_range=expert_bytes * 5 // 2) as ctx:
+        dev = Device(ctx)
+        raw, w = expert_weights(T.Q8_0, n_expert, rows, cols, seed=7)
+        tensor = upload_experts(ctx, T.Q8_0, raw, n_expert, rows, cols)
+        assert [(first, count) for _, first, count in tensor.parts] == [(0, 2 * rows), (2 * rows, 2 * rows),
+                                                                        (4 * rows, 2 * rows)]
+        x = f32(np.random.default_rng(8), len(SLOT_IDS) // n_used, cols)
+        y = dev.empty(4 * len(SLOT_IDS) * rows)
+        dev.run(lambda rec: experts.matmul_experts(rec, tensor, dev.put(x), y, dev.put(SLOT_IDS), len(SLOT_IDS),
+                                                   n_used, False))
+        got = dev.get(y, count=len(SLOT_IDS) * rows).reshape(len(SLOT_IDS), rows)
+        free_tensor(ctx, tensor)
+        dev.close()
+    assert_close(got, np.stack([w[e] @ x[z // n_used].astype(np.float64) for z, e in enumerate(SLOT_IDS)]))
+
+
+def test_combine_adds_the_weighted_experts_to_the_residual(dev):
+    n, n_used, n_embd = 3, 4, 300
+    rng = np.random.default_rng(11)
+    y, weights, x = f32(rng, n * n_used, n_embd), f32(rng, n, n_used), f32(rng, n, n_embd)
+    bx = dev.put(x)
+    dev.run(lambda rec: experts.combine(rec, dev.put(y), dev.put(weights), bx, n, n_used, n_embd))
+    ref = x + np.einsum("tj,tjc->tc", weights.astype(np.float64), y.reshape(n, n_used, n_embd))
+    np.testing.assert_allclose(dev.get(bx, count=n * n_embd).reshape(n, n_embd), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_group_tiles_every_slot_once_by_expert(dev):
+    """40 slots over 6 experts (expert 4 unused): tiles of one expert each, at most tile_cols
+    slots, every slot in exactly one tile, unused tiles empty."""
+    n_expert, cols = 6, experts.tile_cols(dev.ctx)
+    ids = np.random.default_rng(12).choice([0, 1, 2, 3, 5], 40).astype(np.uint32)
+    out = dev.empty(experts.tiles_bytes(len(ids), n_expert, cols))
+    dev.run(lambda rec: experts.group(rec, dev.put(ids), out, len(ids), n_expert))
+    words = dev.get(out, np.uint32, experts.tiles_bytes(len(ids), n_expert, cols) // 4)
+    slots, tiles = words[:len(ids)], words[len(ids):].reshape(-1, 3)
+    seen = []
+    for expert, first, count in tiles[tiles[:, 2] > 0]:
+        assert count <= cols and (ids[slots[first:first + count]] == expert).all()
+        seen += slots[first:first + count].tolist()
+    assert sorted(seen) == list(range(len(ids)))
+    assert len(tiles[tiles[:, 2] > 0]) == sum(-(-np.sum(ids == e) // cols) for e in range(n_expert))
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.MXFP4, T.Q6_K], ids=lambda t: t.name)
+def test_tiled_expert_products_equal_per_slot_ones(dev, qtype):
+    """A prefill's 20 tokens x 2 experts of 6 through the tiles (each tile's expert rows read once
+    for its slots): the gate+up SwiGLU and the down product with bias equal numpy's per slot."""
+    n_expert, rows, cols, n_used, n = 6, 40, 256, 2, 20
+    rng = np.random.default_rng(13)
+    ids = np.stack([rng.choice(n_expert, n_used, replace=False) for _ in range(n)]).reshape(-1).astype(np.uint32)
+    raw_g, wg = expert_weights(qtype, n_expert, rows, cols, seed=4)
+    raw_u, wu = expert_weights(qtype, n_expert, rows, cols, seed=5)
+    raw_d, wd = expert_weights(T.Q8_0, n_expert, cols, 32, seed=6)
+    gate, up = (upload_experts(dev.ctx, qtype, raw, n_expert, rows, cols) for raw in (raw_g, raw_u))
+    down = upload_experts(dev.ctx, T.Q8_0, raw_d, n_expert, cols, 32)
+    x = f32(rng, n, cols) * 0.05
+    b_down = f32(rng, n_expert, cols)
+    slots = len(ids)
+    bids = dev.put(ids)
+    tiles = dev.empty(experts.tiles_bytes(slots, n_expert, experts.tile_cols(dev.ctx)))
+    act, y = dev.empty(4 * slots * rows), dev.empty(4 * slots * cols)
+    act_in = dev.empty(4 * slots * 32)
+
+    def record(rec):
+        experts.group(rec, bids, tiles, slots, n_expert)
+        rec.barrier()
+        experts.matmul_experts_glu(rec, gate, up, dev.put(x), act, bids, slots, n_used, tiles=tiles)
+
+    try:
+        dev.run(record)
+        got_act = dev.get(act, count=slots * rows).reshape(slots, rows)
+        down_in = np.ascontiguousarray(got_act[:, :32])
+        dev.ctx.upload(act_in, down_in)
+        dev.run(lambda rec: experts.matmul_experts(rec, down, act_in, y, bids, slots, n_used, True,
+                                                   bias=dev.put(b_down), tiles=tiles))
+    finally:
+        for t in (gate, up, down):
+            free_tensor(dev.ctx, t)
+    g = np.stack([wg[e] @ x[z // n_used].astype(np.float64) for z, e in enumerate(ids)])
+    u = np.stack([wu[e] @ x[z // n_used].astype(np.float64) for z, e in enumerate(ids)])
+    assert_close(got_act, g / (1 + np.exp(-g)) * u)
+    ref = np.stack([wd[e] @ down_in[z].astype(np.float64) + b_down[e] for z, e in enumerate(ids)])
+    assert_close(dev.get(y, count=slots * cols).reshape(slots, cols), ref)

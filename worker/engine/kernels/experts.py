@@ -1,0 +1,128 @@
+"""A mixture-of-experts FFN's kernels: routing, the mat-vecs over the chosen experts' rows and
+the weighted sum into the residual. Each function records its dispatches without barriers, as
+matmul.py's do.
+
+A slot is one (token t, its j-th chosen expert), numbered t * n_used + j; `route` writes each
+slot's expert id and weight on the GPU and the expert mat-vecs read the ids there, so nothing
+goes back to the host. In decode every slot is one column of mul_mat_vec.comp's EXPERTS
+variants. A prefill chunk's slots are grouped by expert first (`group`, on the GPU too) into
+tiles of up to tile_cols slots of one expert, each a workgroup column of the EXPERT_TILES
+variants: an expert's weights are read once per tile rather than once per slot."""
+from worker.engine.intmath import cdiv
+from worker.engine.kernels.launch import stride_groups, threads
+from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, mat_vec_shape
+from worker.engine.kernels.tensor import DeviceTensor
+from worker.engine.vk.commands import Recording
+from worker.engine.vk.memory import Buffer
+
+ROUTE_THREADS = 64
+GROUP_THREADS = 256
+# (subgroups, rows) per expert mat-vec workgroup and slots per tile on a CPU driver: fewer than
+# the dense kernel's there (matmul.py), whose 16 rows x 8 columns of two weights take lavapipe
+# minutes to compile with the tiles' column lookups; GPUs take the dense kernel's shape.
+CPU_EXPERT_SHAPE = (1, 4)
+CPU_TILE_COLS = 4
+
+
+def expert_shape(ctx) -> tuple[int, int]:
+    """(threads, rows) per expert mat-vec workgroup."""
+    if ctx.info.kind != "cpu":
+        return mat_vec_shape(ctx)
+    subgroups, rows = CPU_EXPERT_SHAPE
+    return subgroups * ctx.info.subgroup_size, rows
+
+
+def tile_cols(ctx) -> int:
+    """Slots per tile: the mat-vec kernel's columns, as many as the fused gate+up kernel's partial
+    sums (two per row and column) leave room for in shared memory."""
+    threads_per_group, rows_per_group = expert_shape(ctx)
+    most = CPU_TILE_COLS if ctx.info.kind == "cpu" else MAT_VEC_MAX_COLS
+    return max(1, min(most, ctx.info.max_shared_memory // (4 * 2 * rows_per_group * threads_per_group)))
+
+
+def max_tiles(n_slots: int, n_expert: int, cols: int) -> int:
+    """Tiles at most: every expert that has slots adds at most one partial tile."""
+    return cdiv(n_slots, cols) + min(n_expert, n_slots)
+
+
+def tiles_bytes(n_slots: int, n_expert: int, cols: int) -> int:
+    """Bytes of `group`'s output: the slots by expert, then three words per tile."""
+    return 4 * (n_slots + 3 * max_tiles(n_slots, n_expert, cols))
+
+
+def route(rec: Recording, logits: Buffer, ids: Buffer, weights: Buffer, n: int, n_expert: int, n_used: int,
+          softmax_chosen: bool, norm: bool):
+    """logits f32 [n, n_expert] -> ids uint32 and weights f32 [n, n_used] (moe_route.comp)."""
+    ctx = rec.ctx
+    kernel = ctx.kernel("moe_route", {0: ROUTE_THREADS})
+    x = min(n, ctx.info.max_workgroup_count)
+    rec.dispatch(kernel, [logits, ids, weights], (x, cdiv(n, x), 1),
+                 dict(n_expert=n_expert, n_used=n_used, softmax_chosen=int(softmax_chosen), norm=int(norm)))
+
+
+def group(rec: Recording, ids: Buffer, tiles: Buffer, n_slots: int, n_expert: int):
+    """The slots' expert ids (route's) -> tiles of up to tile_cols slots of one expert
+    (moe_group.comp), in `tiles` of tiles_bytes."""
+    cols = tile_cols(rec.ctx)
+    rec.dispatch(rec.ctx.kernel("moe_group", {0: GROUP_THREADS}), [ids, tiles], (1, 1, 1),
+                 dict(n_slots=n_slots, n_expert=n_expert, cols=cols, max_tiles=max_tiles(n_slots, n_expert, cols)))
+
+
+def _dispatch(rec: Recording, op: str, w: DeviceTensor, buffers, n_slots: int, n_used: int,
+              x_per_slot: bool, tiled: bool):
+    """One dispatch per part of `w`; `buffers(part)`: the bindings of that part. Workgroup
+    columns are slots, or with `tiled` the tiles of `group`."""
+    ctx = rec.ctx
+    threads_per_group, rows_per_group = expert_shape(ctx)
+    cols = tile_cols(ctx) if tiled else 1
+    name = f"{op}{'_tiles' if tiled else ''}_{w.ggml_type.name.lower()}"
+    kernel = ctx.kernel(name, {0: threads_per_group, 1: rows_per_group, 2: cols})
+    per_expert = w.rows // w.experts
+    row_groups = cdiv(per_expert, rows_per_group)
+    x_groups = min(row_groups, ctx.info.max_workgroup_count)
+    columns = max_tiles(n_slots, w.experts, cols) if tiled else n_slots
+    for part in w.parts:
+        _, first, count = part
+        rec.dispatch(kernel, buffers(part), (x_groups, cdiv(row_groups, x_groups), columns),
+                     dict(ncols=w.cols, rows=per_expert, n=n_slots, y_offset=0, y_stride=per_expert, accumulate=0,
+                          n_used=n_used, expert_first=first // per_expert, expert_count=count // per_expert,
+                          x_per_slot=int(x_per_slot)))
+
+
+def matmul_experts(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, ids: Buffer, n_slots: int, n_used: int,
+                   x_per_slot: bool, bias: Buffer | None = None, tiles: Buffer | None = None):
+    """y[z, r] = sum_k W[ids[z]][r, k] * x[c, k] (+ bias[ids[z], r]) for every slot z, with c = z
+    (x_per_slot) or the slot's token z // n_used; y f32 [n_slots, rows per expert]. With `tiles`
+    (group's, made from these ids) the kernel reads those instead of the ids."""
+    op = "mul_mat_vec_id_bias" if bias is not None else "mul_mat_vec_id"
+    extra = [bias] if bias is not None else []
+    routing = ids if tiles is None else tiles
+    _dispatch(rec, op, w, lambda part: [part[0], x, y, routing, *extra], n_slots, n_used, x_per_slot,
+              tiles is not None)
+
+
+def matmul_experts_glu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer,
+                       ids: Buffer, n_slots: int, n_used: int, biases: tuple[Buffer, Buffer] | None = None,
+                       tiles: Buffer | None = None):
+    """out[z, r] = silu(G x[t])[r] * (U x[t])[r] with G, U the gate and up of expert ids[z] and t
+    the slot's token: the fused gate+up kernel over the chosen experts. With `biases` (the gate's
+    and the up's, [n_expert, rows]) they are added first and the activation is gpt-oss's clamped
+    SwiGLU. Both weights must have one type and shape (as a model file's always do). `tiles` as
+    for matmul_experts."""
+    if (w_gate.ggml_type, w_gate.rows, w_gate.cols, w_gate.experts) != (w_up.ggml_type, w_up.rows, w_up.cols, w_up.experts):
+        raise ValueError(f"expert gate ({w_gate.ggml_type.name} {w_gate.rows}x{w_gate.cols}) and up "
+                         f"({w_up.ggml_type.name} {w_up.rows}x{w_up.cols}) differ")
+    op = "glu_oai" if biases is not None else "glu"
+    extra = list(biases) if biases is not None else []
+    ups = {first: buffer for buffer, first, _ in w_up.parts}
+    routing = ids if tiles is None else tiles
+    _dispatch(rec, f"mul_mat_vec_id_{op}", w_gate,
+              lambda part: [part[0], ups[part[1]], x, out, routing, *extra], n_slots, n_used, False,
+              tiles is not None)
+
+
+def combine(rec: Recording, y: Buffer, weights: Buffer, x: Buffer, n: int, n_used: int, n_embd: int):
+    """x[t] += sum_j weights[t, j] * y[t * n_used + j] (moe_combine.comp)."""
+    size = threads(rec.ctx)
+    rec.dispatch(rec.ctx.kernel("moe_combine", {0: size}), [y, weights, x],
+                 (stride_groups(rec.ctx, n * n_embd, size), 1, 1), dict(n_embd=n_embd, n_used=n_used, n=n))

@@ -1,0 +1,36 @@
+"""The mixture-of-experts FFN of the forward pass (models/model.py calls it where a dense model
+runs its gate, up and down): router mat-vec, routing on the GPU, the chosen experts' fused
+gate+up and their down products, and the weighted sum into the residual stream. The buffers are
+the Workspace's moe_* ones (worker/engine/workspace.py). Passes of more than MAT_VEC_MAX_COLS
+tokens (prefill) group the slots by expert first, so that each expert's weights are read once
+per tile of its slots (kernels/experts.py)."""
+from worker.engine.kernels import elementwise, experts
+from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, matmul
+
+
+def record_moe_ffn(rec, ws, layer, config, n: int):
+    """x += sum over the chosen experts of weight * expert FFN(xb), xb the normalised input."""
+    c = config
+    slots = n * c.n_expert_used
+    matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n)
+    rec.barrier()
+    if c.ffn_oai:
+        elementwise.add_bias(rec, ws.moe_logits, layer["ffn_gate_inp.bias"], n, c.n_expert)
+        rec.barrier()
+    experts.route(rec, ws.moe_logits, ws.moe_ids, ws.moe_weights, n, c.n_expert, c.n_expert_used,
+                  c.expert_softmax_chosen, c.expert_weights_norm)
+    rec.barrier()
+    tiles = ws.moe_tiles if n > MAT_VEC_MAX_COLS else None
+    if tiles is not None:
+        experts.group(rec, ws.moe_ids, tiles, slots, c.n_expert)
+        rec.barrier()
+    biases = (layer["ffn_gate_exps.bias"], layer["ffn_up_exps.bias"]) if c.ffn_oai else None
+    experts.matmul_experts_glu(rec, layer["ffn_gate_exps"], layer["ffn_up_exps"], ws.xb, ws.moe_gate, ws.moe_ids,
+                               slots, c.n_expert_used, biases, tiles)
+    rec.barrier()
+    experts.matmul_experts(rec, layer["ffn_down_exps"], ws.moe_gate, ws.moe_out, ws.moe_ids, slots,
+                           c.n_expert_used, x_per_slot=True,
+                           bias=layer["ffn_down_exps.bias"] if c.ffn_oai else None, tiles=tiles)
+    rec.barrier()
+    experts.combine(rec, ws.moe_out, ws.moe_weights, ws.x, n, c.n_expert_used, c.n_embd)
+    rec.barrier()
