@@ -1,6 +1,6 @@
 """RMSNorm: one workgroup per row, the row's reduction in subgroup ops plus shared memory across
 subgroups (reduce.glsl). Decode folds the norms in front of mat-vecs into those mat-vecs
-(`input_for`); the kernel stays for the rest (prefill, q/k norms, post norms)."""
+(`matmul.normed_input`); the kernel stays for the rest (prefill, q/k norms, post norms)."""
 from dataclasses import dataclass
 
 from worker.engine.intmath import cdiv, round_up
