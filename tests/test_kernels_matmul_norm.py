@@ -139,12 +139,14 @@ def test_qkv_as_one_tensor(vk_ctx, types):
             assert dispatches == 4 - joined_count
             for out, rows_i, (_, w) in zip(outs, rows, raws):
                 assert_close(r.get(out, (n, rows_i)), rms_normed(x, nw) @ w.T)
-            # the views alone, on the norm's output (the path of the tiled kernels)
-            outs = [r.empty(n * rows_i) for rows_i in rows]
+            # on the norm's output: the joined tensor, and the views alone (the tiled kernels' path)
             xn = r.put(rms_normed(x, nw))
-            r.run(lambda rec: matmul_qkv(rec, None, members, xn, outs, n))
-            for out, rows_i, (_, w) in zip(outs, rows, raws):
-                assert_close(r.get(out, (n, rows_i)), rms_normed(x, nw) @ w.T)
+            for joined in (fused, None):
+                outs = [r.empty(n * rows_i) for rows_i in rows]
+                dispatches = r.run(lambda rec: matmul_qkv(rec, joined, members, xn, outs, n))
+                assert dispatches == (4 - joined_count if joined else 3)
+                for out, rows_i, (_, w) in zip(outs, rows, raws):
+                    assert_close(r.get(out, (n, rows_i)), rms_normed(x, nw) @ w.T)
     free_tensor(vk_ctx, fused)
 
 
@@ -154,12 +156,21 @@ def test_rows_that_break_the_offset_alignment_stay_apart(vk_ctx):
     assert upload_rows(vk_ctx, "qk", T.Q8_0, [(32, 1), (32, 1)], [raw, raw]) is None
 
 
-def test_normed_input_folds_only_into_mat_vec(vk_ctx):
-    """Where the products take the mat-vec kernel nothing is recorded and x is the input; the
-    tiled path records the norm (lavapipe always takes the mat-vec kernel)."""
-    with Run(vk_ctx) as r:
-        x, nw = inputs(2, 64, seed=0)
-        xb, nb, scratch = r.put(x), r.put(nw), r.empty(2 * 64)
-        result = []
-        assert r.run(lambda rec: result.append(normed_input(rec, xb, nb, scratch, 2, 64, EPS))) == 0
-        assert result[0][0] is xb and result[0][1] == FoldedNorm(nb, EPS)
+def test_normed_input_folds_only_into_item_loops(vk_ctx):
+    """Products whose mat-vec takes the item loops get x and the norm to fold, nothing recorded;
+    with any other consumer (Q6_K; the gate+up kernel of Q4_K) the norm is recorded and its
+    output is the input, equal to the norm of x (lavapipe always takes the mat-vec kernel)."""
+    raw, _ = random_weights(T.Q4_K, 1, 256)
+    raw6, _ = random_weights(T.Q6_K, 1, 256)
+    with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
+        q4, q6 = weights.upload(T.Q4_K, raw, 256), weights.upload(T.Q6_K, raw6, 256)
+        x, nw = inputs(2, 256, seed=0)
+        xb, nb, scratch = r.put(x), r.put(nw), r.empty(2 * 256)
+        for consumers, glu, folds in (([q4, q4], False, True), ([q4, q6], False, False), ([q4, q4], True, False)):
+            result = []
+            dispatches = r.run(lambda rec: result.append(normed_input(rec, xb, nb, scratch, 2, 256, EPS, consumers, glu)))
+            if folds:
+                assert dispatches == 0 and result[0] == (xb, FoldedNorm(nb, EPS))
+            else:
+                assert dispatches == 1 and result[0] == (scratch, None)
+                np.testing.assert_allclose(r.get(scratch, (2, 256)), rms_normed(x, nw), rtol=1e-5, atol=1e-6)

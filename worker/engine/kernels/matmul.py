@@ -3,9 +3,11 @@ records one dispatch per part of the weight, no barriers: the caller orders depe
 (matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU,
 and `normed_input` one after the norm it records when the products cannot fold it).
 
-An RMSNorm in front of products (`normed_input`) is folded into the mat-vec kernels: they take
-the raw x and a `FoldedNorm` and normalise it on load; the tiled kernels (prefill) take the
-norm's output, written by the norm kernel."""
+An RMSNorm in front of products (`normed_input`) is folded into the mat-vec kernels where that
+pays: they take the raw x and a `FoldedNorm` and normalise it on load; elsewhere (other inner
+loops, the tiled kernels of prefill) the products take the norm kernel's output."""
+from gguf import GGMLQuantizationType as T
+
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.norm import FoldedNorm, rms_norm
@@ -61,12 +63,23 @@ def _norm_buffers(norm: FoldedNorm | None) -> list[Buffer]:
     return [] if norm is None else [norm.weight]
 
 
-def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: int, cols: int,
-                 eps: float) -> tuple[Buffer, FoldedNorm | None]:
-    """The input of products of rms_norm(x) * weight over n rows of cols: where the products
-    take the mat-vec kernel (matmul's rule), x itself and the norm for them to fold (no dispatch);
-    otherwise the norm is recorded into `scratch`, then a barrier, and the products take scratch."""
-    if not _tiled(rec.ctx, n):
+# The types whose mat-vec takes mul_mat_vec_items.glsl's loops (mul_mat_vec_base.glsl's
+# MAT_VEC_ITEMS; in the fused gate+up kernel MXFP4 only). A folded norm costs those loops little
+# (H200, 8B: Q/K/V as one 6144x4096 Q4_K product 17.2 -> 17.6 us) and the 16-value loops of the
+# others much more (the Q6_K output head 264 -> 300 us, Q4_K gate+up 52 -> 78 us) than the norm
+# kernel's 5 us: those take its output.
+ITEM_LOOP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.MXFP4})
+GLU_ITEM_LOOP_TYPES = frozenset({T.MXFP4})
+
+
+def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: int, cols: int, eps: float,
+                 consumers: list[DeviceTensor], glu: bool = False) -> tuple[Buffer, FoldedNorm | None]:
+    """The input of the products of rms_norm(x) * weight over n rows of cols by the `consumers`
+    (through the fused gate+up kernel: `glu`): where they all take the mat-vec kernel (matmul's
+    rule) with item loops, x itself and the norm for them to fold (no dispatch); otherwise the
+    norm is recorded into `scratch`, then a barrier, and the products take scratch."""
+    folding = GLU_ITEM_LOOP_TYPES if glu else ITEM_LOOP_TYPES
+    if not _tiled(rec.ctx, n) and all(w.ggml_type in folding for w in consumers):
         return x, FoldedNorm(weight, eps)
     rms_norm(rec, x, weight, scratch, n, cols, eps)
     rec.barrier()
@@ -106,22 +119,21 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
                outs: list[Buffer], n: int, norm: FoldedNorm | None = None):
     """outs[i] = weights[i] x for the Q, K and V projections (matmul for each). `fused`: the
     weights of its `sections` (Q and K, or all three; tensor.upload_rows) as one tensor, which
-    the mat-vec kernel with a folded norm takes in one dispatch writing each section's rows to
-    its output; the weights it lacks, and every weight where that kernel does not apply, take
-    their own products."""
+    the mat-vec kernel takes in one dispatch writing each section's rows to its output; the
+    weights it lacks, and all of them where the tiled kernel applies, take their own products."""
     rest = list(zip(weights, outs))
-    if fused is not None and norm is not None and not _tiled(rec.ctx, n):
+    if fused is not None and not _tiled(rec.ctx, n):
         ctx, members = rec.ctx, len(fused.sections)
         threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
         cols = min(n, MAT_VEC_MAX_COLS)
-        kernel = ctx.kernel(f"mul_mat_vec_qkv_norm_{fused.ggml_type.name.lower()}",
+        kernel = ctx.kernel(f"mul_mat_vec_qkv{_norm_suffix(norm)}_{fused.ggml_type.name.lower()}",
                             {0: threads, 1: rows_per_group, 2: cols})
         k_first, v_first = fused.sections[0], sum(fused.sections[:2])
         y_q, y_k = outs[0], outs[1]
         y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
         for buffer, first, count in fused.parts:
             x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
-            rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, norm.weight], (x_groups, y_groups, cdiv(n, cols)),
+            rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
                          _push(fused, first, count, n, False, norm) | dict(k_first=k_first, v_first=v_first))
         rest = rest[members:]
     for w, y in rest:

@@ -159,14 +159,15 @@ class Model:
             self.record_ffn(rec, ws, layer, n)
         rows = n if all_logits else 1
         last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
-        x_in, folded = normed_input(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps)
+        x_in, folded = normed_input(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps,
+                                    [self.output])
         matmul(rec, self.output, x_in, logits, rows, norm=folded)
 
     def record_attention(self, rec, ws, step, i, layer, n):
         c = self.config
-        x_in, folded = normed_input(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps)
-        matmul_qkv(rec, layer.get("attn_qkv"), [layer["attn_q"], layer["attn_k"], layer["attn_v"]], x_in,
-                   [ws.q, ws.k, ws.v], n, norm=folded)
+        projections = [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
+        x_in, folded = normed_input(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections)
+        matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded)
         rec.barrier()
         if c.has_qkv_bias:
             for name, out, width in (("attn_q", ws.q, c.n_head * c.head_dim),
@@ -203,7 +204,8 @@ class Model:
 
     def record_ffn(self, rec, ws, layer, n):
         c = self.config
-        x_in, folded = normed_input(rec, ws.x, layer["ffn_norm"], ws.xb, n, c.n_embd, c.norm_eps)
+        x_in, folded = normed_input(rec, ws.x, layer["ffn_norm"], ws.xb, n, c.n_embd, c.norm_eps,
+                                    [layer["ffn_gate"], layer["ffn_up"]], glu=True)
         matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu,
                       norm=folded)
         rec.barrier()
