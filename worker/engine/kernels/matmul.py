@@ -55,6 +55,15 @@ def _tiled(ctx, n: int) -> bool:
     return n > MAT_VEC_MAX_COLS and ctx.info.kind != "cpu"
 
 
+def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm: FoldedNorm | None) -> int:
+    """Columns per mat-vec workgroup: its reduction keeps a float per thread, row and column in
+    shared memory, which the tuner's candidates keep within the device's limit for 8 columns; a
+    folded norm's sums take one more per thread and column (at least 4 columns still fit)."""
+    if norm is None:
+        return min(n, MAT_VEC_MAX_COLS)
+    return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows_per_group + 1) * threads))
+
+
 def _norm_suffix(norm: FoldedNorm | None) -> str:
     return "" if norm is None else "_norm"
 
@@ -100,7 +109,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         tiled = _tiled(ctx, n)
     if not tiled:
         threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
-        cols = min(n, MAT_VEC_MAX_COLS)
+        cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
         kernel = ctx.kernel(f"mul_mat_vec{_norm_suffix(norm)}_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
         for buffer, first, count in w.parts:
             x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
@@ -125,7 +134,7 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
     if fused is not None and not _tiled(rec.ctx, n):
         ctx, members = rec.ctx, len(fused.sections)
         threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
-        cols = min(n, MAT_VEC_MAX_COLS)
+        cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
         kernel = ctx.kernel(f"mul_mat_vec_qkv{_norm_suffix(norm)}_{fused.ggml_type.name.lower()}",
                             {0: threads, 1: rows_per_group, 2: cols})
         k_first, v_first = fused.sections[0], sum(fused.sections[:2])

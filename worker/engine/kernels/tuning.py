@@ -74,12 +74,11 @@ def wanted(setting: bool | None, ctx) -> bool:
 def candidates(info) -> list[Shape]:
     """Threads in 1-8 subgroups and 1-8 rows per workgroup, within WORK_RANGE, plus both fixed
     shapes (the defaults are always measured against); all within the device's workgroup and
-    shared-memory limits (the reduction keeps a float per thread, row and column, plus one per
-    thread and column for a folded norm's sum of squares)."""
+    shared-memory limits (the reduction keeps a float per thread, row and column)."""
     grid = [(s, r) for s in SUBGROUPS for r in ROWS if WORK_RANGE[0] <= s * r <= WORK_RANGE[1]]
     shapes = [(s * info.subgroup_size, r) for s, r in grid + [GPU_MAT_VEC_SHAPE, CPU_MAT_VEC_SHAPE]]
     return [(t, r) for t, r in dict.fromkeys(shapes)
-            if t <= info.max_workgroup_size and 4 * MAT_VEC_MAX_COLS * (r + 1) * t <= info.max_shared_memory]
+            if t <= info.max_workgroup_size and 4 * MAT_VEC_MAX_COLS * r * t <= info.max_shared_memory]
 
 
 def model_shapes(ctx, settings, keys, glu_keys=()) -> tuple[dict[Key, Shape], dict[Key, Shape]]:
