@@ -33,11 +33,12 @@ def _is_matrix(info) -> bool:
 
 def qkv_members(tensors, layer: int) -> list[str]:
     """The projections of a layer that are uploaded as one tensor: Q with K, and V too, as far as
-    they share Q's type (none when K's differs)."""
+    they share Q's type and row length (none when K's differ)."""
     names = [f"blk.{layer}.attn_{s}.weight" for s in "qkv"]
     infos = [tensors.get(name) for name in names]
     same = 0
-    while same < 3 and infos[same] is not None and infos[same].ggml_type == infos[0].ggml_type:
+    while same < 3 and infos[same] is not None and infos[same].ggml_type == infos[0].ggml_type \
+            and len(infos[same].shape) == 2 and infos[same].shape[0] == infos[0].shape[0]:
         same += 1
     return names[:same] if same >= 2 else []
 
