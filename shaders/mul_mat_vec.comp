@@ -18,6 +18,7 @@ void main() {
             }
         }
     }
+    clear_sums();
     const uint tid = gl_LocalInvocationID.x;
 #if QUANT_K == 1
     // Float weights: thread t takes the 4-vectors t, t + BLOCK_SIZE, ..., so that each load of
@@ -25,22 +26,30 @@ void main() {
     if (p.ncols % 4 == 0) {
         const uint n4 = p.ncols / 4;
         for (uint i = tid; i < n4; i += BLOCK_SIZE) {
+            vec4 xv[NUM_COLS];
+            for (uint c = 0; c < NUM_COLS; c++) {
+                xv[c] = load_xc4(c, i);
+            }
             for (uint m = 0; m < NUM_MATS; m++) {
                 for (uint r = 0; r < NUM_ROWS; r++) {
                     const vec4 w = WEIGHTS(m, dequantize4, (clamped_row(row0 + r) * n4 + i));
                     for (uint c = 0; c < NUM_COLS; c++) {
-                        acc[c][m][r] += dot(w, x4[clamped_col(col0 + c) * n4 + i]);
+                        acc[c][m][r] += dot(w, xv[c]);
                     }
                 }
             }
         }
     } else {
         for (uint k = tid; k < p.ncols; k += BLOCK_SIZE) {
+            float xv[NUM_COLS];
+            for (uint c = 0; c < NUM_COLS; c++) {
+                xv[c] = load_xc1(c, k);
+            }
             for (uint m = 0; m < NUM_MATS; m++) {
                 for (uint r = 0; r < NUM_ROWS; r++) {
                     const float w = WEIGHTS(m, dequantize1, (clamped_row(row0 + r) * p.ncols + k));
                     for (uint c = 0; c < NUM_COLS; c++) {
-                        acc[c][m][r] += w * x[clamped_col(col0 + c) * p.ncols + k];
+                        acc[c][m][r] += w * xv[c];
                     }
                 }
             }
@@ -81,7 +90,7 @@ void main() {
             // the value-building shifts and word indices are constants only this way).
 #define GROUP(g) \
             [[unroll]] for (uint c = 0; c < NUM_COLS; c++) { \
-                const mat4 xv = load_x16(clamped_col(col0 + c) * p.ncols + group_x(item, g)); \
+                const mat4 xv = load_xc16(c, group_x(item, g)); \
                 const float sx = sum16(xv); \
                 [[unroll]] for (uint m = 0; m < NUM_MATS; m++) { \
                     [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) { \
@@ -107,23 +116,16 @@ void main() {
 #else
     // Quantized weights: thread t takes the 16-value slices t, t + BLOCK_SIZE, ... of the row.
     const uint blocks_per_row = p.ncols / QUANT_K;
+    // Columns outermost, so that each invocation loads each value of x once (the compiler may
+    // keep the dequantized weights of one column for the next).
     for (uint t = tid; t < p.ncols / 16; t += BLOCK_SIZE) {
         const uint ib = 16 * t / QUANT_K, s = (16 * t % QUANT_K) / 16;
-        if (NUM_COLS == 1) {
-            const mat4 xv = load_x16(clamped_col(col0) * p.ncols + 16 * t);
+        for (uint c = 0; c < NUM_COLS; c++) {
+            const mat4 xv = load_xc16(c, 16 * t);
             for (uint m = 0; m < NUM_MATS; m++) {
                 for (uint r = 0; r < NUM_ROWS; r++) {
                     const uint b = clamped_row(row0 + r) * blocks_per_row + ib;
-                    acc[0][m][r] += dot16(WEIGHTS(m, dequantize16, (b, s)), xv);
-                }
-            }
-        } else {
-            for (uint m = 0; m < NUM_MATS; m++) {
-                for (uint r = 0; r < NUM_ROWS; r++) {
-                    const mat4 w = WEIGHTS(m, dequantize16, (clamped_row(row0 + r) * blocks_per_row + ib, s));
-                    for (uint c = 0; c < NUM_COLS; c++) {
-                        acc[c][m][r] += dot16(w, load_x16(clamped_col(col0 + c) * p.ncols + 16 * t));
-                    }
+                    acc[c][m][r] += dot16(WEIGHTS(m, dequantize16, (b, s)), xv);
                 }
             }
         }

@@ -22,7 +22,14 @@
 // weights serves all of them, slot s reading x column s (x_per_slot) or its token's and writing
 // y row s. EXPERT_BIAS adds that expert's bias row (the
 // gate's and the up's under GLU); GLU_OAI is gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai).
-// Bindings: the weights (one or two), x, y; with EXPERTS the ids, then the biases.
+// With NORM defined, x is the raw input of an RMSNorm that the kernel applies itself: each load
+// of x is multiplied by the norm weight and its squares are summed (every workgroup loads all of
+// x), and the products are scaled by 1 / rms(x) before the store; the norm's own dispatch and its
+// barrier are gone. With QKV defined, the weight is Q, K and V (or Q and K) one after the other
+// in rows, and rows from k_first and from v_first go to the second and third output: one
+// dispatch for the three projections.
+// Bindings: the weights (one or two), x, y (QKV: y_q, y_k, y_v), then with EXPERTS the ids and
+// the biases, with NORM the norm weight.
 #include "types.glsl"
 #if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4))
 #define MAT_VEC_ITEMS
@@ -77,6 +84,11 @@ const uint ITEMS_FIT = RAW_WORDS / (NUM_MATS * NUM_ROWS * ITEM_RAW_WORDS);
 const uint UNROLL = ITEMS_FIT < 1 ? 1 : (ITEMS_FIT > 4 ? 4 : ITEMS_FIT);
 #endif
 
+#if defined(QKV)
+const uint NUM_OUTS = 3;
+#else
+const uint NUM_OUTS = 1;
+#endif
 layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };
 layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = NUM_MATS + 1) buffer Y { float y[]; };
@@ -91,6 +103,14 @@ layout(std430, binding = NUM_MATS + 3) readonly buffer Bias { float bias[]; };  
 #if defined(GLU)
 layout(std430, binding = NUM_MATS + 4) readonly buffer BiasUp { float bias_up[]; };
 #endif
+#endif
+#if defined(QKV)
+layout(std430, binding = NUM_MATS + 2) writeonly buffer Y_K { float y_k[]; };
+layout(std430, binding = NUM_MATS + 3) writeonly buffer Y_V { float y_v[]; };
+#endif
+#if defined(NORM)
+layout(std430, binding = NUM_MATS + 1 + NUM_OUTS) readonly buffer N { float norm_w[]; };
+layout(std430, binding = NUM_MATS + 1 + NUM_OUTS) readonly buffer N4 { vec4 norm_w4[]; };
 #endif
 
 // The same block as mul_mat.comp's: matmul.py packs both alike.
@@ -107,9 +127,22 @@ layout(push_constant) uniform Push {
     uint expert_count;  // experts in the part
     uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
 #endif
+#if defined(NORM)
+    float eps;        // the RMSNorm's
+#endif
+#if defined(QKV)
+    uint k_first;     // first row of K in the weight
+    uint v_first;     // first row of V (the rows when there is no V)
+#endif
 } p;
 
-shared float partial[NUM_COLS * NUM_MATS * NUM_ROWS][BLOCK_SIZE];
+#if defined(NORM)
+const uint NUM_SUMS = 1;   // sum of x^2 per column, reduced beside the products
+float sumsq[NUM_COLS];
+#else
+const uint NUM_SUMS = 0;
+#endif
+shared float partial[NUM_COLS * (NUM_MATS * NUM_ROWS + NUM_SUMS)][BLOCK_SIZE];
 
 #if defined(EXPERT_TILES)
 uint tile_word(uint i) { return tiles[p.n + 3 * gl_WorkGroupID.z + i]; }
@@ -177,9 +210,64 @@ float epilogue(uint r, float a, float b) {
 #endif
 }
 
-// x[k .. k+15], k a multiple of 16 (column c starts at c * ncols).
-mat4 load_x16(uint k) {
-    return mat4(x4[k / 4], x4[k / 4 + 1], x4[k / 4 + 2], x4[k / 4 + 3]);
+// Column c (< NUM_COLS) of this workgroup's columns of x: the 16 values from k (a multiple of
+// 16), the 4 values of 4-vector i, or the value k. Each value of a column must be loaded exactly
+// once per invocation: with NORM the loads gather the sum of squares.
+mat4 load_xc16(uint c, uint k) {
+    const uint i = (clamped_col(first_col() + c) * p.ncols + k) / 4;
+    const mat4 v = mat4(x4[i], x4[i + 1], x4[i + 2], x4[i + 3]);
+#if defined(NORM)
+    sumsq[c] += dot16(v, v);
+    return matrixCompMult(v, mat4(norm_w4[k / 4], norm_w4[k / 4 + 1], norm_w4[k / 4 + 2], norm_w4[k / 4 + 3]));
+#else
+    return v;
+#endif
+}
+
+vec4 load_xc4(uint c, uint i) {
+    const vec4 v = x4[clamped_col(first_col() + c) * (p.ncols / 4) + i];
+#if defined(NORM)
+    sumsq[c] += dot(v, v);
+    return v * norm_w4[i];
+#else
+    return v;
+#endif
+}
+
+float load_xc1(uint c, uint k) {
+    const float v = x[clamped_col(first_col() + c) * p.ncols + k];
+#if defined(NORM)
+    sumsq[c] += v * v;
+    return v * norm_w[k];
+#else
+    return v;
+#endif
+}
+
+void clear_sums() {
+#if defined(NORM)
+    for (uint c = 0; c < NUM_COLS; c++) {
+        sumsq[c] = 0.0;
+    }
+#endif
+}
+
+// Row `row` of this part of column col of y: QKV picks the output by the row's place in the
+// weight; otherwise y (+)= v.
+void store(uint col, uint row, float v) {
+#if defined(QKV)
+    const uint r = p.y_offset + row;
+    if (r < p.k_first) {
+        y[col * p.k_first + r] = v;
+    } else if (r < p.v_first) {
+        y_k[col * (p.v_first - p.k_first) + r - p.k_first] = v;
+    } else {
+        y_v[col * (p.y_stride - p.v_first) + r - p.v_first] = v;
+    }
+#else
+    const uint i = col * p.y_stride + p.y_offset + row;
+    y[i] = p.accumulate != 0 ? y[i] + v : v;
+#endif
 }
 
 // acc[c][m][r]: column col0 + c, weight m, row row0 + r.
@@ -191,6 +279,11 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
             }
         }
     }
+#if defined(NORM)
+    for (uint c = 0; c < NUM_COLS; c++) {
+        sumsq[c] = subgroupAdd(sumsq[c]);
+    }
+#endif
     if (gl_NumSubgroups > 1) {
         if (subgroupElect()) {
             for (uint c = 0; c < NUM_COLS; c++) {
@@ -199,6 +292,9 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
                         partial[(c * NUM_MATS + m) * NUM_ROWS + r][gl_SubgroupID] = acc[c][m][r];
                     }
                 }
+#if defined(NORM)
+                partial[NUM_COLS * NUM_MATS * NUM_ROWS + c][gl_SubgroupID] = sumsq[c];
+#endif
             }
         }
         barrier();
@@ -211,14 +307,23 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
                     }
                 }
             }
+#if defined(NORM)
+            sumsq[c] = 0.0;
+            for (uint i = 0; i < gl_NumSubgroups; i++) {
+                sumsq[c] += partial[NUM_COLS * NUM_MATS * NUM_ROWS + c][i];
+            }
+#endif
         }
     }
     if (gl_LocalInvocationID.x == 0) {
         for (uint c = 0; c < stored_cols(col0); c++) {
+#if defined(NORM)
+            const float scale = inversesqrt(sumsq[c] / float(p.ncols) + p.eps);
+#else
+            const float scale = 1.0;
+#endif
             for (uint r = 0; r < NUM_ROWS && row0 + r < p.rows; r++) {
-                const uint i = out_col(col0 + c) * p.y_stride + p.y_offset + row0 + r;
-                const float v = epilogue(row0 + r, acc[c][0][r], acc[c][NUM_MATS - 1][r]);
-                y[i] = p.accumulate != 0 ? y[i] + v : v;
+                store(out_col(col0 + c), row0 + r, epilogue(row0 + r, scale * acc[c][0][r], scale * acc[c][NUM_MATS - 1][r]));
             }
         }
     }

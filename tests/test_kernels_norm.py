@@ -6,7 +6,8 @@ from tests.kernel_io import f32
 from worker.engine.kernels import norm
 
 
-@pytest.mark.parametrize("rows, cols", [(1, 576), (5, 1003), (3, 7)])
+# 4-vector rows within one 4-vector per invocation (576) and past it (4100), single values (1003, 7)
+@pytest.mark.parametrize("rows, cols", [(1, 576), (2, 4100), (5, 1003), (3, 7)])
 def test_rms_norm_with_weight(dev, rows, cols):
     rng = np.random.default_rng(cols)
     x, w = 3 * f32(rng, rows, cols), f32(rng, cols)
@@ -17,11 +18,12 @@ def test_rms_norm_with_weight(dev, rows, cols):
     np.testing.assert_allclose(dev.get(out, count=x.size).reshape(rows, cols), want, rtol=1e-5, atol=1e-6)
 
 
-def test_rms_norm_in_place_and_eps(dev):
+@pytest.mark.parametrize("cols", [130, 4100])
+def test_rms_norm_in_place_and_eps(dev, cols):
     rng = np.random.default_rng(9)
-    x, w = 1e-3 * f32(rng, 4, 130), f32(rng, 130)
+    x, w = 1e-3 * f32(rng, 4, cols), f32(rng, cols)
     bx = dev.put(x)
-    dev.run(lambda rec: norm.rms_norm(rec, bx, dev.put(w), bx, 4, 130, 1e-6))
+    dev.run(lambda rec: norm.rms_norm(rec, bx, dev.put(w), bx, 4, cols, 1e-6))
     v = x.astype(np.float64)
     want = v / np.sqrt((v * v).mean(axis=1, keepdims=True) + 1e-6) * w
-    np.testing.assert_allclose(dev.get(bx, count=x.size).reshape(4, 130), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dev.get(bx, count=x.size).reshape(4, cols), want, rtol=1e-5, atol=1e-6)

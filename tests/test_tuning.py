@@ -92,6 +92,7 @@ def test_engine_with_tuning_matches_reference(vk_ctx, tiny_q8, tmp_path):
         layer = engine.model.layers[0]
         assert all(layer[name].mat_vec_shape in candidates(vk_ctx.info) for name in ("attn_q", "attn_k", "ffn_down"))
         assert engine.model.output.mat_vec_shape in candidates(vk_ctx.info)
+        assert layer["attn_qkv"].mat_vec_shape in candidates(vk_ctx.info)
         got = []
         for pos, token in enumerate(ids):
             engine.runner.decode(token, pos, "logits")
@@ -99,10 +100,11 @@ def test_engine_with_tuning_matches_reference(vk_ctx, tiny_q8, tmp_path):
     finally:
         engine.close()
     (entries,) = json.loads((tmp_path / "tuning.json").read_text()).values()
-    # rows x K: 128x256 (k, v), 256x256 (q, o), 768x256, 256x768, 384x256 (output); the 768x256 gate
-    # through the fused gate+up kernel
+    # rows x K: 128x256 (k, v), 256x256 (q, o), 768x256, 256x768, 384x256 (output), 512x256 (q, k
+    # and v as one tensor); the 768x256 gate through the fused gate+up kernel
     assert sorted(name.rsplit(" ", 1)[0] for name in entries) == [
-        "Q8_0 128x256", "Q8_0 256x256", "Q8_0 256x768", "Q8_0 384x256", "Q8_0 768x256", "glu Q8_0 768x256"]
+        "Q8_0 128x256", "Q8_0 256x256", "Q8_0 256x768", "Q8_0 384x256", "Q8_0 512x256", "Q8_0 768x256",
+        "glu Q8_0 768x256"]
     assert layer["ffn_gate"].glu_shape in candidates(vk_ctx.info)
     ref = reference_logits(model_file, ids)
     np.testing.assert_allclose(np.array(got), ref, atol=2e-3 * np.abs(ref).max())

@@ -1,9 +1,17 @@
 """Weight x activation products and embedding-row lookup over DeviceTensors. Each function
 records one dispatch per part of the weight, no barriers: the caller orders dependent work
-(matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU)."""
+(matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU,
+and `normed_input` one after the norm it records when the products cannot fold it).
+
+An RMSNorm in front of products (`normed_input`) is folded into the mat-vec kernels where that
+pays: they take the raw x and a `FoldedNorm` and normalise it on load; elsewhere (other inner
+loops, the mat-mat kernels of prefill) the products take the norm kernel's output."""
+from gguf import GGMLQuantizationType as T
+
 from worker.engine import compilers
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
+from worker.engine.kernels.norm import FoldedNorm, rms_norm
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.device import COOPMAT
@@ -49,9 +57,11 @@ def _groups(ctx, count: int) -> tuple[int, int, int]:
     return x, cdiv(count, x), 1
 
 
-def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool) -> dict:
-    """The push constants of mul_mat_vec.comp and mul_mat.comp (one block, mul_mat_vec_base.glsl's)."""
-    return dict(ncols=w.cols, rows=count, n=n, y_offset=first, y_stride=w.rows, accumulate=int(accumulate))
+def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool, norm: FoldedNorm | None = None) -> dict:
+    """The push constants of mul_mat_vec.comp and mul_mat.comp (one block, mul_mat_vec_base.glsl's;
+    the mat-vec kernels that fold a norm add its eps)."""
+    push = dict(ncols=w.cols, rows=count, n=n, y_offset=first, y_stride=w.rows, accumulate=int(accumulate))
+    return push if norm is None else push | dict(eps=float(norm.eps))
 
 
 def coopmat_shape(info) -> tuple[int, int, int] | None:
@@ -83,24 +93,67 @@ def _path(ctx, n: int) -> str:
     return paths(ctx)[-1]
 
 
+def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm: FoldedNorm | None) -> int:
+    """Columns per mat-vec workgroup: its reduction keeps a float per thread, row and column in
+    shared memory, which the tuner's candidates keep within the device's limit for 8 columns; a
+    folded norm's sums take one more per thread and column (at least 4 columns still fit)."""
+    if norm is None:
+        return min(n, MAT_VEC_MAX_COLS)
+    return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows_per_group + 1) * threads))
+
+
+def _norm_suffix(norm: FoldedNorm | None) -> str:
+    return "" if norm is None else "_norm"
+
+
+def _norm_buffers(norm: FoldedNorm | None) -> list[Buffer]:
+    return [] if norm is None else [norm.weight]
+
+
+# The types whose mat-vec takes mul_mat_vec_items.glsl's loops (mul_mat_vec_base.glsl's
+# MAT_VEC_ITEMS; in the fused gate+up kernel MXFP4 only). A folded norm costs those loops little
+# (H200, 8B: Q/K/V as one 6144x4096 Q4_K product 17.2 -> 17.6 us) and the 16-value loops of the
+# others much more (the Q6_K output head 264 -> 300 us, Q4_K gate+up 52 -> 78 us) than the norm
+# kernel's 5 us: those take its output.
+ITEM_LOOP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.MXFP4})
+GLU_ITEM_LOOP_TYPES = frozenset({T.MXFP4})
+
+
+def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: int, cols: int, eps: float,
+                 consumers: list[DeviceTensor], glu: bool = False) -> tuple[Buffer, FoldedNorm | None]:
+    """The input of the products of rms_norm(x) * weight over n rows of cols by the `consumers`
+    (through the fused gate+up kernel: `glu`): where they all take the mat-vec kernel (matmul's
+    rule) with item loops, x itself and the norm for them to fold (no dispatch); otherwise the
+    norm is recorded into `scratch`, then a barrier, and the products take scratch."""
+    folding = GLU_ITEM_LOOP_TYPES if glu else ITEM_LOOP_TYPES
+    if _path(rec.ctx, n) == "mat_vec" and all(w.ggml_type in folding for w in consumers):
+        return x, FoldedNorm(weight, eps)
+    rms_norm(rec, x, weight, scratch, n, cols, eps)
+    rec.barrier()
+    return scratch, None
+
+
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
-           path: str | None = None):
+           path: str | None = None, norm: FoldedNorm | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
     kernel `_path` picks for the device and n (decode: mat-vec; prefill: mat-mat), or the one of
     `paths(ctx)` given (tests check each on every device). The mat-vec workgroup shape is the
     weight's tuned one, else the device kind's fixed one. The cooperative-matrix kernel rounds
-    weights and activations to f16 (accumulating in f32)."""
+    weights and activations to f16 (accumulating in f32). `norm` (mat-vec only): the products
+    are of rms_norm(x[t]) * norm.weight."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     path = path or _path(ctx, n)
     if path == "mat_vec":
         threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
-        cols = min(n, MAT_VEC_MAX_COLS)
-        kernel = ctx.kernel(f"mul_mat_vec_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
+        cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
+        kernel = ctx.kernel(f"mul_mat_vec{_norm_suffix(norm)}_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
         for buffer, first, count in w.parts:
             x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
-            rec.dispatch(kernel, [buffer, x, y], (x_groups, y_groups, cdiv(n, cols)),
-                         _push(w, first, count, n, y_accumulate))
+            rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
+                         _push(w, first, count, n, y_accumulate, norm))
         return
+    if norm is not None:
+        raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
     if path == "coopmat":
         bm, bn, wm, wn, bk, stages = w.coopmat_tile or COOPMAT_TILE
         tm, tn, tk = coopmat_shape(ctx.info)
@@ -117,8 +170,33 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         rec.dispatch(kernel, [buffer, x, y], groups, _push(w, first, count, n, y_accumulate))
 
 
+def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceTensor], x: Buffer,
+               outs: list[Buffer], n: int, norm: FoldedNorm | None = None):
+    """outs[i] = weights[i] x for the Q, K and V projections (matmul for each). `fused`: the
+    weights of its `sections` (Q and K, or all three; tensor.upload_rows) as one tensor, which
+    the mat-vec kernel takes in one dispatch writing each section's rows to its output; the
+    weights it lacks, and all of them where a mat-mat kernel applies, take their own products."""
+    rest = list(zip(weights, outs))
+    if fused is not None and _path(rec.ctx, n) == "mat_vec":
+        ctx, members = rec.ctx, len(fused.sections)
+        threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
+        cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
+        kernel = ctx.kernel(f"mul_mat_vec_qkv{_norm_suffix(norm)}_{fused.ggml_type.name.lower()}",
+                            {0: threads, 1: rows_per_group, 2: cols})
+        k_first, v_first = fused.sections[0], sum(fused.sections[:2])
+        y_q, y_k = outs[0], outs[1]
+        y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
+        for buffer, first, count in fused.parts:
+            x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
+            rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
+                         _push(fused, first, count, n, False, norm) | dict(k_first=k_first, v_first=v_first))
+        rest = rest[members:]
+    for w, y in rest:
+        matmul(rec, w, x, y, n, norm=norm)
+
+
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
-                  up: Buffer, gelu: bool = False):
+                  up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None):
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
     gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh
     form in place of silu). Where the mat-vec kernel would
@@ -126,26 +204,28 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     both weights: that needs both weights of one type with the same row parts, and the
     workgroup's partial sums (two per row and column) within shared memory. Otherwise two matmul
     calls write out and `up` (f32 [n, rows], scratch used only then), a barrier, elementwise
-    swiglu into out. Either way the caller orders only x before and out after, as for matmul."""
+    swiglu into out. Either way the caller orders only x before and out after, as for matmul.
+    `norm`: as matmul's, for both products."""
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
     threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
-    cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * 2 * rows_per_group * threads))
+    sums = 2 * rows_per_group + (norm is not None)   # partial sums per column in shared memory
+    cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
     same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
     if _path(ctx, n) != "mat_vec" or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
-        matmul(rec, w_gate, x, out, n)
-        matmul(rec, w_up, x, up, n)
+        matmul(rec, w_gate, x, out, n, norm=norm)
+        matmul(rec, w_up, x, up, n, norm=norm)
         rec.barrier()
         (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)
         return
     spec = {0: threads, 1: rows_per_group, 2: cols}
     op = "geglu" if gelu else "glu"
-    kernel = ctx.kernel(f"mul_mat_vec_{op}_{w_gate.ggml_type.name.lower()}", spec)
+    kernel = ctx.kernel(f"mul_mat_vec_{op}{_norm_suffix(norm)}_{w_gate.ggml_type.name.lower()}", spec)
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
-        rec.dispatch(kernel, [gate, up_part, x, out], (x_groups, y_groups, cdiv(n, cols)),
-                     _push(w_gate, first, count, n, False))
+        rec.dispatch(kernel, [gate, up_part, x, out, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
+                     _push(w_gate, first, count, n, False, norm))
 
 
 def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int, scale: float = 1.0):

@@ -1,12 +1,32 @@
 """RMSNorm: one workgroup per row, the row's reduction in subgroup ops plus shared memory across
-subgroups (reduce.glsl)."""
-from worker.engine.kernels.launch import threads
+subgroups (reduce.glsl). Decode folds the norms in front of mat-vecs into those mat-vecs
+(`matmul.normed_input`); the kernel stays for the rest (prefill, q/k norms, post norms)."""
+from dataclasses import dataclass
+
+from worker.engine.intmath import cdiv, round_up
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
+
+MAX_SUBGROUPS = 32   # reduce.glsl takes up to 64
+
+
+@dataclass(frozen=True)
+class FoldedNorm:
+    """RMSNorm that a mat-vec applies to its own input (matmul.py's `norm`): x / rms(x) * weight,
+    the sum of squares of x gathered from the loads of the product itself."""
+    weight: Buffer
+    eps: float
+
+
+def rms_norm_threads(ctx, cols: int) -> int:
+    """A 4-vector per invocation for rows of up to 4 x MAX_SUBGROUPS subgroups of values (a 4096
+    row: 1024 invocations on NVIDIA), so that one row's loads are all in flight at once."""
+    sg = ctx.info.subgroup_size
+    return max(sg, min(round_up(cdiv(cols, 4), sg), MAX_SUBGROUPS * sg, ctx.info.max_workgroup_size))
 
 
 def rms_norm(rec: Recording, x: Buffer, weight: Buffer, out: Buffer, rows: int, cols: int, eps: float):
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight; out may be x."""
     assert rows <= rec.ctx.info.max_workgroup_count, f"{rows} rows is past the dispatch limit"
-    rec.dispatch(rec.ctx.kernel("rms_norm", {0: threads(rec.ctx)}), [x, out, weight], (rows, 1, 1),
+    rec.dispatch(rec.ctx.kernel("rms_norm", {0: rms_norm_threads(rec.ctx, cols)}), [x, out, weight], (rows, 1, 1),
                  dict(cols=cols, eps=float(eps)))

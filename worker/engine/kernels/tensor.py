@@ -28,6 +28,8 @@ class DeviceTensor:
     glu_shape: tuple[int, int] | None = None    # through the fused gate+up kernel, as the gate
     coopmat_tile: tuple[int, ...] | None = None  # the cooperative-matrix mat-mat tile (matmul.py COOPMAT_TILE)
     experts: int = 1                            # stacked matrices of rows / experts rows each
+    sections: tuple[int, ...] = ()   # rows of each weight, when this tensor is several (upload_rows)
+    base: "DeviceTensor | None" = None   # the tensor whose buffer holds this view's rows
 
     @property
     def row_bytes(self) -> int:
@@ -38,10 +40,8 @@ class DeviceTensor:
         return self.rows * self.row_bytes
 
 
-def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_uint8) -> DeviceTensor:
-    """`shape` in GGUF order (ne[0] = row length first); dimensions past the first are rows, a
-    third one the number of experts."""
-    ggml_type = GGMLQuantizationType(ggml_type)
+def _rows_data(name: str, ggml_type: GGMLQuantizationType, shape, data_uint8) -> tuple[int, int, np.ndarray]:
+    """(cols, rows, bytes) of a weight, checked."""
     if ggml_type not in WEIGHT_TYPES:
         raise VkllmError(f"tensor {name}: type {ggml_type.name} is not supported")
     cols, rows = int(shape[0]), prod(int(d) for d in shape[1:])
@@ -52,6 +52,38 @@ def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_u
     stride = row_bytes(ggml_type, cols)
     if data.nbytes != rows * stride:
         raise VkllmError(f"tensor {name}: {data.nbytes} bytes for {rows} rows of {stride} bytes")
+    return cols, rows, data
+
+
+def upload_rows(ctx, name: str, ggml_type: GGMLQuantizationType, shapes, datas) -> tuple[DeviceTensor, list[DeviceTensor]] | None:
+    """Weights of one type and row length (GGUF shapes and bytes) as one tensor, their rows one
+    after the other, with a view of each (its rows of the same buffer): the Q, K and V
+    projections that one mat-vec takes. None where that tensor would be split into parts, or a
+    weight's first byte would break the storage-buffer offset alignment (its view could not be
+    bound): the caller uploads them one by one."""
+    ggml_type = GGMLQuantizationType(ggml_type)
+    checked = [_rows_data(f"{name}[{i}]", ggml_type, shape, data) for i, (shape, data) in enumerate(zip(shapes, datas))]
+    if len({cols for cols, _, _ in checked}) != 1:
+        raise VkllmError(f"tensor {name}: the weights differ in row length")
+    sizes = [data.nbytes for _, _, data in checked]
+    cols, rows = checked[0][0], sum(r for _, r, _ in checked)
+    if rows > (ctx.max_binding_range & ~15) // row_bytes(ggml_type, cols) or any(size % ctx.alignment for size in sizes[:-1]):
+        return None
+    fused = upload_tensor(ctx, name, ggml_type, (cols, rows), np.concatenate([data for _, _, data in checked]))
+    fused.sections = tuple(r for _, r, _ in checked)
+    buffer, views, offset = fused.parts[0][0], [], 0
+    for (_, r, _), size in zip(checked, sizes):
+        views.append(DeviceTensor(ggml_type, r, cols, [(buffer.sub(offset, size), 0, r)], base=fused))
+        offset += size
+    return fused, views
+
+
+def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_uint8) -> DeviceTensor:
+    """`shape` in GGUF order (ne[0] = row length first); dimensions past the first are rows, a
+    third one the number of experts."""
+    ggml_type = GGMLQuantizationType(ggml_type)
+    cols, rows, data = _rows_data(name, ggml_type, shape, data_uint8)
+    stride = row_bytes(ggml_type, cols)
     experts = int(shape[2]) if len(shape) > 2 else 1
     unit = rows // experts if experts > 1 else 1     # rows that stay in one part: a row, or an expert's
     per_part = (ctx.max_binding_range & ~15) // stride // unit * unit  # parts are padded to 16 bytes
@@ -68,6 +100,9 @@ def upload_tensor(ctx, name: str, ggml_type: GGMLQuantizationType, shape, data_u
 
 
 def free_tensor(ctx, tensor: DeviceTensor):
+    """A view (upload_rows) holds no memory of its own: freeing its base frees it."""
+    if tensor.base is not None:
+        return
     for buffer, _, _ in tensor.parts:
         ctx.free(buffer)
     tensor.parts = []

@@ -7,8 +7,10 @@ sinks and an attention output bias (gpt-oss), and a mixture-of-experts FFN in pl
 one (models/moe.py).
 
 Weights keep their GGUF names: layer i's `blk.i.attn_q.weight` is `self.layers[i]["attn_q"]`,
-its bias `["attn_q.bias"]`. The model holds weights and the KV cache; everything a pass writes
-besides the cache is in the Workspace the caller passes (worker/engine/workspace.py).
+its bias `["attn_q.bias"]`. Where Q and K (and V) share a type they are uploaded as one tensor,
+`["attn_qkv"]`, which one mat-vec takes; `["attn_q"]` and the others are then views of it. The
+model holds weights and the KV cache; everything a pass writes besides the cache is in the
+Workspace the caller passes (worker/engine/workspace.py).
 """
 import re
 from math import prod
@@ -18,9 +20,9 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
-from worker.engine.kernels.matmul import get_rows, matmul, matmul_swiglu
+from worker.engine.kernels.matmul import get_rows, matmul, matmul_qkv, matmul_swiglu, normed_input
 from worker.engine.kernels.shapes import AttentionShape
-from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
+from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_rows, upload_tensor
 from worker.engine.models.moe import record_moe_ffn
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -31,6 +33,18 @@ def _is_matrix(info) -> bool:
     and biases (an expert tensor's are [n_expert, rows]) become plain f32 buffers."""
     return len(info.shape) > 1 and not (info.ggml_type == T.F32 and info.shape[1] == 1) \
         and not info.name.endswith(".bias")
+
+
+def qkv_members(tensors, layer: int) -> list[str]:
+    """The projections of a layer that are uploaded as one tensor: Q with K, and V too, as far as
+    they share Q's type and row length (none when K's differ)."""
+    names = [f"blk.{layer}.attn_{s}.weight" for s in "qkv"]
+    infos = [tensors.get(name) for name in names]
+    same = 0
+    while same < 3 and infos[same] is not None and infos[same].ggml_type == infos[0].ggml_type \
+            and len(infos[same].shape) == 2 and infos[same].shape[0] == infos[0].shape[0]:
+        same += 1
+    return names[:same] if same >= 2 else []
 
 
 def glu_keys(model_file) -> set:
@@ -46,11 +60,18 @@ def glu_keys(model_file) -> set:
 def mat_vec_keys(model_file) -> set:
     """(type, rows, K) of every weight the dense mat-vec multiplies: all matrices except the
     embedding table, which is looked up by row unless it is also the output head, and the
-    experts' (their kernel reads a few experts' rows, kernels/experts.py)."""
-    tied = "output.weight" not in model_file.tensors
-    return {(info.ggml_type, prod(int(d) for d in info.shape[1:]), int(info.shape[0]))
-            for name, info in model_file.tensors.items()
+    experts' (their kernel reads a few experts' rows, kernels/experts.py); Q, K and V joined
+    (qkv_members) count as the one weight they are uploaded as."""
+    tensors = model_file.tensors
+    tied = "output.weight" not in tensors
+    keys = {(info.ggml_type, prod(int(d) for d in info.shape[1:]), int(info.shape[0]))
+            for name, info in tensors.items()
             if _is_matrix(info) and (tied or name != "token_embd.weight") and "_exps." not in name}
+    layers = {int(m.group(1)) for name in tensors if (m := _LAYER_TENSOR.match(name))}
+    for members in filter(None, (qkv_members(tensors, i) for i in layers)):
+        first = tensors[members[0]]
+        keys.add((first.ggml_type, sum(int(tensors[m].shape[1]) for m in members), int(first.shape[0])))
+    return keys
 
 
 class Model:
@@ -65,8 +86,10 @@ class Model:
         self.coopmat_tiles = coopmat_tiles or {}
         self.layers = [dict() for _ in range(config.n_layer)]
         self.globals = {}
-        for name, info in model_file.tensors.items():
-            if name == "rope_freqs.weight":  # already in config.rope_freq_factors
+        tensors = model_file.tensors
+        fused = {name: i for i in range(config.n_layer) for name in qkv_members(tensors, i)}
+        for name, info in tensors.items():
+            if name == "rope_freqs.weight" or name in fused:  # config.rope_freq_factors; _upload_qkv
                 continue
             tensor = self._upload(info)
             match = _LAYER_TENSOR.match(name)
@@ -77,6 +100,11 @@ class Model:
                 self.globals[name.removesuffix(".weight")] = tensor
             if progress is not None:
                 progress(info.n_bytes)
+        for i in sorted(set(fused.values())):
+            infos = [tensors[name] for name in qkv_members(tensors, i)]
+            self._upload_qkv(self.layers[i], infos)
+            if progress is not None:
+                progress(sum(info.n_bytes for info in infos))
         self.output = self.globals.get("output", self.globals["token_embd"])
         # one buffer per distinct set of rope factors (local and global layers may differ)
         factors = {config.layer_rope_freq_factors(i) for i in range(config.n_layer)} - {None}
@@ -97,6 +125,22 @@ class Model:
         tensor.mat_vec_shape, tensor.glu_shape = self.mat_vec_shapes.get(key), self.glu_shapes.get(key)
         tensor.coopmat_tile = self.coopmat_tiles.get(key)
         return tensor
+
+    def _upload_qkv(self, layer: dict, infos):
+        """Q and K (and V) as one tensor and its views, or one by one where they cannot be."""
+        names = [_LAYER_TENSOR.match(info.name).group(2) for info in infos]
+        joined = upload_rows(self.ctx, f"{infos[0].name} and its K/V", infos[0].ggml_type,
+                             [info.shape for info in infos], [info.data for info in infos])
+        if joined is None:
+            layer.update({name: self._upload(info) for name, info in zip(names, infos)})
+            return
+        fused, views = joined
+        fused.mat_vec_shape = self.mat_vec_shapes.get((fused.ggml_type, fused.rows, fused.cols))
+        for view in views:   # alone they serve prefill's mat-mat products
+            key = (view.ggml_type, view.rows, view.cols)
+            view.mat_vec_shape, view.coopmat_tile = self.mat_vec_shapes.get(key), self.coopmat_tiles.get(key)
+        layer["attn_qkv"] = fused
+        layer.update(zip(names, views))
 
     def _upload_f32(self, array):
         buffer = self.ctx.alloc(array.nbytes)
@@ -127,16 +171,15 @@ class Model:
             self.record_ffn(rec, ws, layer, n)
         rows = n if all_logits else 1
         last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
-        norm.rms_norm(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps)
-        rec.barrier()
-        matmul(rec, self.output, ws.xb, logits, rows)
+        x_in, folded = normed_input(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps,
+                                    [self.output])
+        matmul(rec, self.output, x_in, logits, rows, norm=folded)
 
     def record_attention(self, rec, ws, step, i, layer, n):
         c = self.config
-        norm.rms_norm(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps)
-        rec.barrier()
-        for name, out in (("attn_q", ws.q), ("attn_k", ws.k), ("attn_v", ws.v)):
-            matmul(rec, layer[name], ws.xb, out, n)
+        projections = [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
+        x_in, folded = normed_input(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections)
+        matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded)
         rec.barrier()
         if c.has_qkv_bias:
             for name, out, width in (("attn_q", ws.q, c.n_head * c.head_dim),
@@ -177,11 +220,14 @@ class Model:
 
     def record_ffn(self, rec, ws, layer, n):
         c = self.config
-        norm.rms_norm(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps)
-        rec.barrier()
         if c.n_expert:
+            norm.rms_norm(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps)
+            rec.barrier()
             record_moe_ffn(rec, ws, layer, c, n)
             return
-        matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], ws.xb, ws.gate, n, up=ws.up, gelu=c.ffn_gelu)
+        x_in, folded = normed_input(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps,
+                                    [layer["ffn_gate"], layer["ffn_up"]], glu=True)
+        matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu,
+                      norm=folded)
         rec.barrier()
         self.record_residual(rec, ws, layer, "ffn_down", ws.gate, "post_ffw_norm", n)

@@ -41,7 +41,7 @@ class Context:
             self.physical_device, self.info, self.queue_family)
         self.max_binding_range = min(self.info.max_storage_buffer_range, max_binding_range or 1 << 62)
         block_size = min(block_size, self.info.max_allocation)
-        alignment = max(self.info.storage_offset_alignment, 16)
+        self.alignment = alignment = max(self.info.storage_offset_alignment, 16)   # of every buffer and sub-range
         local_type = find_memory_type(self.physical_device, _LOCAL, _HOST)
         local_host_visible = memory_type_flags(self.physical_device, local_type) & _HOST == _HOST
         self.direct_upload = local_host_visible if direct_upload is None else direct_upload and local_host_visible
