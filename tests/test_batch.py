@@ -145,6 +145,11 @@ def test_shared_prefix_is_not_prefilled_again(engine, vk_ctx, vk_settings, model
     assert tokens(events["second"]) == tokens(expected)
     for got, want in zip(events["second"][:-1], expected[:-1]):
         assert got.logprobs.logprob == pytest.approx(want.logprobs.logprob, abs=1e-4)
+    # Engine.generate reuses what the batch cached: second's prompt and its first 4 generated
+    # tokens (45, written by the batch) hold 2 full blocks, both hits
+    again = alone(engine, Request(second + tokens(expected)[:4], params))
+    assert batch.stats()["prefix_hit_tokens"] - before == 2 * BLOCK_TOKENS + 2 * BLOCK_TOKENS
+    assert tokens(again)[:1] == tokens(expected)[4:5]
 
 
 def test_memory_pressure_preempts_and_evicts(engine):
