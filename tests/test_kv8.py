@@ -45,3 +45,28 @@ def test_8bit_cache_logits_within_tolerance(vk_ctx, vk_settings, tmp_path, prese
     assert err > 1e-5   # the cache really is 8-bit
     (blocks16, bytes16), (blocks8, bytes8) = ours["f16 bytes"], ours["q8_0 bytes"]
     assert blocks16 == blocks8 and bytes8 / bytes16 == pytest.approx((1 + 2 / 32) / 2)
+
+
+def test_batched_decode_over_the_8bit_cache_gives_what_each_gives_alone(vk_ctx, vk_settings, tmp_path):
+    """Sequences of different lengths decoded together through the 8-bit cache: each token as
+    the same sequence alone over the same cache type (the batch changes nothing but the pass)."""
+    from worker.engine.batch import Request
+    from worker.engine.sampling import SamplingParams
+    path = write_model("tiny-qwen2", tmp_path / "tiny-qwen2.gguf", mix="Q8_0", seed=1)
+    engine = Engine.load(path, dataclasses.replace(vk_settings, kv_type="q8_0", max_sequences=3), n_ctx=64,
+                         ctx=vk_ctx, max_batch=8)
+    try:
+        rng = np.random.default_rng(3)
+        requests = [Request(rng.integers(3, 300, n).tolist(), SamplingParams(temperature=0, max_tokens=m))
+                    for n, m in ((3, 8), (19, 5), (10, 7))]
+        alone = [[e.token_id for e in engine.generate_ids(r.ids, r.params) if e.token_id is not None]
+                 for r in requests]
+        seqs = [engine.batch.add(r, tag=i) for i, r in enumerate(requests)]
+        got = [[] for _ in requests]
+        while len(engine.batch):
+            for seq, event in engine.batch.step():
+                if event.token_id is not None:
+                    got[seq.tag].append(event.token_id)
+        assert got == alone and all(s.done for s in seqs)
+    finally:
+        engine.close()

@@ -153,10 +153,12 @@ class Batch:
             blocks = self.kv.sequence()
             hit = blocks.reuse_prefix(seq.tokens)
             count = min(len(seq.tokens) - hit, budget)
-            if not blocks.reserve(hit + count):
-                blocks.release()
-                blocks.pool.hit_tokens -= hit
-                break
+            if not blocks.reserve(hit + count):   # a shorter first chunk, in the blocks it got
+                count = len(blocks.blocks) * BLOCK_TOKENS - hit
+                if count <= 0:
+                    blocks.release()
+                    blocks.pool.hit_tokens -= hit
+                    break
             self._waiting.popleft()
             seq.slot, seq.blocks, seq.written = self.kv.take_slot(), blocks, hit
             seq.admitted = seq.admitted or time.perf_counter()
