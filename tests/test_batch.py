@@ -188,3 +188,12 @@ def test_bad_requests_are_refused_at_add(engine):
     with pytest.raises(Exception, match="empty"):
         batch.add(Request([], GREEDY))
     assert len(batch) == 0 and batch.room()
+
+
+def test_batch_bench_holds_the_blocks_its_sequences_need(engine):
+    """`vkllm bench --batch`'s run: 3 sequences of 5-token prompts and 12 tokens each hold at most
+    ceil((5 + 11) / 16) = 1 block each (the last token's K/V is never written), and leave none held."""
+    from worker.tools.bench_batch import decode_together
+    figures = decode_together(engine, 3, 5, 12, seed=0)
+    assert figures["blocks"] == 3 and figures["tok_s"] > 0 and figures["tpot_ms"] > 0
+    assert engine.batch.stats()["kv_blocks_used"] == 0
