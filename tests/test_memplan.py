@@ -18,10 +18,11 @@ def test_smollm2_plan(smollm2, smollm2_path):
     assert plan.kv_bytes == 2 * 30 * 8192 * 3 * 64 * 2 == 188_743_680
     # 512 rows of float32: 2*576 (x, norm) + 2*576 (q, attention out) + 2*192 (k, v) + 2*1536
     # (ffn), 512 token ids and (slot, position) pairs, one logits row of 49152 (one sequence)
-    # and its index, the argmax and a second (slot, position) and argmax (greedy decode keeps
-    # two steps in flight), 64 top-k ids and values, and a grammar's token mask of one bit per token
+    # in host memory and one in device memory (a batched pass's) and its index, the argmax and a
+    # second (slot, position) and argmax (greedy decode keeps two steps in flight), 64 top-k ids
+    # and values, and a grammar's token mask of one bit per token
     assert plan.scratch_bytes == (4 * 512 * (2 * 576 + 2 * 576 + 2 * 192 + 2 * 1536) + 4 * 512 + 8 * 512
-                                  + 4 * 49152 + 4 + 2 * 4 + 8 + 2 * 4 * 64 + 49152 // 8)
+                                  + 2 * 4 * 49152 + 4 + 2 * 4 + 8 + 2 * 4 * 64 + 49152 // 8)
     assert plan.total == plan.weights_bytes + plan.kv_bytes + plan.scratch_bytes
 
 
@@ -74,4 +75,4 @@ def test_the_pool_grows_towards_every_sequence_a_full_context(smollm2):
     q8 = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=1024, chunk=64, kv_type="q8_0")
     assert q8.kv_bytes == 1024 * 2 * 30 * (192 + 2 * 192 // 32)
     single = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=1024, chunk=64)
-    assert one.scratch_bytes - single.scratch_bytes == 7 * (4 * 49152 + 4 + 4 + 2 * 4 * 64 + 49152 // 8)
+    assert one.scratch_bytes - single.scratch_bytes == 7 * (2 * 4 * 49152 + 4 + 4 + 2 * 4 * 64 + 49152 // 8)
