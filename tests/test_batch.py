@@ -197,3 +197,21 @@ def test_batch_bench_holds_the_blocks_its_sequences_need(engine):
     figures = decode_together(engine, 3, 5, 12, seed=0)
     assert figures["blocks"] == 3 and figures["tok_s"] > 0 and figures["tpot_ms"] > 0
     assert engine.batch.stats()["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("env, expected", [({}, (16, "f16")), ({"VKLLM_MAX_SEQUENCES": "32", "VKLLM_KV_TYPE": "Q8_0"},
+                                                                  (32, "q8_0"))])
+def test_batch_settings_from_the_environment(env, expected):
+    from worker.engine.config import Settings
+    settings = Settings.from_env(env)
+    assert (settings.max_sequences, settings.kv_type) == expected
+
+
+@pytest.mark.parametrize("env, message", [({"VKLLM_MAX_SEQUENCES": "0"}, "VKLLM_MAX_SEQUENCES must be a positive"),
+                                          ({"VKLLM_MAX_SEQUENCES": "many"}, "VKLLM_MAX_SEQUENCES must be a positive"),
+                                          ({"VKLLM_KV_TYPE": "q4_0"}, "VKLLM_KV_TYPE must be one of f16, q8_0")])
+def test_bad_batch_settings_are_refused(env, message):
+    from vkllm.errors import VkllmError
+    from worker.engine.config import Settings
+    with pytest.raises(VkllmError, match=message):
+        Settings.from_env(env)

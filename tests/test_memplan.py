@@ -76,3 +76,12 @@ def test_the_pool_grows_towards_every_sequence_a_full_context(smollm2):
     assert q8.kv_bytes == 1024 * 2 * 30 * (192 + 2 * 192 // 32)
     single = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=1024, chunk=64)
     assert one.scratch_bytes - single.scratch_bytes == 7 * (2 * 4 * 49152 + 4 + 4 + 2 * 4 * 64 + 49152 // 8)
+
+
+def test_sequences_are_capped_by_the_pools_blocks(smollm2):
+    """Each sequence holds a block at least: a budget with room for one 32-position context
+    (2 blocks) serves 2 sequences, however many were asked for."""
+    from worker.engine.memplan import plan_context
+    budget = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=32, chunk=64, sequences=99).total
+    plan = plan_context(smollm2, smollm2.config, 32, 4096, 64, budget, sequences=99)
+    assert (plan.kv_tokens, plan.kv_blocks, plan.sequences) == (32, 2, 2)
