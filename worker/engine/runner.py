@@ -12,10 +12,10 @@ from typing import Iterator
 
 import numpy as np
 
-from worker.engine.kernels.mask import mask_logits, mask_words
-from worker.engine.kernels.select import argmax, topk
 from worker.engine.choice import HOST, MASKED
 from worker.engine.errors import KVCacheFull
+from worker.engine.kernels.mask import mask_logits, mask_words
+from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
 from worker.engine.workspace import Workspace
 
