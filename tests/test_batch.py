@@ -215,3 +215,27 @@ def test_bad_batch_settings_are_refused(env, message):
     from worker.engine.config import Settings
     with pytest.raises(VkllmError, match=message):
         Settings.from_env(env)
+
+
+def test_random_joins_under_memory_pressure_give_what_each_gives_alone(engine):
+    """Seven sequences joining at random steps, three slots, passes of 8 tokens and a pool cut to
+    6 free blocks: joins wait, prefill chunks shrink, sequences are preempted and recomputed,
+    and every one still gives what it gives alone."""
+    rng = np.random.default_rng(42)
+    requests = {f"s{i}": Request(prompt(int(rng.integers(1, 30)), 50 + i),
+                                 dataclasses.replace(GREEDY, max_tokens=int(rng.integers(2, 20))))
+                for i in range(7)}
+    joins = {}
+    for name, request in requests.items():
+        joins.setdefault(int(rng.integers(0, 25)), []).append((name, request))
+    pool = engine.kv.pool
+    elsewhere = engine.kv.sequence()
+    assert elsewhere.reserve((pool.n_blocks - 6) * BLOCK_TOKENS)
+    try:
+        events, _ = run(engine.batch, joins)
+    finally:
+        elsewhere.release()
+    assert engine.batch.preemptions > 0
+    for name, request in requests.items():
+        assert tokens(events[name]) == tokens(alone(engine, request)), name
+    assert pool.used == 0
