@@ -36,6 +36,7 @@ from worker.engine.sampling import Sampler, SamplingParams, StopMatcher
 from worker.engine.tokenizer import StreamDecoder
 
 ALL_ALLOWED = 0xFFFFFFFF   # a mask word allowing every token (rows without a grammar)
+NO_TIMINGS = Timings()     # token events carry none (the last event does), shared: Timings() costs microseconds
 
 
 @dataclass(frozen=True)
@@ -184,17 +185,22 @@ class Batch:
         """Writes the pass's token ids, (slot, position) pairs, logits rows, block table rows and
         grammar masks; returns the selection every logits row gets."""
         ws = self.runner.workspace
-        ids, step, rows = ws.ids.view(np.uint32), ws.step.view(np.uint32), ws.rows.view(np.uint32)
-        t, out = 0, []
+        # gathered in lists, written with one numpy assignment each (32 sequences' small writes
+        # one by one would cost more host time than the pass's submission)
+        ids, slots, positions, rows, out = [], [], [], [], []
         for seq, start, count in plan:
-            ids[t:t + count] = seq.tokens[start:start + count]
-            pairs = step[2 * t:2 * (t + count)].reshape(count, 2)
-            pairs[:, 0], pairs[:, 1] = seq.slot, np.arange(start, start + count)
+            ids += seq.tokens[start:start + count]
+            slots += [seq.slot] * count
+            positions += range(start, start + count)
             self.kv.write_table(seq.slot, seq.blocks)
-            t += count
             if start + count == len(seq.tokens):
-                rows[len(out)] = t - 1
+                rows.append(len(ids) - 1)
                 out.append(seq)
+        n = len(ids)
+        ws.ids.view(np.uint32)[:n] = ids
+        pairs = ws.step.view(np.uint32)[:2 * n].reshape(n, 2)
+        pairs[:, 0], pairs[:, 1] = slots, positions
+        ws.rows.view(np.uint32)[:len(rows)] = rows
         masked = any(seq.matcher is not None for seq in out)
         for row, seq in enumerate(out if masked else ()):
             words = self.runner.mask_words(row)
@@ -222,7 +228,7 @@ class Batch:
         if seq.matcher is not None:
             seq.matcher.accept(token)
         text, seq.matched_stop = seq.stops.push(seq.decoder.push(token))
-        events = [Event(text, token, logprobs=logprobs)]
+        events = [Event(text, token, timings=NO_TIMINGS, logprobs=logprobs)]
         if seq.matched_stop:
             events.append(self._finish(seq, "stop"))
         elif seq.generated >= seq.request.params.max_tokens or len(seq.tokens) >= self.engine.n_ctx:
