@@ -1,12 +1,24 @@
 """The paged KV cache of one model on the device: for every layer a K pool and a V pool of
 n_blocks blocks (f16, or q8_0-like 8-bit values with their f16 scales), the block table the
-kernels read (uint32 [slots, blocks per sequence], host-visible), the sequence slots, and the
-BlockPool (kvblocks.py) that says which blocks are free, held or cached for prefix reuse."""
+kernels read (uint32 [slots, blocks per sequence], written by the host before each pass), the
+sequence slots, and the BlockPool (kvblocks.py) that says which blocks are free, held or cached
+for prefix reuse."""
 import numpy as np
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.paged import KV_TYPES, Q8_GROUP, PagedCache, row_bytes
 from worker.engine.kvblocks import BLOCK_TOKENS, BlockPool, SequenceBlocks
+
+
+def _host_writable(ctx, nbytes: int):
+    """Device-local memory where the host can write it (resizable BAR, integrated GPUs, CPU
+    drivers), else host memory: attention reads the table once per position it visits, which
+    from host memory would be a bus round trip each time."""
+    buffer = ctx.alloc(nbytes)
+    if buffer.host_visible:
+        return buffer
+    ctx.free(buffer)
+    return ctx.alloc_host(nbytes)
 
 
 def block_bytes(config, kv_type: str) -> int:
@@ -23,7 +35,7 @@ class KVCache:
             raise ValueError(f"an 8-bit KV cache needs head_dim a multiple of {Q8_GROUP}, not {config.head_dim}")
         self.ctx, self.kv_type, self.n_slots = ctx, kv_type, n_slots
         self.stride = cdiv(n_ctx, BLOCK_TOKENS)
-        self.table = ctx.alloc_host(4 * n_slots * self.stride)
+        self.table = _host_writable(ctx, 4 * n_slots * self.stride)
         self._table = self.table.view(np.uint32)[:n_slots * self.stride].reshape(n_slots, self.stride)
         self._table[:] = 0
         rows = n_blocks * BLOCK_TOKENS
