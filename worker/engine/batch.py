@@ -110,7 +110,8 @@ class Batch:
     def step(self) -> list[tuple[Sequence, Event]]:
         """One forward pass over every running sequence's next token plus prefill chunks of
         joining ones; the events produced, in order. A sequence's last event has finish_reason
-        set ("stop", "length", "cancelled"); it has then left the batch."""
+        set ("stop", "length", "cancelled"); it has then left the batch. Raises KVCacheFull only
+        when blocks held outside the batch leave even its oldest sequence no room."""
         events = []
         for seq in [s for s in (*self._running, *self._waiting) if s.cancelled]:
             events.append((seq, self._finish(seq, "cancelled")))
