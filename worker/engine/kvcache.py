@@ -5,6 +5,7 @@ sequence slots, and the BlockPool (kvblocks.py) that says which blocks are free,
 for prefix reuse."""
 import numpy as np
 
+from vkllm.errors import VkllmError
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.paged import KV_TYPES, Q8_GROUP, PagedCache, row_bytes
 from worker.engine.kvblocks import BLOCK_TOKENS, BlockPool, SequenceBlocks
@@ -29,10 +30,11 @@ def block_bytes(config, kv_type: str) -> int:
 class KVCache:
     def __init__(self, ctx, config, n_ctx: int, n_blocks: int, n_slots: int, kv_type: str = "f16"):
         if kv_type not in KV_TYPES:
-            raise ValueError(f"unknown KV cache type {kv_type!r}")
+            raise VkllmError(f"unknown KV cache type {kv_type!r}")
         width = config.n_head_kv * config.head_dim
         if kv_type == "q8_0" and config.head_dim % Q8_GROUP:
-            raise ValueError(f"an 8-bit KV cache needs head_dim a multiple of {Q8_GROUP}, not {config.head_dim}")
+            raise VkllmError(f"an 8-bit KV cache (VKLLM_KV_TYPE=q8_0) needs heads of a multiple of {Q8_GROUP} "
+                             f"values; this model's have {config.head_dim}")
         self.ctx, self.kv_type, self.n_slots = ctx, kv_type, n_slots
         self.stride = cdiv(n_ctx, BLOCK_TOKENS)
         self.table = _host_writable(ctx, 4 * n_slots * self.stride)
