@@ -100,6 +100,8 @@ def test_joins_mid_batch_are_prefilled_while_the_others_stream(engine):
     expected = {name: tokens(alone(engine, r)) for name, r in (first | late).items()}
     for name, want in expected.items():
         assert tokens(events[name]) == want, name
+    # greedy decode steps queue the next pass themselves, fed on the GPU (not while c joins)
+    assert engine.batch.stats()["fed_passes"] > 0
     # c's 40 tokens take several passes of 8 (less the decode tokens); a and b get a token in each
     c_first = next(k for k, names in enumerate(active) if "c" in names)
     assert c_first >= 4 + 40 // 8

@@ -18,6 +18,10 @@ the queue and, readmitted, recomputes from what is still cached (vLLM's recomput
 its token stream and sampler state carry on unchanged. Sequences are served oldest first, so
 when all others are already in the pass, the one short of a block sits this step out.
 
+While every running sequence decodes greedily (no grammar, no logprobs, nobody joining), each
+step queues the next pass before handling its own tokens, the GPU feeding every sequence its own
+argmax (as Runner.greedy does for one): the host's work of a step overlaps the next pass.
+
 A Batch shares its Engine's Runner (workspace and recordings) with Engine.generate: use one or
 the other at a time, not both interleaved.
 """
@@ -80,6 +84,9 @@ class Batch:
         self._running: list[Sequence] = []   # admitted (holding a slot), in admission order
         self._waiting: deque[Sequence] = deque()
         self.preemptions = 0   # sequences sent back to wait for blocks (cumulative)
+        self._fed = None       # the plan of a fed pass queued by the last step (_queue_fed)
+        self.fed_passes = 0    # passes queued that way (cumulative)
+        self._in_flight = False
 
     def add(self, request: Request, tag=None) -> Sequence:
         """Validates at once (PromptTooLong, VkllmError, GrammarError raised here, nothing joins);
@@ -104,7 +111,8 @@ class Batch:
         return len(self._running) + len(self._waiting)
 
     def stats(self) -> dict:
-        return {**self.kv.stats(), "sequences": len(self), "preemptions": self.preemptions}
+        return {**self.kv.stats(), "sequences": len(self), "preemptions": self.preemptions,
+                "fed_passes": self.fed_passes}
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self) -> list[tuple[Sequence, Event]]:
@@ -115,19 +123,61 @@ class Batch:
         events = []
         for seq in [s for s in (*self._running, *self._waiting) if s.cancelled]:
             events.append((seq, self._finish(seq, "cancelled")))
-        plan = self._schedule()
-        if not plan:
-            return events
-        select = self._write_pass(plan)
-        out_rows = [seq for seq, start, count in plan if start + count == len(seq.tokens)]
-        self.runner.run_batch(sum(count for _, _, count in plan), len(out_rows), select)
+        if self._fed is not None:   # queued by the last step while its tokens were handled
+            plan, select = self._fed, "argmax"
+            self._fed = None
+            self.settle()
+        else:
+            plan = self._schedule()
+            if not plan:
+                return events
+            select = self._write_pass(plan)
+            self.runner.run_batch(sum(count for _, _, count in plan),
+                                  sum(start + count == len(seq.tokens) for seq, start, count in plan), select)
         now = time.perf_counter()
+        # a fed pass keeps the rows of sequences that ended since it was queued: skipped here
+        out_rows = [seq for seq, start, count in plan if seq.done or start + count == len(seq.tokens)]
+        best = self.runner.workspace.best.view(np.uint32)[:len(out_rows)].tolist() if select == "argmax" else None
+        plan = [entry for entry in plan if not entry[0].done]
         for seq, start, count in plan:
             seq.written = start + count
             seq.blocks.commit(seq.tokens, seq.written)
-        for row, seq in enumerate(out_rows):
-            events.extend((seq, event) for event in self._advance(seq, row, select, now))
+        rows = [(row, seq) for row, seq in enumerate(out_rows) if not seq.done]
+        self._queue_fed(plan, rows, select)
+        for row, seq in rows:
+            events.extend((seq, event) for event in self._advance(seq, row, select, now, best))
         return events
+
+    def settle(self):
+        """Waits for a pass still in flight (before its sequences' blocks may go)."""
+        if self._in_flight:
+            self.runner.wait_batch()
+            self._in_flight = False
+
+    def _queue_fed(self, plan, rows, select: str):
+        """After a greedy decode pass, queues the next one before the host has looked at its
+        tokens: the GPU feeds each sequence its argmax (Runner.queue_fed_batch), so the host's
+        handling of this step overlaps the next pass. Only while nothing else could change the
+        next pass: every sequence greedy, unconstrained, decoding one token, none waiting or
+        cancelled, a block for each next position at hand. A sequence that ends on this step's
+        token has had one position computed for nothing (in its own block, kept until the pass
+        is done)."""
+        if (select != "argmax" or self._waiting or not plan or len(rows) != len(plan)
+                or any(count != 1 or seq.cancelled for seq, _, count in plan)
+                or [row for row, _ in rows] != list(range(len(rows)))):
+            return
+        if not all(seq.blocks.reserve(seq.written + 1) for _, seq in rows):
+            return
+        n = len(rows)
+        ws = self.runner.workspace
+        pairs = ws.step.view(np.uint32)[:2 * n].reshape(n, 2)
+        pairs[:, 0], pairs[:, 1] = [seq.slot for _, seq in rows], [seq.written for _, seq in rows]
+        ws.rows.view(np.uint32)[:n] = range(n)
+        for _, seq in rows:
+            self.kv.write_table(seq.slot, seq.blocks)
+        self.runner.queue_fed_batch(n)
+        self._fed, self._in_flight = [(seq, seq.written, 1) for _, seq in rows], True
+        self.fed_passes += 1
 
     def _schedule(self) -> list[tuple[Sequence, int, int]]:
         """(sequence, first position, tokens) of the next pass: decode tokens first, then prefill
@@ -216,9 +266,10 @@ class Batch:
         return (("topk" if any(seq.select == "topk" for seq in out) else "argmax") + (MASKED if masked else "")
                 + (HOST if host else ""))
 
-    def _advance(self, seq: Sequence, row: int, select: str, now: float):
-        """The events of the token seq picks from logits row `row`: the token's, and its last if it ends."""
-        token = next_token(self.runner, seq.sampler, select, seq.tokens, row)
+    def _advance(self, seq: Sequence, row: int, select: str, now: float, best: list[int] | None):
+        """The events of the token seq picks from logits row `row`: the token's, and its last if
+        it ends. `best`: the pass's argmax rows, read before a fed pass overwrites them."""
+        token = best[row] if best is not None else next_token(self.runner, seq.sampler, select, seq.tokens, row)
         logprobs = None if seq.request.logprobs is None else token_logprobs(
             self.runner.read_logits(row), token, *self.runner.read_topk(row), seq.request.logprobs)
         seq.generated += 1
@@ -239,6 +290,7 @@ class Batch:
     def _leave(self, seq: Sequence):
         """seq gives back its slot and blocks (its full written blocks stay cached)."""
         if seq.admitted_now:
+            self.settle()
             seq.blocks.commit(seq.tokens, seq.written)
             seq.blocks.release()
             self.kv.give_slot(seq.slot)

@@ -243,6 +243,7 @@ class Engine:
                 "sequences": len(self.batch)}
 
     def close(self):
+        self.batch.settle()
         self.runner.close()
         self.model.free()
         self.kv.free()

@@ -29,6 +29,7 @@ class Runner:
         self.model, self.ctx, self.kv = model, model.ctx, model.kv
         self.workspace = Workspace.allocate(self.ctx, model.config, max_batch, model.attention_shape, sequences)
         self._greedy_fences = (self.ctx.new_fence(), self.ctx.new_fence())
+        self._batch_fence = self.ctx.new_fence()
         self._recordings: OrderedDict[tuple, object] = OrderedDict()
         self._last = None
         self.slot, self.own = self.kv.take_slot(), self.kv.sequence()
@@ -52,16 +53,18 @@ class Runner:
         self.kv.write_table(self.slot, self.own)
 
     # -- recordings -------------------------------------------------------------------------------
-    def _record(self, n: int, select: str, logits=None, profile: bool = False, rows: int | None = None):
+    def _record(self, n: int, select: str, logits=None, profile: bool = False, rows: int | None = None,
+                ids=None):
         """`rows`: a batched pass's logits rows (ws.rows names them), None for the last token's.
         A batched pass keeps its rows in device memory (ws.batch_logits) and copies them to the
-        host-visible ws.logits only with the HOST suffix (a sequence reads whole rows)."""
+        host-visible ws.logits only with the HOST suffix (a sequence reads whole rows). `ids`:
+        where the token ids are (default ws.ids)."""
         rec = self.ctx.recording(max_timestamps=2, profile=profile)
         if not profile:
             rec.timestamp("start")
         ws = self.workspace
         row_logits = ws.logits if rows is None else ws.batch_logits
-        self.model.record_forward(rec, ws, n, logits or row_logits, all_logits=logits is not None, rows=rows)
+        self.model.record_forward(rec, ws, n, logits or row_logits, all_logits=logits is not None, rows=rows, ids=ids)
         vocab = self.model.config.vocab_size
         n_rows = 1 if rows is None else rows
         # "<selection>[_masked][_host]": the grammar's mask in ws.mask first, so the selection
@@ -132,6 +135,19 @@ class Runner:
         rec = self._recording(n, select, rows=rows)
         self.ctx.run(rec)
         self._last = rec
+
+    def queue_fed_batch(self, n: int):
+        """Queues, without waiting (`wait_batch` ends it), a batched greedy pass over n tokens
+        whose ids are the argmax rows of the pass before (ws.best, read on the GPU, so it can run
+        while the host handles them), each token its own logits row; the caller wrote the step
+        values and block table rows, and ws.rows as the pass before had them (0..n-1)."""
+        rec = self._recording(n, "argmax_fed", rows=n,
+                              record=lambda: self._record(n, "argmax", rows=n, ids=self.workspace.best))
+        self.ctx.submit(rec, self._batch_fence)
+        self._last = rec
+
+    def wait_batch(self):
+        self.ctx.wait(self._batch_fence)
 
     def prefill(self, ids, pos0: int, chunk: int, select: str = "argmax"):
         """Runs ids (at positions pos0.. of its own sequence) through the model; the last one's
