@@ -158,11 +158,12 @@ class Batch:
         """After a greedy decode pass, queues the next one before the host has looked at its
         tokens: the GPU feeds each sequence its argmax (Runner.queue_fed_batch), so the host's
         handling of this step overlaps the next pass. Only while nothing else could change the
-        next pass: every sequence greedy, unconstrained, decoding one token, none waiting or
-        cancelled, a block for each next position at hand. A sequence that ends on this step's
+        next pass: every running sequence in this one, greedy, unconstrained, decoding one
+        token, none waiting or cancelled, a block for each next position at hand. A sequence that ends on this step's
         token has had one position computed for nothing (in its own block, kept until the pass
         is done)."""
         if (select != "argmax" or self._waiting or not plan or len(rows) != len(plan)
+                or len(plan) != len(self._running)   # one that sat this step out would starve
                 or any(count != 1 or seq.cancelled for seq, _, count in plan)
                 or [row for row, _ in rows] != list(range(len(rows)))):
             return
