@@ -241,3 +241,26 @@ def test_random_joins_under_memory_pressure_give_what_each_gives_alone(engine):
     for name, request in requests.items():
         assert tokens(events[name]) == tokens(alone(engine, request)), name
     assert pool.used == 0
+
+
+def test_a_generation_between_two_steps_leaves_the_batch_right(engine):
+    """Engine.generate may run between two batch steps, even with a fed pass in flight: it waits
+    for the pass, whose tokens the batch has taken, and the batch goes on as if alone."""
+    requests = {name: Request(prompt(6 + i, 60 + i), dataclasses.replace(GREEDY, max_tokens=8))
+                for i, name in enumerate("ab")}
+    expected = {name: tokens(alone(engine, r)) for name, r in requests.items()}
+    between = Request(prompt(9, 70), dataclasses.replace(GREEDY, max_tokens=5))
+    between_alone = tokens(alone(engine, between))
+    batch = engine.batch
+    for name, r in requests.items():
+        batch.add(r, tag=name)
+    got = {name: [] for name in requests}
+    for k in range(100):
+        if not len(batch):
+            break
+        for seq, event in batch.step():
+            got[seq.tag].append(event)
+        if k == 3:
+            assert batch._in_flight   # a fed pass is on the GPU now
+            assert tokens(alone(engine, between)) == between_alone
+    assert {name: tokens(e) for name, e in got.items()} == expected

@@ -22,8 +22,8 @@ While every running sequence decodes greedily (no grammar, no logprobs, nobody j
 step queues the next pass before handling its own tokens, the GPU feeding every sequence its own
 argmax (as Runner.greedy does for one): the host's work of a step overlaps the next pass.
 
-A Batch shares its Engine's Runner (workspace and recordings) with Engine.generate: use one or
-the other at a time, not both interleaved.
+A Batch shares its Engine's Runner (workspace and recordings) with Engine.generate, which settles
+the batch's pass in flight first: a generation may run between two steps, not inside one.
 """
 import time
 from collections import deque
@@ -86,7 +86,7 @@ class Batch:
         self.preemptions = 0   # sequences sent back to wait for blocks (cumulative)
         self._fed = None       # the plan of a fed pass queued by the last step (_queue_fed)
         self.fed_passes = 0    # passes queued that way (cumulative)
-        self._in_flight = False
+        self._in_flight, self._fed_best = False, None   # a fed pass on the GPU; its argmax once settled
 
     def add(self, request: Request, tag=None) -> Sequence:
         """Validates at once (PromptTooLong, VkllmError, GrammarError raised here, nothing joins);
@@ -123,10 +123,11 @@ class Batch:
         events = []
         for seq in [s for s in (*self._running, *self._waiting) if s.cancelled]:
             events.append((seq, self._finish(seq, "cancelled")))
+        best = None   # the pass's argmax rows, once it is done
         if self._fed is not None:   # queued by the last step while its tokens were handled
             plan, select = self._fed, "argmax"
-            self._fed = None
             self.settle()
+            self._fed, best = None, self._fed_best
         else:
             plan = self._schedule()
             if not plan:
@@ -137,24 +138,27 @@ class Batch:
         now = time.perf_counter()
         # a fed pass keeps the rows of sequences that ended since it was queued: skipped here
         out_rows = [seq for seq, start, count in plan if seq.done or start + count == len(seq.tokens)]
-        best = self.runner.workspace.best.view(np.uint32)[:len(out_rows)].tolist() if select == "argmax" else None
+        if best is None and select == "argmax":
+            best = self.runner.workspace.best.view(np.uint32)[:len(out_rows)].tolist()
         plan = [entry for entry in plan if not entry[0].done]
         for seq, start, count in plan:
             seq.written = start + count
             seq.blocks.commit(seq.tokens, seq.written)
         rows = [(row, seq) for row, seq in enumerate(out_rows) if not seq.done]
-        self._queue_fed(plan, rows, select)
+        self._queue_fed(plan, rows, select, best)
         for row, seq in rows:
             events.extend((seq, event) for event in self._advance(seq, row, select, now, best))
         return events
 
     def settle(self):
-        """Waits for a pass still in flight (before its sequences' blocks may go)."""
+        """Waits for a pass still in flight and takes its tokens: then its sequences' blocks may
+        go and the workspace is free for other passes (Engine.generate settles first)."""
         if self._in_flight:
             self.runner.wait_batch()
             self._in_flight = False
+            self._fed_best = self.runner.workspace.best.view(np.uint32)[:len(self._fed)].tolist()
 
-    def _queue_fed(self, plan, rows, select: str):
+    def _queue_fed(self, plan, rows, select: str, best: list[int] | None):
         """After a greedy decode pass, queues the next one before the host has looked at its
         tokens: the GPU feeds each sequence its argmax (Runner.queue_fed_batch), so the host's
         handling of this step overlaps the next pass. Only while nothing else could change the
@@ -174,6 +178,7 @@ class Batch:
         pairs = ws.step.view(np.uint32)[:2 * n].reshape(n, 2)
         pairs[:, 0], pairs[:, 1] = [seq.slot for _, seq in rows], [seq.written for _, seq in rows]
         ws.rows.view(np.uint32)[:n] = range(n)
+        ws.best.view(np.uint32)[:n] = best[:n]   # there already, unless a generation ran in between
         for _, seq in rows:
             self.kv.write_table(seq.slot, seq.blocks)
         self.runner.queue_fed_batch(n)

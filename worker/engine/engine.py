@@ -129,6 +129,7 @@ class Engine:
         is complete (only end-of-generation is then allowed)."""
         self.check_prompt(ids)
         matcher = self.constraint(constraint) if constraint is not None else None
+        self.batch.settle()   # the runner's workspace is then this generation's until it ends
         started = time.perf_counter()
         # logprobs take their alternatives from the GPU's top-k (the sampler still gets what it needs)
         select = "topk" if logprobs is not None else selection(params)
@@ -228,6 +229,7 @@ class Engine:
 
     def logits(self, ids: list[int]):
         """Logits at every position of `ids` computed afresh (for tests and tools)."""
+        self.batch.settle()
         self.runner.restart([])
         try:
             return self.runner.all_logits(ids)
