@@ -27,52 +27,16 @@ the batch's pass in flight first: a generation may run between two steps, not in
 """
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
-from worker.engine.choice import HOST, MASKED, next_token, selection, token_logprobs
+from worker.engine.choice import HOST, MASKED, next_token, token_logprobs
 from worker.engine.errors import KVCacheFull
-from worker.engine.generation import Event, Timings
-from worker.engine.grammar import Constraint
+from worker.engine.generation import Event
 from worker.engine.kvblocks import BLOCK_TOKENS
-from worker.engine.sampling import Sampler, SamplingParams, StopMatcher
-from worker.engine.tokenizer import StreamDecoder
+from worker.engine.sequence import Request, Sequence
 
 ALL_ALLOWED = 0xFFFFFFFF   # a mask word allowing every token (rows without a grammar)
-NO_TIMINGS = Timings()     # token events carry none (the last event does), shared: Timings() costs microseconds
-
-
-@dataclass(frozen=True)
-class Request:
-    """One generation, as the service hands it to the engine."""
-    ids: list[int]                  # prompt tokens
-    params: SamplingParams          # already filled with the model's defaults
-    logprobs: int | None = None
-    constraint: dict | None = None  # response_format / forced tool call (worker/engine/grammar.py)
-
-
-class Sequence:
-    """One generation inside a Batch. `tag` is the caller's; `done` once its last event (the one
-    with finish_reason) has been returned."""
-
-    def __init__(self, request: Request, tag, engine, matcher: Constraint | None):
-        self.request, self.tag, self.matcher = request, tag, matcher
-        self.done, self.cancelled = False, False
-        self.tokens = list(request.ids)     # the prompt, then every generated token kept
-        self.written = 0                    # tokens whose K/V are in the cache
-        self.slot, self.blocks = None, None
-        self.sampler = Sampler(request.params, engine.config.vocab_size)
-        self.decoder, self.stops = StreamDecoder(engine.tokenizer), StopMatcher(request.params.stop)
-        # what this sequence needs from the GPU; logprobs take alternatives from the top-k
-        self.select = "topk" if request.logprobs is not None else selection(request.params)
-        self.generated, self.matched_stop = 0, False
-        self.added = time.perf_counter()
-        self.admitted = self.first_token_at = None
-
-    @property
-    def admitted_now(self) -> bool:
-        return self.slot is not None
 
 
 class Batch:
@@ -278,19 +242,10 @@ class Batch:
         token = best[row] if best is not None else next_token(self.runner, seq.sampler, select, seq.tokens, row)
         logprobs = None if seq.request.logprobs is None else token_logprobs(
             self.runner.read_logits(row), token, *self.runner.read_topk(row), seq.request.logprobs)
-        seq.generated += 1
-        seq.first_token_at = seq.first_token_at or now
-        if token in self.engine.tokenizer.eog_ids:
-            return [self._finish(seq, "stop")]
-        seq.tokens.append(token)
-        if seq.matcher is not None:
-            seq.matcher.accept(token)
-        text, seq.matched_stop = seq.stops.push(seq.decoder.push(token))
-        events = [Event(text, token, timings=NO_TIMINGS, logprobs=logprobs)]
-        if seq.matched_stop:
-            events.append(self._finish(seq, "stop"))
-        elif seq.generated >= seq.request.params.max_tokens or len(seq.tokens) >= self.engine.n_ctx:
-            events.append(self._finish(seq, "length"))
+        event, reason = seq.take(token, logprobs, now)
+        events = [] if event is None else [event]
+        if reason is not None:
+            events.append(self._finish(seq, reason))
         return events
 
     def _leave(self, seq: Sequence):
@@ -307,11 +262,4 @@ class Batch:
         self._leave(seq)
         if seq in self._waiting:
             self._waiting.remove(seq)
-        seq.done = True
-        tail = "" if seq.matched_stop else seq.stops.push(seq.decoder.flush())[0] + seq.stops.flush()
-        now = time.perf_counter()
-        first = seq.first_token_at or now
-        timings = Timings(prompt_tokens=len(seq.request.ids), generated_tokens=seq.generated,
-                          prompt_seconds=first - (seq.admitted or now), generation_seconds=now - first,
-                          time_to_first_token=first - seq.added)
-        return Event(tail, None, reason, timings)
+        return seq.last_event(reason)
