@@ -2,23 +2,32 @@
 #include "common.glsl"
 #include "reduce.glsl"
 
-// One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. Rows whose length is
-// a multiple of 4 are read as 4-vectors; each invocation keeps its first 4-vector (a whole row of
-// up to 4 x workgroup-size values) and that 4-vector's weight in registers, the weight loaded
-// before the reduction so that its memory latency overlaps it (decode runs one row: a chain of
-// dependent loads would be the kernel's whole cost).
+// One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. With GATHER,
+// out[r] = that of x[rows[r]] (the output norm of a batched pass, over the tokens that get logits).
+// Rows whose length is a multiple of 4 are read as 4-vectors; each invocation keeps its first
+// 4-vector (a whole row of up to 4 x workgroup-size values) and that 4-vector's weight in
+// registers, the weight loaded before the reduction so that its memory latency overlaps it
+// (decode runs one row: a chain of dependent loads would be the kernel's whole cost).
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 0) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 1) writeonly buffer O { float o[]; };
 layout(std430, binding = 1) writeonly buffer O4 { vec4 o4[]; };
 layout(std430, binding = 2) readonly buffer W { float w[]; };
 layout(std430, binding = 2) readonly buffer W4 { vec4 w4[]; };
+#if defined(GATHER)
+layout(std430, binding = 3) readonly buffer Rows { uint rows[]; };
+#endif
 layout(push_constant) uniform Push { uint cols; float eps; } p;
 
 void main() {
     const uint tid = gl_LocalInvocationID.x, size = gl_WorkGroupSize.x;
+#if defined(GATHER)
+    const uint in_row = rows[gl_WorkGroupID.x];
+#else
+    const uint in_row = gl_WorkGroupID.x;
+#endif
     if (p.cols % 4 == 0) {
-        const uint n4 = p.cols / 4, base = gl_WorkGroupID.x * n4;
+        const uint n4 = p.cols / 4, base = in_row * n4, out_base = gl_WorkGroupID.x * n4;
         const bool first = tid < n4;
         const vec4 x0 = first ? x4[base + tid] : vec4(0.0);
         const vec4 w0 = first ? w4[tid] : vec4(0.0);
@@ -29,14 +38,14 @@ void main() {
         }
         const float inv = inversesqrt(workgroup_sum(sum) / float(p.cols) + p.eps);
         if (first) {
-            o4[base + tid] = x0 * inv * w0;
+            o4[out_base + tid] = x0 * inv * w0;
         }
         for (uint c = tid + size; c < n4; c += size) {
-            o4[base + c] = x4[base + c] * inv * w4[c];
+            o4[out_base + c] = x4[base + c] * inv * w4[c];
         }
         return;
     }
-    const uint base = gl_WorkGroupID.x * p.cols;
+    const uint base = in_row * p.cols, out_base = gl_WorkGroupID.x * p.cols;
     float sum = 0.0;
     for (uint c = tid; c < p.cols; c += size) {
         const float v = x[base + c];
@@ -44,6 +53,6 @@ void main() {
     }
     const float inv = inversesqrt(workgroup_sum(sum) / float(p.cols) + p.eps);
     for (uint c = tid; c < p.cols; c += size) {
-        o[base + c] = x[base + c] * inv * w[c];
+        o[out_base + c] = x[base + c] * inv * w[c];
     }
 }

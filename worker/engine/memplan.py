@@ -2,20 +2,26 @@
 checked against the device's budget so a model that cannot fit fails with a useful message.
 
 weights: every tensor's bytes as stored (weights stay in their GGUF blocks on the GPU).
-kv: f16 K and V for every layer and context position: 2 * n_layer * n_ctx * n_head_kv *
-    head_dim * 2 bytes.
-scratch: the runner's Workspace for passes of one prefill chunk (worker/engine/workspace.py:
-    float32 activations, the last token's logits, step values and sampler readbacks, and, when the
-    caller knows the device, the kernels' scratch): the same sizes it allocates. Attention kernels
-    stream over the cache, so the activations do not grow with the context.
+kv: the paged KV cache's pool (worker/engine/kvcache.py), K and V for every layer, of kv_tokens
+    positions in all: 2 * n_layer * kv_tokens * n_head_kv * head_dim * 2 bytes in f16, a little
+    over half that in q8_0. One sequence of n_ctx positions must fit; the pool then grows, with
+    what the budget leaves, towards `sequences` full contexts (sequences that use less leave
+    room for more).
+scratch: the runner's Workspace for passes of one prefill chunk with logits rows for `sequences`
+    sequences (worker/engine/workspace.py: float32 activations, logits, step values and sampler
+    readbacks, and, when the caller knows the device, the kernels' scratch): the same sizes it
+    allocates. Attention kernels stream over the cache, so the activations do not grow with the
+    context.
 
-The chunk itself is chosen here too (`plan_load`): on matrix units a 512-token chunk leaves the
-narrow projections' mat-mats short of workgroups, so bigger chunks are taken where they cost no
-context and their scratch stays a small share of the budget.
+The chunk is chosen here too (`plan_load`): on matrix units a 512-token chunk leaves the narrow
+projections' mat-mats short of workgroups, so bigger chunks are taken where they cost no context
+and their scratch stays a small share of the budget; the KV pool then takes what is left.
 """
 from dataclasses import dataclass
 
 from vkllm.errors import VkllmError
+from worker.engine.kvblocks import BLOCK_TOKENS
+from worker.engine.kvcache import block_bytes
 from worker.engine.workspace import Workspace
 
 PREFILL_CHUNK = 512
@@ -23,7 +29,7 @@ PREFILL_CHUNK = 512
 # PREFILL_CHUNK, which already fills the scalar tiled kernel.
 MATRIX_UNIT_CHUNKS = (512, 1024, 2048)
 SCRATCH_SHARE = 1 / 16   # of the budget, at most, for a chunk beyond the first
-KV_BYTES = 2          # f16
+POOL_SHARE = 0.9   # of the budget left after one context, what the KV pool may take beyond it
 
 
 def human_bytes(n: int) -> str:
@@ -41,19 +47,30 @@ class MemoryPlan:
     scratch_bytes: int
     kv_bytes_per_token: int
     chunk: int = PREFILL_CHUNK   # tokens per prefill pass, which the scratch is sized for
+    kv_tokens: int = 0       # positions the KV pool holds, all sequences together
+    sequences: int = 1       # sequences decoded together
+    kv_type: str = "f16"
 
     @classmethod
     def compute(cls, model_file, config, n_ctx: int, chunk: int = PREFILL_CHUNK,
-                kernel_scratch: int = 0) -> "MemoryPlan":
+                kernel_scratch: int = 0, sequences: int = 1, kv_type: str = "f16",
+                kv_tokens: int | None = None) -> "MemoryPlan":
         """`kernel_scratch`: bytes of the kernels' own scratch (Workspace.kernel_sizes), which
-        depend on the device."""
+        depend on the device; `kv_tokens`: the pool's positions (default one context), rounded
+        up to whole blocks."""
         c = config
-        per_token = 2 * c.n_layer * c.n_head_kv * c.head_dim * KV_BYTES
+        per_token = block_bytes(c, kv_type) // BLOCK_TOKENS
+        kv_tokens = -(-(kv_tokens or n_ctx) // BLOCK_TOKENS) * BLOCK_TOKENS
         return cls(n_ctx=n_ctx,
                    weights_bytes=sum(t.n_bytes for t in model_file.tensors.values()),
-                   kv_bytes=per_token * n_ctx,
-                   scratch_bytes=sum(Workspace.sizes(c, chunk).values()) + kernel_scratch,
-                   kv_bytes_per_token=per_token, chunk=chunk)
+                   kv_bytes=per_token * kv_tokens,
+                   scratch_bytes=sum(Workspace.sizes(c, chunk, sequences).values()) + kernel_scratch,
+                   kv_bytes_per_token=per_token, chunk=chunk, kv_tokens=kv_tokens, sequences=sequences,
+                   kv_type=kv_type)
+
+    @property
+    def kv_blocks(self) -> int:
+        return self.kv_tokens // BLOCK_TOKENS
 
     @property
     def total(self) -> int:
@@ -81,37 +98,49 @@ class MemoryPlan:
     def describe(self) -> dict[str, int]:
         return {"n_ctx": self.n_ctx, "chunk": self.chunk, "weights_bytes": self.weights_bytes,
                 "kv_bytes": self.kv_bytes, "scratch_bytes": self.scratch_bytes,
-                "total_bytes": self.total}
+                "total_bytes": self.total, "kv_tokens": self.kv_tokens, "sequences": self.sequences}
 
 
 def plan_context(model_file, config, requested: int | None, default: int, chunk: int,
-                 budget_bytes: int, kernel_scratch=lambda n_ctx: 0) -> MemoryPlan:
-    """The plan to load with. An explicit context is checked as asked; without one, the context
-    is the default capped by the model's own and, when that does not fit, by the largest that
-    does. `kernel_scratch(n_ctx)`: bytes of the kernels' scratch at that context. Raises what
-    `check` raises when nothing fits."""
-    n_ctx = min(requested or default, config.context_length)
-    plan = MemoryPlan.compute(model_file, config, n_ctx, chunk, kernel_scratch(n_ctx))
-    if requested is None and plan.total > budget_bytes and plan.largest_context(budget_bytes) > 0:
-        n_ctx = min(n_ctx, plan.largest_context(budget_bytes))
-        plan = MemoryPlan.compute(model_file, config, n_ctx, chunk, kernel_scratch(n_ctx))
-    plan.check(budget_bytes)
-    return plan
+                 budget_bytes: int, kernel_scratch=lambda n_ctx: 0, sequences: int = 1,
+                 kv_type: str = "f16", max_kv_tokens: int | None = None) -> MemoryPlan:
+    """plan_load with one chunk size; `kernel_scratch(n_ctx)`: bytes of the kernels' scratch."""
+    return plan_load(model_file, config, requested, default, (chunk,), budget_bytes,
+                     lambda _chunk, n_ctx: kernel_scratch(n_ctx), sequences, kv_type, max_kv_tokens)
 
 
 def plan_load(model_file, config, requested: int | None, default: int, chunks: tuple[int, ...],
-              budget_bytes: int, kernel_scratch=lambda chunk, n_ctx: 0) -> MemoryPlan:
-    """plan_context with the first of `chunks` (ascending), then the largest later chunk, up to
-    the context, whose plan keeps that context within the budget with its scratch at most
-    SCRATCH_SHARE of it. `kernel_scratch(chunk, n_ctx)`: bytes of the kernels' scratch."""
-    first = chunks[0]
-    plan = plan_context(model_file, config, requested, default, first, budget_bytes,
-                        lambda n_ctx: kernel_scratch(first, n_ctx))
-    for chunk in chunks[1:]:
-        if chunk > plan.n_ctx:
+              budget_bytes: int, kernel_scratch=lambda chunk, n_ctx: 0, sequences: int = 1,
+              kv_type: str = "f16", max_kv_tokens: int | None = None) -> MemoryPlan:
+    """The plan to load with. An explicit context is checked as asked; without one, the context
+    is the default capped by the model's own and, when that does not fit, by the largest that
+    does (with the first of `chunks`, ascending). Raises what `check` raises when nothing fits.
+    Then the largest later chunk, up to the context, whose plan keeps that context within the
+    budget with its scratch at most SCRATCH_SHARE of it. `kernel_scratch(chunk, n_ctx)`: bytes of
+    the kernels' scratch. The KV pool then takes up to `sequences` contexts of what the budget
+    leaves (and at most max_kv_tokens, the device's binding range); `sequences` is capped by the
+    pool's blocks (each sequence holds one at least)."""
+    def compute(n_ctx, chunk, kv_tokens=None, seqs=sequences):
+        return MemoryPlan.compute(model_file, config, n_ctx, chunk, kernel_scratch(chunk, n_ctx), seqs, kv_type,
+                                  kv_tokens)
+
+    chunk = chunks[0]
+    n_ctx = min(requested or default, config.context_length)
+    plan = compute(n_ctx, chunk)
+    if requested is None and plan.total > budget_bytes and plan.largest_context(budget_bytes) > 0:
+        n_ctx = min(n_ctx, plan.largest_context(budget_bytes))
+        plan = compute(n_ctx, chunk)
+    plan.check(budget_bytes)
+    for bigger_chunk in chunks[1:]:
+        if bigger_chunk > n_ctx:
             break
-        bigger = MemoryPlan.compute(model_file, config, plan.n_ctx, chunk, kernel_scratch(chunk, plan.n_ctx))
+        bigger = compute(n_ctx, bigger_chunk)
         if bigger.total > budget_bytes or bigger.scratch_bytes > budget_bytes * SCRATCH_SHARE:
             break
-        plan = bigger
-    return plan
+        plan, chunk = bigger, bigger_chunk
+    room = int((budget_bytes - plan.total) * POOL_SHARE) // plan.kv_bytes_per_token
+    kv_tokens = plan.kv_tokens + min((sequences - 1) * n_ctx, room)
+    if max_kv_tokens is not None:
+        kv_tokens = max(plan.kv_tokens, min(kv_tokens, max_kv_tokens // BLOCK_TOKENS * BLOCK_TOKENS))
+    kv_tokens = kv_tokens // BLOCK_TOKENS * BLOCK_TOKENS
+    return compute(n_ctx, chunk, kv_tokens, min(sequences, kv_tokens // BLOCK_TOKENS))

@@ -54,7 +54,7 @@ def _device(settings, config, n_ctx: int):
 
 def _inspect(args):
     from vkllm.errors import VkllmError
-    from worker.engine.memplan import MemoryPlan
+    from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan, plan_context
     from worker.engine.modelfile import ModelFile
     model = ModelFile.open(args.file)
     c = model.config
@@ -91,7 +91,8 @@ def _inspect(args):
     print("quant mix")
     for name, (count, n_bytes) in sorted(mix.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:7} {count:5} tensors  {_size(n_bytes):>12}")
-    budget, device, kernel_scratch = _device(Settings.from_env(), c, n_ctx)
+    settings = Settings.from_env()
+    budget, device, kernel_scratch = _device(settings, c, n_ctx)
     plan = MemoryPlan.compute(model, c, n_ctx, kernel_scratch=kernel_scratch)
     print(f"memory plan     n_ctx {n_ctx}: weights {_size(plan.weights_bytes)} + KV cache "
           f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}")
@@ -102,6 +103,11 @@ def _inspect(args):
             print("fits            yes")
         except VkllmError as e:
             print(f"fits            no: {e}")
+            return
+        pool = plan_context(model, c, n_ctx, n_ctx, PREFILL_CHUNK, budget, lambda n: kernel_scratch,
+                            settings.max_sequences, settings.kv_type)
+        print(f"batching        {pool.sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
+              f"{settings.kv_type} KV pool of {pool.kv_tokens} tokens = {_size(pool.kv_bytes)}")
 
 
 def _sampling(metadata: dict, n_ctx: int) -> str:

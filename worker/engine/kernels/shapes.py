@@ -8,10 +8,11 @@ MAX_K = 64   # top-k candidates select.py's kernel keeps for the sampler
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """A model's attention geometry: query and KV heads of head_dim values, f16 KV caches of
-    n_ctx rows [n_ctx, n_head_kv, head_dim], RoPE over the first rope_dim values of a head
-    (llama.cpp's normal or NeoX pairing), the score scale (head_dim^-0.5 unless given) and the
-    sliding window (window > 0: a query at position i sees only positions > i - window)."""
+    """A model's attention geometry: query and KV heads of head_dim values, sequences of up to
+    n_ctx positions in the KV cache (rows of [n_head_kv, head_dim]), RoPE over the first
+    rope_dim values of a head (llama.cpp's normal or NeoX pairing), the score scale
+    (head_dim^-0.5 unless given) and the sliding window (window > 0: a query at position i sees
+    only positions > i - window)."""
     n_head: int
     n_head_kv: int
     head_dim: int
@@ -32,7 +33,7 @@ class AttentionShape:
 
     @classmethod
     def from_config(cls, config, n_ctx: int, layer: int | None = None) -> "AttentionShape":
-        """From a models.config.ModelConfig, for caches of n_ctx rows; with `layer`, that layer's
+        """From a models.config.ModelConfig, for sequences of up to n_ctx positions; with `layer`, that layer's
         RoPE base and sliding window (the geometry is the same for every layer)."""
         if layer is None:
             return cls(config.n_head, config.n_head_kv, config.head_dim, n_ctx, config.rope_dim, config.rope_base,
