@@ -3,15 +3,17 @@ batch give each the tokens it gets alone, join and leave without holding the oth
 cancelled alone, stay proper RQ jobs, and all fail with their partial output when the worker is
 killed; a prompt prefix they share is prefilled once."""
 import os
+import re
 import signal
 import time
 import urllib.request
 
 import pytest
 from redis import Redis
-from rq import Worker
+from rq import Queue, Worker
 from rq.registry import StartedJobRegistry
 
+from tests.conftest import API_KEY
 from tests.test_api import AUTH, wait
 from tests.test_metrics import samples, value
 from vkllm import protocol
@@ -120,6 +122,43 @@ def test_a_shared_prompt_prefix_is_prefilled_once(app, client, worker):
     # all but the last, partly filled, KV block of the shared prefix (and the token where the
     # question starts, which may merge differently)
     assert shared - 65 <= second_hits <= second["usage"]["prompt_tokens"] - 1
+
+
+def test_bad_requests_fail_alone_while_the_batch_goes_on(client, worker, redis_url):
+    r = Redis.from_url(redis_url)
+    good = [enqueue(client.application, prompt=f"Fable {i}", max_tokens=150) for i in range(2)]
+    while min(stream_tokens(r, j) for j in good) < 2:
+        time.sleep(0.01)
+    queue = Queue(protocol.queue_name(MODEL), connection=r)   # queued as no API would let them through
+    bad = [queue.enqueue(protocol.JOB_FUNCTION, kwargs={"request": {"prompt": "Hi", "params": {"max_tokens": 2}} | rest})
+           for rest in ({"model": MODEL, "prompt": "word " * 2000}, {"model": "no-such-model"},
+                        {"model": MODEL, "constraint": {"type": "nonsense"}})]
+    failed = [wait(client, job.id) for job in bad]
+    assert [f["state"] for f in failed] == ["failed"] * 3
+    for f, reason in zip(failed, ("context", "no-such-model", "nonsense")):
+        assert reason in f["error"]
+    assert [client.get(f"/api/v1/jobs/{j}", headers=AUTH).json["state"] for j in good] == ["running"] * 2
+    assert [wait(client, j)["state"] for j in good] == ["finished"] * 2
+    assert worker.proc.poll() is None
+
+
+def test_the_dashboard_lists_every_running_job(app, client, worker, redis_url):
+    r, browser = Redis.from_url(redis_url), app.test_client()
+    token = re.search(r'name="csrf" value="([^"]+)"', browser.get("/admin/login").get_data(as_text=True)).group(1)
+    assert browser.post("/admin/login", data={"api_key": API_KEY, "csrf": token}).status_code == 302
+    jobs = [enqueue(app, prompt=f"Yarn {i}", max_tokens=200) for i in range(3)]
+    while min(stream_tokens(r, j) for j in jobs) < 2:
+        time.sleep(0.01)
+    deadline = time.monotonic() + 10   # the registration is refreshed every heartbeat (1 s here)
+    while True:
+        row = re.search(r"<td>batching-w1</td>.*?</tr>", browser.get("/admin/").get_data(as_text=True), re.S).group(0)
+        if all(f'/admin/jobs/{j}">{j[:8]}</a>' in row for j in jobs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for j in jobs:
+        client.post(f"/api/v1/jobs/{j}/cancel", headers=AUTH)
+    assert all(f'/admin/jobs/{j}">{j[:8]}</a>' in row for j in jobs) and "idle" not in row
+    assert [wait(client, j)["state"] for j in jobs] == ["cancelled"] * 3
 
 
 def test_a_worker_killed_mid_batch_fails_every_job_with_its_partial_output(app, client, worker, start_worker,

@@ -33,3 +33,14 @@ def test_bench_serve_through_the_api(live_url, start_worker):
     ttft = [float(figures[f"{q} TTFT (ms)"]) for q in ("P50", "P90", "P99")]
     assert 0 < ttft[0] <= ttft[1] <= ttft[2] <= duration * 1e3
     assert float(figures["Mean TPOT (ms)"]) > 0
+
+
+def test_bench_serve_straight_into_the_engines_batch(tiny_model, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("VKLLM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "vkcache-workers"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", "serve", "--engine", str(tiny_model), "-n", "3", "-p", "8", "--prefix-tokens", "2",
+                     "-o", "4"]) == 0
+    figures = dict(re.findall(r"^(.+?):\s+(\S+(?: / \S+)?)$", out.getvalue(), re.M))
+    assert figures["Successful jobs"] == "3 / 3" and figures["Total prompt tokens"] == "30"
+    assert 3 <= int(figures["Total generated tokens"]) <= 12
