@@ -50,8 +50,9 @@ class Outbox:
         self._sent[stream], self._ttl[stream] = 0, ttl
 
     def close(self, stream: str) -> None:
-        """Forget a stream once its records are delivered (see waiting)."""
+        """Forget a stream: once its records are delivered (see waiting), or given up on."""
         del self._sent[stream], self._ttl[stream]
+        self.pending = [entry for entry in self.pending if entry[0] != stream]
 
     def send(self, stream: str, fields: dict) -> None:
         """Queue a record; it goes with the next flush."""
