@@ -46,16 +46,29 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix-tokens", type=int, default=0, help="tokens of a prefix every prompt starts with")
     p.add_argument("-o", "--output-tokens", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--peer", choices=["llama.cpp"],
+                   help="with --engine: the same prompts as parallel sequences of llama.cpp's Vulkan backend (cyllama)")
 
 
 def run(args) -> int:
+    if args.peer and not args.engine:
+        raise VkllmError("--peer compares with --engine (the same prompts, as token ids)")
     if args.engine:
-        traces = engine_traces(args)
+        prompts, traces = engine_traces(args)
     elif args.model:
         traces = api_traces(args)
     else:
         raise VkllmError("bench serve needs --model NAME (through the API at --url) or --engine FILE")
-    print(report(summary(traces)))
+    ours = summary(traces)
+    print(report(ours))
+    if args.peer:
+        from worker.tools.bench_peer import serve_llama_cpp
+        peer = summary([Trace(*t) for t in serve_llama_cpp(args.engine, prompts, args.output_tokens)])
+        print("llama.cpp-vulkan, parallel sequences of one context:")
+        print(report(peer))
+        print(f"vkllm / llama.cpp: output tok/s {ours['output_tokens_per_s'] / peer['output_tokens_per_s']:.2f}x, "
+              f"TTFT p50 {ours['ttft_ms']['p50'] / peer['ttft_ms']['p50']:.2f}x, "
+              f"TPOT p50 {ours['tpot_ms']['p50'] / peer['tpot_ms']['p50']:.2f}x")
     return 0
 
 
@@ -152,7 +165,8 @@ def _sse(response):
 
 
 # -- straight into the engine's batch --------------------------------------------------------------
-def engine_traces(args) -> list[Trace]:
+def engine_traces(args) -> tuple[list[list[int]], list[Trace]]:
+    """The prompts (token ids) and their traces."""
     from vkllm import sampling_defaults
     from worker.engine.batch import Request
     from worker.engine.config import Settings
@@ -168,7 +182,7 @@ def engine_traces(args) -> list[Trace]:
                                                          engine.sampling_defaults))
         # a warm-up job first: the GPU idles at a low clock
         _drive(engine.batch, [Request(prompts[0][-8:], replace(params, max_tokens=16))])
-        return _drive(engine.batch, [Request(ids, params) for ids in prompts])
+        return prompts, _drive(engine.batch, [Request(ids, params) for ids in prompts])
     finally:
         engine.close()
 
