@@ -2,12 +2,14 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #include "common.glsl"
 
-// Causal grouped-query attention over f16 K/V caches [n_ctx, n_head_kv, HEAD_DIM] for queries
-// q [n_tokens, n_head, HEAD_DIM] at positions step[0] + t. With window > 0 (a sliding-window
-// layer) a query at position i sees only positions > i - window (llama.cpp's standard SWA mask).
-// Workgroup (s, y, t): token t, kv head g = y / row_groups, its query heads
+// Causal grouped-query attention over a paged K/V cache (kv_cache.glsl) for queries
+// q [n_tokens, n_head, HEAD_DIM]: token t belongs to the sequence in slot tokens[t].x and sits at
+// position tokens[t].y of it, so one pass serves tokens of several sequences of different
+// lengths (batched decode, a prefill chunk next to decode tokens). With window > 0 (a
+// sliding-window layer) a query at position i sees only positions > i - window (llama.cpp's
+// standard SWA mask). Workgroup (s, y, t): token t, kv head g = y / row_groups, its query heads
 // g * group + (y % row_groups) * ROWS + r (r < ROWS), and the positions of split s:
-// [max(s * chunk, first visible), min((s + 1) * chunk, step[0] + t + 1)).
+// [max(s * chunk, first visible), min((s + 1) * chunk, tokens[t].y + 1)).
 // LANES invocations share one position: each loads a few f16vec4 blocks of the K and V rows
 // (coalesced), the dot products are summed by subgroup shuffles, and one K/V read serves all
 // ROWS heads of the GQA group. The workgroup's STREAMS lane groups walk the positions
@@ -24,17 +26,35 @@ const uint BLOCKS = HEAD_DIM / 4;                      // f16vec4 blocks in a ro
 const uint PER_LANE = (BLOCKS + LANES - 1) / LANES;    // blocks each lane holds
 const float NO_SCORE = -3.0e38;  // a finite "minus infinity": exp(NO_SCORE - m) is 0 with no inf arithmetic
 
+#define KV_TABLE_BINDING 4
+#include "kv_cache.glsl"
+
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };
-layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };
-layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };
-layout(std430, binding = 3) readonly buffer Step { uint step[]; };
+layout(std430, binding = 1) readonly buffer K { KV_VEC4 k4[]; };
+layout(std430, binding = 2) readonly buffer V { KV_VEC4 v4[]; };
+layout(std430, binding = 3) readonly buffer Step { uvec2 tokens[]; };   // (slot, position) per token
 #if defined(SPLIT)
-layout(std430, binding = 4) writeonly buffer PartO { float part_o[]; };
-layout(std430, binding = 5) writeonly buffer PartML { vec2 part_ml[]; };
+layout(std430, binding = 5) writeonly buffer PartO { float part_o[]; };
+layout(std430, binding = 6) writeonly buffer PartML { vec2 part_ml[]; };
+#define SCALE_BINDING 7
 #else
-layout(std430, binding = 4) writeonly buffer O { float o[]; };
+layout(std430, binding = 5) writeonly buffer O { float o[]; };
+#define SCALE_BINDING 6
 #endif
-layout(push_constant) uniform Push { uint n_head; uint n_head_kv; uint group; uint row_groups; uint chunk; float scale; uint window; } p;
+layout(push_constant) uniform Push {
+    uint n_head; uint n_head_kv; uint group; uint row_groups; uint chunk; float scale; uint window; uint table_stride;
+} p;
+
+#if defined(KV_Q8)
+layout(std430, binding = SCALE_BINDING) readonly buffer KS { float16_t k_scale[]; };
+layout(std430, binding = SCALE_BINDING + 1) readonly buffer VS { float16_t v_scale[]; };
+// block i of 4 values shares the scale of its 32-value group
+vec4 load_k(uint i) { return vec4(k4[i]) * float(k_scale[i / (KV_Q8_GROUP / 4)]); }
+vec4 load_v(uint i) { return vec4(v4[i]) * float(v_scale[i / (KV_Q8_GROUP / 4)]); }
+#else
+vec4 load_k(uint i) { return vec4(k4[i]); }
+vec4 load_v(uint i) { return vec4(v4[i]); }
+#endif
 
 shared vec4 q_sh[ROWS * BLOCKS];
 shared vec4 acc_sh[STREAMS * BLOCKS];
@@ -49,7 +69,8 @@ void main() {
     const uint first_in_group = (gl_WorkGroupID.y % p.row_groups) * ROWS;
     const uint rows = min(ROWS, p.group - first_in_group);
     const uint head0 = g * p.group + first_in_group;
-    const uint seen = step[0] + t + 1;   // positions up to and including this token's
+    const uint slot = tokens[t].x;
+    const uint seen = tokens[t].y + 1;   // positions up to and including this token's
     const uint end = min(split * p.chunk + p.chunk, seen);
     const uint first_visible = p.window != 0 && seen > p.window ? seen - p.window : 0;
     const uint begin = max(split * p.chunk, first_visible);
@@ -69,12 +90,12 @@ void main() {
         }
     }
     for (uint pos = begin + stream; pos < end; pos += STREAMS) {
-        const uint row_base = (pos * p.n_head_kv + g) * BLOCKS;
+        const uint row_base = (kv_row(slot, pos, p.table_stride) * p.n_head_kv + g) * BLOCKS;
         vec4 kb[PER_LANE], vb[PER_LANE];
         for (uint b = 0; b < PER_LANE; b++) {
             const uint blk = lane + b * LANES;
-            kb[b] = blk < BLOCKS ? vec4(k4[row_base + blk]) : vec4(0.0);
-            vb[b] = blk < BLOCKS ? vec4(v4[row_base + blk]) : vec4(0.0);
+            kb[b] = blk < BLOCKS ? load_k(row_base + blk) : vec4(0.0);
+            vb[b] = blk < BLOCKS ? load_v(row_base + blk) : vec4(0.0);
         }
         for (uint r = 0; r < ROWS; r++) {
             float s = 0.0;

@@ -3,27 +3,81 @@
 
 // RoPE on q and k and the KV-cache append in one dispatch (rope.glsl for the rotation).
 // q f32 [n_tokens, n_head, head_dim] is rotated in place; k and v f32 [n_tokens, n_head_kv *
-// head_dim] go as f16 to cache rows step[0] + t, k rotated (dimensions past rope_dim copied),
-// k itself left as it was. One workgroup per (head, token): gl_WorkGroupID.x counts the q heads,
-// then the k heads, then the v heads, gl_WorkGroupID.y is the token; the heads share no data,
-// so there is no barrier, and every branch below is uniform across the workgroup.
+// head_dim] go to the paged cache (kv_cache.glsl) at position tokens[t].y of the sequence in
+// slot tokens[t].x, k rotated (dimensions past rope_dim copied), k itself left as it was.
+// One workgroup per (head, token): gl_WorkGroupID.x counts the q heads, then the k heads, then
+// the v heads, gl_WorkGroupID.y is the token; the heads share no data, so there is no barrier,
+// and every branch below is uniform across the workgroup. The cache holds f16, or with KV_Q8
+// q8_0-like groups of 32 values (llama.cpp's quantize_row_q8_0: scale = max |x| / 127, values
+// round(x / scale)): an invocation takes a whole group, computing its rotated values twice
+// (once for the scale, once to store) rather than sharing them through memory.
+#define KV_TABLE_BINDING 6
+#include "kv_cache.glsl"
+
 layout(std430, binding = 0) buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
 layout(std430, binding = 2) readonly buffer V { float v[]; };
-layout(std430, binding = 3) writeonly buffer KCache { float16_t k_cache[]; };
-layout(std430, binding = 4) writeonly buffer VCache { float16_t v_cache[]; };
-layout(std430, binding = 5) readonly buffer Step { uint step[]; };
+layout(std430, binding = 3) writeonly buffer KCache { KV_SCALAR k_cache[]; };
+layout(std430, binding = 4) writeonly buffer VCache { KV_SCALAR v_cache[]; };
+layout(std430, binding = 5) readonly buffer Step { uvec2 tokens[]; };   // (slot, position) per token
 #if defined(FREQ_FACTORS)
-layout(std430, binding = 6) readonly buffer FF { float freq_factors[]; };
+layout(std430, binding = 7) readonly buffer FF { float freq_factors[]; };
+#define SCALE_BINDING 8
+#else
+#define SCALE_BINDING 7
 #endif
-layout(push_constant) uniform Push { uint n_head; uint n_head_kv; uint head_dim; uint rope_dim; float log2_base; } p;
+#if defined(KV_Q8)
+layout(std430, binding = SCALE_BINDING) writeonly buffer KS { float16_t k_scale[]; };
+layout(std430, binding = SCALE_BINDING + 1) writeonly buffer VS { float16_t v_scale[]; };
+#endif
+layout(push_constant) uniform Push {
+    uint n_head; uint n_head_kv; uint head_dim; uint rope_dim; float log2_base; uint table_stride;
+} p;
 
 #include "rope.glsl"
+
+#if defined(KV_Q8)
+// Value d of k's head at src, rotated when d < rope_dim.
+float k_rotated(uint src, uint d, uint pos) {
+    if (d >= p.rope_dim) {
+        return k[src + d];
+    }
+    const uint half_dim = p.rope_dim / 2;
+    const uint i = NEOX ? d % half_dim : d / 2;
+    const uvec2 o = rope_pair(i, half_dim);
+    const vec2 r = rope_rotate(k[src + o.x], k[src + o.y], pos, i, p.rope_dim, p.log2_base);
+    return d == o.x ? r.x : r.y;
+}
+
+// One 32-value group of a head: from k (rotated) or v at src to the cache at dst.
+void store_group(bool is_k, uint src, uint dst, uint pos) {
+    float amax = 0.0;
+    for (uint j = 0; j < KV_Q8_GROUP; j++) {
+        amax = max(amax, abs(is_k ? k_rotated(src, dst % p.head_dim + j, pos) : v[src + dst % p.head_dim + j]));
+    }
+    const float d = amax / 127.0;
+    const float id = d != 0.0 ? 1.0 / d : 0.0;
+    for (uint j = 0; j < KV_Q8_GROUP; j++) {
+        const float x = is_k ? k_rotated(src, dst % p.head_dim + j, pos) : v[src + dst % p.head_dim + j];
+        const int8_t qv = int8_t(round(x * id));
+        if (is_k) {
+            k_cache[dst + j] = qv;
+        } else {
+            v_cache[dst + j] = qv;
+        }
+    }
+    if (is_k) {
+        k_scale[dst / KV_Q8_GROUP] = float16_t(d);
+    } else {
+        v_scale[dst / KV_Q8_GROUP] = float16_t(d);
+    }
+}
+#endif
 
 void main() {
     const uint head = gl_WorkGroupID.x;
     const uint t = gl_WorkGroupID.y;
-    const uint pos = step[0] + t;
+    const uint pos = tokens[t].y;
     const uint half_dim = p.rope_dim / 2;
     const uint lane = gl_LocalInvocationID.x;
     const uint size = gl_WorkGroupSize.x;
@@ -38,10 +92,17 @@ void main() {
         return;
     }
     const uint width = p.n_head_kv * p.head_dim;
+    const uint row = kv_row(tokens[t].x, pos, p.table_stride);
     const uint kv_head = head - p.n_head;
-    if (kv_head < p.n_head_kv) {
-        const uint src = t * width + kv_head * p.head_dim;
-        const uint dst = pos * width + kv_head * p.head_dim;
+    const bool is_k = kv_head < p.n_head_kv;
+    const uint offset = (is_k ? kv_head : kv_head - p.n_head_kv) * p.head_dim;
+    const uint src = t * width + offset, dst = row * width + offset;
+#if defined(KV_Q8)
+    for (uint g = lane; g < p.head_dim / KV_Q8_GROUP; g += size) {
+        store_group(is_k, src, dst + g * KV_Q8_GROUP, pos);
+    }
+#else
+    if (is_k) {
         for (uint i = lane; i < half_dim; i += size) {
             const uvec2 o = rope_pair(i, half_dim);
             const vec2 r = rope_rotate(k[src + o.x], k[src + o.y], pos, i, p.rope_dim, p.log2_base);
@@ -53,8 +114,8 @@ void main() {
         }
         return;
     }
-    const uint offset = (kv_head - p.n_head_kv) * p.head_dim;
     for (uint d = lane; d < p.head_dim; d += size) {
-        v_cache[pos * width + offset + d] = float16_t(v[t * width + offset + d]);
+        v_cache[dst + d] = float16_t(v[src + d]);
     }
+#endif
 }

@@ -1,39 +1,54 @@
-"""Causal GQA attention over f16 caches on the real device, against a float64 numpy reference
-computed from the same f16 cache contents."""
+"""Causal GQA attention over the paged KV cache on the real device, against a float64 numpy
+reference computed from what the cache holds (f16 values, or gguf.quants' Q8_0 round trip for
+the 8-bit cache). Pools are shuffled block tables with poison in every row a token must not
+read (tests/paged_io.py)."""
 import numpy as np
 import pytest
 
 from tests.kernel_io import f32
+from tests.paged_io import Paged, step_buffer
 from worker.engine.kernels.attention import attention, split_scratch_bytes
 from worker.engine.kernels.shapes import AttentionShape
 
 
-def attention_reference(q, k_cache, v_cache, pos0, scale, window=0):
-    """window > 0: token t sees only the `window` positions ending at its own."""
-    n_tokens, n_head, _ = q.shape
-    group = n_head // k_cache.shape[1]
-    out = np.empty(q.shape)
-    for t in range(n_tokens):
-        length = pos0 + t + 1
-        first = max(0, length - window) if window else 0
-        k = np.repeat(k_cache[first:length].astype(np.float64), group, axis=1)  # [seen, n_head, d]
-        v = np.repeat(v_cache[first:length].astype(np.float64), group, axis=1)
-        s = np.einsum("hd,lhd->hl", q[t].astype(np.float64), k) * scale
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        out[t] = np.einsum("hl,lhd->hd", p, v)
-    return out
+def attention_reference(q, k, v, pos, scale, window=0):
+    """One token's attention: q [n_head, d] over positions 0..pos of its sequence's k, v
+    [>pos, n_head_kv, d]; window > 0: only the `window` positions ending at its own."""
+    group = q.shape[0] // k.shape[1]
+    first = max(0, pos + 1 - window) if window else 0
+    ks = np.repeat(k[first:pos + 1].astype(np.float64), group, axis=1)
+    vs = np.repeat(v[first:pos + 1].astype(np.float64), group, axis=1)
+    s = np.einsum("hd,lhd->hl", q.astype(np.float64), ks) * scale
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    return np.einsum("hl,lhd->hd", p, vs)
 
 
-def caches(rng, n_ctx, n_head_kv, head_dim, valid):
-    """Random f16 caches whose rows past `valid` hold huge values: reading them breaks the result."""
-    k = rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(np.float16)
-    v = rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(np.float16)
-    k[valid:], v[valid:] = 3e4, -3e4
-    return k, v
+def run_attention(dev, rng, tokens, lengths, n_head, n_head_kv, head_dim, n_ctx, splits, kv_type="f16",
+                  window=0, block=16):
+    """tokens: (sequence, position) per token of the pass; sequence s holds lengths[s] positions.
+    Returns (got, expected) [n_tokens, n_head, head_dim]."""
+    paged = Paged(dev, rng, len(lengths), n_ctx, n_head_kv, head_dim, block, kv_type)
+    seqs = []
+    for s, length in enumerate(lengths):
+        k, v = f32(rng, length, n_head_kv, head_dim), f32(rng, length, n_head_kv, head_dim)
+        paged.fill(s, k, v)
+        seqs.append((paged.stored(k), paged.stored(v)))
+    n_tokens = len(tokens)
+    q = f32(rng, n_tokens, n_head, head_dim)
+    shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, window=window)
+    out = dev.empty(q.nbytes)
+    nbytes = split_scratch_bytes(shape, n_tokens, splits)
+    scratch = dev.empty(nbytes) if nbytes else None
+    cache, step = paged.cache(), step_buffer(dev, tokens)
+    dev.run(lambda rec: attention(rec, shape, dev.put(q), cache, out, step, n_tokens, scratch, splits=splits))
+    got = dev.get(out, count=q.size).reshape(q.shape)
+    expected = np.stack([attention_reference(q[t], *seqs[s], pos, head_dim ** -0.5, window)
+                         for t, (s, pos) in enumerate(tokens)])
+    return got, expected
 
 
-CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits (None: automatic)
+CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits (None: automatic): one sequence
     (1, 650, 4, 2, 64, 700, None),     # decode after a prefix, split over the sequence
     (1, 650, 4, 2, 64, 700, 1),        # the same in one pass
     (1, 0, 4, 2, 64, 64, None),        # the first token
@@ -42,68 +57,86 @@ CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits (None: a
     (5, 297, 6, 2, 128, 302, 3),       # the same, split
     (3, 400, 9, 3, 64, 512, None),     # SmolLM2 shape
     (2, 130, 32, 2, 64, 160, None),    # a GQA group larger than one workgroup's rows
-    (1, 257, 8, 8, 80, 300, 2),        # no grouping, head_dim not a multiple of the workgroup
+    (1, 257, 8, 8, 96, 300, 2),        # no grouping, head_dim not a multiple of the workgroup
 ]
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 @pytest.mark.parametrize("n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits", CASES)
-def test_attention(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits):
+def test_attention(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits, kv_type):
     rng = np.random.default_rng(pos0 + n_head)
-    q = f32(rng, n_tokens, n_head, head_dim)
-    k, v = caches(rng, n_ctx, n_head_kv, head_dim, pos0 + n_tokens)
-    scale = float(head_dim) ** -0.5
-    shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx)
-    out = dev.empty(q.nbytes)
-    step = dev.host(np.array([pos0, n_tokens], np.uint32))
-    nbytes = split_scratch_bytes(shape, n_tokens, splits)
-    scratch = dev.empty(nbytes) if nbytes else None
-    dev.run(lambda rec: attention(rec, shape, dev.put(q), dev.put(k), dev.put(v), out, step, n_tokens, scratch,
-                                  splits=splits))
-    got = dev.get(out, count=q.size).reshape(q.shape)
-    np.testing.assert_allclose(got, attention_reference(q, k, v, pos0, scale), rtol=1e-4, atol=1e-5)
+    tokens = [(0, pos0 + t) for t in range(n_tokens)]
+    got, expected = run_attention(dev, rng, tokens, [pos0 + n_tokens], n_head, n_head_kv, head_dim, n_ctx, splits,
+                                  kv_type)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("splits", [None, 1])
+def test_batched_sequences_of_different_lengths(dev, splits, kv_type):
+    """One pass over decode tokens of three sequences of different lengths and a prefill chunk of
+    a fourth (the continuous-batching step): each token sees only its own sequence, up to its
+    own position, through its own block table row."""
+    rng = np.random.default_rng(11)
+    lengths = [300, 17, 1, 40]
+    tokens = [(0, 299), (1, 16), (2, 0), (3, 36), (3, 37), (3, 38), (3, 39)]
+    got, expected = run_attention(dev, rng, tokens, lengths, 8, 2, 64, 320, splits, kv_type)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_recorded_decode_replays_with_the_step_buffer(dev):
-    """Attention recorded once, replayed for successive positions as the engine does."""
+    """Attention recorded once, replayed for successive positions of two sequences as a batch
+    decodes them: the step buffer's positions and the cache's rows change, the recording not."""
     rng = np.random.default_rng(1)
-    n_head, n_head_kv, head_dim, n_ctx, prefix = 4, 2, 64, 600, 520
-    k, v = caches(rng, n_ctx, n_head_kv, head_dim, prefix)
-    bk, bv = dev.put(k), dev.put(v)
+    n_head, n_head_kv, head_dim, n_ctx = 4, 2, 64, 600
+    paged = Paged(dev, rng, 2, n_ctx, n_head_kv, head_dim)
+    seqs = [[f32(rng, n, n_head_kv, head_dim), f32(rng, n, n_head_kv, head_dim)] for n in (520, 33)]
+    for s, (k, v) in enumerate(seqs):
+        paged.fill(s, k, v)
+    cache = paged.cache()
     shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, scale=0.125)
-    bq = dev.empty(n_head * head_dim * 4)
-    out, step = dev.empty(n_head * head_dim * 4), dev.host(np.array([0, 1], np.uint32))
-    scratch = dev.empty(split_scratch_bytes(shape, 1))
+    bq = dev.empty(2 * n_head * head_dim * 4)
+    out, step = dev.empty(2 * n_head * head_dim * 4), step_buffer(dev, [(0, 0), (1, 0)])
+    scratch = dev.empty(split_scratch_bytes(shape, 2))
     rec = dev.ctx.recording()
-    attention(rec, shape, bq, bk, bv, out, step, 1, scratch)
+    attention(rec, shape, bq, cache, out, step, 2, scratch)
     rec.finish()
-    row = n_head_kv * head_dim * 2
-    for pos in range(prefix, prefix + 3):
-        q, k_new, v_new = f32(rng, 1, n_head, head_dim), f32(rng, 1, n_head_kv, head_dim), f32(rng, 1, n_head_kv, head_dim)
-        k[pos], v[pos] = k_new[0], v_new[0]
+    row = paged.width * 2
+    for _ in range(3):
+        q = f32(rng, 2, n_head, head_dim)
+        positions = []
+        for s in range(2):
+            k_new, v_new = f32(rng, 1, n_head_kv, head_dim), f32(rng, 1, n_head_kv, head_dim)
+            positions.append(len(seqs[s][0]))
+            seqs[s] = [np.concatenate([seqs[s][0], k_new]), np.concatenate([seqs[s][1], v_new])]
+            r = paged.row(s, positions[-1])   # the new rows, as rope_store_kv writes them
+            dev.ctx.upload(cache.k.sub(r * row, row), k_new.astype(np.float16))
+            dev.ctx.upload(cache.v.sub(r * row, row), v_new.astype(np.float16))
         dev.ctx.upload(bq, q)
-        dev.ctx.upload(bk.sub(pos * row, row), k[pos])   # the new cache rows, as rope_store_kv writes them
-        dev.ctx.upload(bv.sub(pos * row, row), v[pos])
-        dev.ctx.upload(step, np.array([pos, 1], np.uint32))
+        dev.ctx.upload(step, np.array([[0, positions[0]], [1, positions[1]]], np.uint32))
         dev.ctx.run(rec)
         got = dev.get(out, count=q.size).reshape(q.shape)
-        np.testing.assert_allclose(got, attention_reference(q, k, v, pos, 0.125), rtol=1e-4, atol=1e-5)
+        for s in range(2):
+            k, v = (x.astype(np.float16) for x in seqs[s])
+            np.testing.assert_allclose(got[s], attention_reference(q[s], k, v, positions[s], 0.125),
+                                       rtol=1e-4, atol=1e-5)
     rec.destroy()
 
 
 def test_split_without_enough_scratch_is_refused(dev):
+    rng = np.random.default_rng(0)
     shape = AttentionShape(4, 2, 64, 700)
     need = split_scratch_bytes(shape, 1)
     assert need > 0
-    buffers = [dev.empty(4 * 64 * 4), dev.empty(700 * 2 * 64 * 2), dev.empty(700 * 2 * 64 * 2), dev.empty(4 * 64 * 4),
-               dev.host(np.array([650, 1], np.uint32))]
+    cache = Paged(dev, rng, 1, 700, 2, 64).cache()
+    q, out, step = dev.empty(4 * 64 * 4), dev.empty(4 * 64 * 4), step_buffer(dev, [(0, 650)])
     for scratch in (None, dev.empty(need // 2)):
         rec = dev.ctx.recording()
         try:
             with pytest.raises(ValueError, match="bytes of scratch"):
-                attention(rec, shape, *buffers, 1, scratch)
+                attention(rec, shape, q, cache, out, step, 1, scratch)
         finally:
             rec.finish().destroy()
-
 
 
 WINDOW_CASES = [  # n_tokens, pos0, window, n_ctx, splits: sliding-window (local) layers
@@ -118,21 +151,24 @@ WINDOW_CASES = [  # n_tokens, pos0, window, n_ctx, splits: sliding-window (local
 
 @pytest.mark.parametrize("n_tokens, pos0, window, n_ctx, splits", WINDOW_CASES)
 def test_attention_sliding_window(dev, n_tokens, pos0, window, n_ctx, splits):
-    """Positions older than the window are masked; the caches hold huge values there, which
-    would break the result if read."""
+    """Positions older than the window are masked: poison there would break the result if read."""
     n_head, n_head_kv, head_dim = 4, 2, 64
     rng = np.random.default_rng(pos0 + window)
-    q = f32(rng, n_tokens, n_head, head_dim)
-    k, v = caches(rng, n_ctx, n_head_kv, head_dim, pos0 + n_tokens)
+    paged = Paged(dev, rng, 1, n_ctx, n_head_kv, head_dim)
+    length = pos0 + n_tokens
+    k, v = f32(rng, length, n_head_kv, head_dim), f32(rng, length, n_head_kv, head_dim)
     first_seen = max(0, pos0 + 1 - window)
-    k[:first_seen], v[:first_seen] = 3e4, -3e4
+    paged.fill(0, k[first_seen:], v[first_seen:], first_seen)   # older rows keep the poison
+    q = f32(rng, n_tokens, n_head, head_dim)
     shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, window=window)
     out = dev.empty(q.nbytes)
-    step = dev.host(np.array([pos0, n_tokens], np.uint32))
+    step = step_buffer(dev, [(0, pos0 + t) for t in range(n_tokens)])
     nbytes = split_scratch_bytes(shape, n_tokens, splits)
     scratch = dev.empty(nbytes) if nbytes else None
-    dev.run(lambda rec: attention(rec, shape, dev.put(q), dev.put(k), dev.put(v), out, step, n_tokens, scratch,
-                                  splits=splits))
+    cache = paged.cache()
+    dev.run(lambda rec: attention(rec, shape, dev.put(q), cache, out, step, n_tokens, scratch, splits=splits))
     got = dev.get(out, count=q.size).reshape(q.shape)
-    expected = attention_reference(q, k, v, pos0, head_dim ** -0.5, window)
+    kh, vh = k.astype(np.float16), v.astype(np.float16)
+    expected = np.stack([attention_reference(q[t], kh, vh, pos0 + t, head_dim ** -0.5, window)
+                         for t in range(n_tokens)])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

@@ -33,3 +33,17 @@ def test_tokens_past_the_masks_words_are_masked(dev):
     out = _run(dev, logits, words)
     np.testing.assert_array_equal(out[:64], logits[:64])
     assert np.all(out[64:] == -np.inf)
+
+
+def test_each_row_takes_its_own_mask(dev):
+    """A batched pass masks each sequence's logits row with its own grammar's mask."""
+    rng = np.random.default_rng(6)
+    rows, vocab = 3, 333
+    logits = f32(rng, rows, vocab)
+    allowed = rng.random((rows, vocab)) < 0.3
+    pad = np.zeros((rows, 32 * mask_words(vocab) - vocab), bool)
+    words = np.packbits(np.concatenate([allowed, pad], axis=1), axis=1, bitorder="little").view(np.uint32)
+    buf = dev.put(logits)
+    dev.run(lambda rec: mask_logits(rec, buf, dev.put(words), vocab, rows))
+    np.testing.assert_array_equal(dev.get(buf, count=logits.size).reshape(rows, vocab),
+                                  np.where(allowed, logits, -np.inf))

@@ -25,3 +25,14 @@ def test_rms_norm_in_place_and_eps(dev):
     v = x.astype(np.float64)
     want = v / np.sqrt((v * v).mean(axis=1, keepdims=True) + 1e-6) * w
     np.testing.assert_allclose(dev.get(bx, count=x.size).reshape(4, 130), want, rtol=1e-5, atol=1e-6)
+
+
+def test_gathered_rows(dev):
+    """The output norm of a batched pass: only the rows that get logits, in the order asked."""
+    rng = np.random.default_rng(4)
+    x, w = f32(rng, 7, 96), f32(rng, 96)
+    rows = np.array([6, 2, 3], np.uint32)
+    out = dev.empty(3 * 96 * 4)
+    dev.run(lambda rec: norm.rms_norm(rec, dev.put(x), dev.put(w), out, 3, 96, 1e-5, gather=dev.put(rows)))
+    want = x[rows] / np.sqrt(np.mean(x[rows].astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(dev.get(out, count=3 * 96).reshape(3, 96), want, rtol=1e-5, atol=1e-6)

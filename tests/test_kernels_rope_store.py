@@ -1,13 +1,13 @@
-"""RoPE on q and k fused with the f16 KV-cache append, against a float64 numpy RoPE reference,
-with positions from the step buffer."""
+"""RoPE on q and k fused with the append to the paged KV cache (f16 and 8-bit), against a float64
+numpy RoPE reference, with each token's sequence slot and position from the step buffer and its
+cache row from a shuffled block table (tests/paged_io.py)."""
 import numpy as np
 import pytest
 
 from tests.kernel_io import f32
+from tests.paged_io import Paged, step_buffer
 from worker.engine.kernels.rope import rope_store_kv
 from worker.engine.kernels.shapes import AttentionShape
-
-CACHE_FILL = 7.0  # cache rows the op must not touch hold this
 
 
 def llama3_freq_factors(rope_dim, base, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_ctx=8192):
@@ -49,71 +49,112 @@ CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, 
     (5, 700, 4, 4, 128, 128, 500000.0, False, True),   # chunk after a prefix, no grouping
     (5, 300, 6, 2, 128, 128, 1000000.0, True, False),  # Qwen2 (NeoX)
     (1, 11, 4, 4, 96, 32, 10000.0, True, False),       # partial rotation, NeoX, decode
-    (5, 0, 6, 2, 80, 40, 10000.0, False, False),       # partial rotation, normal
-    (5, 513, 6, 2, 80, 40, 10000.0, True, True),       # partial rotation with factors
+    (5, 0, 6, 2, 96, 64, 10000.0, False, False),       # partial rotation, normal
+    (5, 513, 6, 2, 96, 64, 10000.0, True, True),       # partial rotation with factors
 ]
 
 
 class Inputs:
-    """Random q, k, v for one case and its step buffer; caches of n_ctx rows filled with CACHE_FILL."""
+    """Random q, k, v for tokens (slot, position) of a pass, a paged cache of n_ctx positions per
+    sequence and the step buffer."""
 
-    def __init__(self, dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, llama3, base, neox):
-        rng = np.random.default_rng(pos0 + n_head * head_dim)
+    def __init__(self, dev, tokens, n_head, n_head_kv, head_dim, rope_dim, llama3, base, neox, kv_type="f16"):
+        n_tokens = len(tokens)
+        rng = np.random.default_rng(tokens[0][1] + n_head * head_dim)
         self.q = f32(rng, n_tokens, n_head, head_dim)
         self.k = f32(rng, n_tokens, n_head_kv, head_dim)
         self.v = f32(rng, n_tokens, n_head_kv, head_dim)
         self.ff = llama3_freq_factors(rope_dim, base) if llama3 else None
-        self.n_ctx = pos0 + n_tokens + 3
-        self.shape = AttentionShape(n_head, n_head_kv, head_dim, self.n_ctx, rope_dim, base, neox)
-        self.step = dev.host(np.array([pos0, n_tokens], np.uint32))
+        self.tokens, self.positions = tokens, np.array([pos for _, pos in tokens])
+        n_ctx = int(self.positions.max()) + 3
+        self.paged = Paged(dev, rng, max(s for s, _ in tokens) + 1, n_ctx, n_head_kv, head_dim, kv_type=kv_type)
+        self.shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, rope_dim, base, neox)
+        self.step = step_buffer(dev, tokens)
+        self.cache = self.paged.empty_cache()
         self.dev = dev
-
-    def cache(self):
-        return self.dev.put(np.full((self.n_ctx, *self.k.shape[1:]), CACHE_FILL, np.float16))
-
-    def cache_array(self, buf):
-        return self.dev.get(buf, np.float16, self.n_ctx * self.k[0].size).reshape(self.n_ctx, *self.k.shape[1:])
 
     def freq_factors(self):
         return None if self.ff is None else self.dev.put(self.ff)
 
+    def rope(self, x, rope_dim, base, neox):
+        """Each token rotated at its own position."""
+        return np.concatenate([rope_reference(x[t:t + 1], int(pos), rope_dim, base, neox, self.ff)
+                               for t, pos in enumerate(self.positions)])
 
-@pytest.mark.parametrize("n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3", CASES)
-def test_rope_store_kv(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3):
-    x = Inputs(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, llama3, base, neox)
-    bq, bk, bv, kc, vc = dev.put(x.q), dev.put(x.k), dev.put(x.v), x.cache(), x.cache()
-    ff = x.freq_factors()
-    dev.run(lambda rec: rope_store_kv(rec, x.shape, bq, bk, bv, kc, vc, x.step, n_tokens, ff))
-    q = dev.get(bq, count=x.q.size).reshape(x.q.shape)
-    np.testing.assert_allclose(q, rope_reference(x.q, pos0, rope_dim, base, neox, x.ff), rtol=0, atol=5e-4)
+    def written(self, which):
+        """The cache rows of every token of the pass, float32 [n_tokens, n_head_kv, head_dim]."""
+        return np.concatenate([self.paged.read(self.cache, which, s, [pos]) for s, pos in self.tokens])
+
+    def untouched(self):
+        """Every other row of both pools still holds zeros."""
+        rows = {self.paged.row(s, pos) for s, pos in self.tokens}
+        for which in ("k", "v"):
+            for s in range(len(self.paged.table)):
+                others = [p for p in range(self.paged.stride * self.paged.block) if self.paged.row(s, p) not in rows]
+                assert (self.paged.read(self.cache, which, s, others) == 0).all()
+
+
+def check(x, rope_dim, base, neox, kv_type):
+    q = x.dev.get(x.qbuf, count=x.q.size).reshape(x.q.shape)
+    np.testing.assert_allclose(q, x.rope(x.q, rope_dim, base, neox), rtol=0, atol=5e-4)
     np.testing.assert_array_equal(q[..., rope_dim:], x.q[..., rope_dim:])
-    np.testing.assert_array_equal(dev.get(bk, count=x.k.size).reshape(x.k.shape), x.k)
-    rows = slice(pos0, pos0 + n_tokens)
-    k_cache, v_cache = x.cache_array(kc), x.cache_array(vc)
-    k_want = rope_reference(x.k, pos0, rope_dim, base, neox, x.ff)
-    np.testing.assert_allclose(k_cache[rows].astype(np.float64), k_want, rtol=1e-3, atol=5e-4)
-    np.testing.assert_array_equal(k_cache[rows][..., rope_dim:], x.k[..., rope_dim:].astype(np.float16))
-    np.testing.assert_array_equal(v_cache[rows], x.v.astype(np.float16))
-    for cache in (k_cache, v_cache):
-        assert (cache[:pos0] == CACHE_FILL).all() and (cache[pos0 + n_tokens:] == CACHE_FILL).all()
+    np.testing.assert_array_equal(x.dev.get(x.kbuf, count=x.k.size).reshape(x.k.shape), x.k)
+    k_want = x.rope(x.k, rope_dim, base, neox)
+    k_got, v_got = x.written("k"), x.written("v")
+    if kv_type == "f16":
+        np.testing.assert_allclose(k_got.astype(np.float64), k_want, rtol=1e-3, atol=5e-4)
+        np.testing.assert_array_equal(k_got[..., rope_dim:], x.k[..., rope_dim:].astype(np.float16))
+        np.testing.assert_array_equal(v_got, x.v.astype(np.float16))
+    else:
+        # llama.cpp's q8_0 of the rotated rows (gguf.quants): equal but where float rounding of
+        # the rotation (up to ~5e-4 at large positions) moves a value across a rounding boundary
+        # (one step of its scale)
+        for got, want in ((k_got, x.paged.stored(k_want.astype(np.float32))), (v_got, x.paged.stored(x.v))):
+            step = np.abs(want).reshape(-1, 32).max(axis=1) / 127
+            err = np.abs(got - want).reshape(-1, 32).max(axis=1)
+            assert (err <= step * 1.01 + 1e-6).all()
+            assert np.mean(got == want) > 0.9
+    x.untouched()
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3", CASES)
+def test_rope_store_kv(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3, kv_type):
+    x = Inputs(dev, [(0, pos0 + t) for t in range(n_tokens)], n_head, n_head_kv, head_dim, rope_dim, llama3, base,
+               neox, kv_type)
+    x.qbuf, x.kbuf, bv = dev.put(x.q), dev.put(x.k), dev.put(x.v)
+    ff = x.freq_factors()
+    dev.run(lambda rec: rope_store_kv(rec, x.shape, x.qbuf, x.kbuf, bv, x.cache, x.step, n_tokens, ff))
+    check(x, rope_dim, base, neox, kv_type)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_tokens_of_several_sequences(dev, kv_type):
+    """One pass over decode tokens of two sequences and a chunk of a third: each token rotated
+    at its own position and written to its own sequence's row."""
+    tokens = [(2, 40), (0, 5), (1, 300), (1, 301), (1, 302)]
+    x = Inputs(dev, tokens, 4, 2, 64, 64, False, 10000.0, False, kv_type)
+    x.qbuf, x.kbuf, bv = dev.put(x.q), dev.put(x.k), dev.put(x.v)
+    dev.run(lambda rec: rope_store_kv(rec, x.shape, x.qbuf, x.kbuf, bv, x.cache, x.step, len(tokens)))
+    check(x, 64, 10000.0, False, kv_type)
 
 
 def test_replay_reads_new_position(dev):
     """Recorded once, replayed for successive decode positions as the engine does."""
-    x = Inputs(dev, 1, 0, 2, 2, 64, 64, False, 10000.0, False)
-    bq, bk, bv, kc, vc = dev.put(x.q), dev.put(x.k), dev.put(x.v), x.cache(), x.cache()
+    x = Inputs(dev, [(0, 0)], 2, 2, 64, 64, False, 10000.0, False)
+    bq, bk, bv = dev.put(x.q), dev.put(x.k), dev.put(x.v)
     rec = dev.ctx.recording()
-    rope_store_kv(rec, x.shape, bq, bk, bv, kc, vc, x.step, 1)
+    rope_store_kv(rec, x.shape, bq, bk, bv, x.cache, x.step, 1)
     rec.finish()
     for pos in (0, 2):
         dev.ctx.upload(bq, x.q)
-        dev.ctx.upload(x.step, np.array([pos, 1], np.uint32))
+        dev.ctx.upload(x.step, np.array([0, pos], np.uint32))
         dev.ctx.run(rec)
         np.testing.assert_allclose(dev.get(bq, count=x.q.size).reshape(x.q.shape),
                                    rope_reference(x.q, pos, 64, 10000.0, False), rtol=0, atol=5e-4)
     rec.destroy()
-    k_cache = x.cache_array(kc)
+    k_cache = x.paged.read(x.cache, "k", 0, [0, 1, 2])
     for pos in (0, 2):
         np.testing.assert_allclose(k_cache[pos].astype(np.float64), rope_reference(x.k, pos, 64, 10000.0, False)[0],
                                    rtol=1e-3, atol=5e-4)
-    assert (k_cache[1] == CACHE_FILL).all() and (x.cache_array(vc)[[0, 2]] == x.v.astype(np.float16)).all()
+    assert (k_cache[1] == 0).all() and (x.paged.read(x.cache, "v", 0, [0, 2]) == x.v.astype(np.float16)).all()

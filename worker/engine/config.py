@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vkllm.errors import VkllmError
+from worker.engine.kernels.paged import KV_TYPES
 
 _TUNE = {"auto": None, "": None, "0": False, "1": True}
 
@@ -19,6 +20,8 @@ class Settings:
     cache_dir: Path = field(default_factory=_default_cache)   # compiled SPIR-V and the like
     models_dir: Path = Path("models")
     tune: bool | None = None           # time mat-vec shapes per device at load; None: on GPUs, not CPU drivers
+    max_sequences: int = 16            # sequences one Engine's Batch decodes together (capped by the memory plan)
+    kv_type: str = "f16"               # KV cache values: f16, or q8_0 (8-bit, half the memory)
 
     @classmethod
     def from_env(cls, env=None) -> "Settings":
@@ -29,6 +32,8 @@ class Settings:
             cache_dir=Path(env["VKLLM_CACHE_DIR"]) if env.get("VKLLM_CACHE_DIR") else _default_cache(),
             models_dir=Path(env.get("VKLLM_MODELS_DIR", "models")),
             tune=_tune(env.get("VKLLM_TUNE", "auto")),
+            max_sequences=_positive("VKLLM_MAX_SEQUENCES", env.get("VKLLM_MAX_SEQUENCES", "16")),
+            kv_type=_kv_type(env.get("VKLLM_KV_TYPE", "f16")),
         )
 
 
@@ -37,3 +42,20 @@ def _tune(value: str) -> bool | None:
         return _TUNE[value.strip().lower()]
     except KeyError:
         raise VkllmError(f"VKLLM_TUNE must be 0, 1 or auto, not {value!r}") from None
+
+
+def _positive(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise VkllmError(f"{name} must be a positive integer, not {value!r}")
+    return number
+
+
+def _kv_type(value: str) -> str:
+    kv_type = value.strip().lower()
+    if kv_type not in KV_TYPES:
+        raise VkllmError(f"VKLLM_KV_TYPE must be one of {', '.join(KV_TYPES)}, not {value!r}")
+    return kv_type

@@ -1,29 +1,32 @@
 """The inference engine: a GGUF model resident on a Vulkan device, generating text.
 
-Importable without Flask or RQ. One Engine holds one model and one sequence's KV cache; a new
-prompt reuses the cached prefix it shares with the previous one.
+Importable without Flask or RQ. One Engine holds one model and its paged KV cache
+(worker/engine/kvcache.py); `generate` runs one sequence, `batch` (worker/engine/batch.py) many
+together. Both reuse the cached blocks of any prompt prefix seen before (prefix caching).
 """
 import sys
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
-
 from vkllm.errors import VkllmError
+from worker.engine.batch import Batch
 from worker.engine.chat import chat_prompt
+from worker.engine.choice import MASKED, next_token, selection, token_logprobs
 from worker.engine.config import Settings
 from worker.engine.errors import PromptTooLong
 from worker.engine.generation import Event, Timings, TokenLogprobs
 from worker.engine.grammar import Constraint, GrammarError, grammar, lltokenizer
-from worker.engine.kernels.shapes import MAX_K, AttentionShape
+from worker.engine.kernels.paged import row_bytes
+from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tuning import model_shapes
-from worker.engine.memplan import plan_context
+from worker.engine.kvcache import KVCache
+from worker.engine.memplan import MemoryPlan, plan_context
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, glu_keys, mat_vec_keys
-from worker.engine.runner import MASKED, Runner
+from worker.engine.runner import Runner
 from worker.engine.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
 from worker.engine.tokenizer import StreamDecoder, Tokenizer
 from worker.engine.toolcalls import format_for
@@ -34,8 +37,9 @@ PREFILL_CHUNK = 512
 
 
 class Engine:
-    def __init__(self, ctx, model_file, config, tokenizer, n_ctx: int, max_batch: int, owns_ctx: bool,
+    def __init__(self, ctx, model_file, config, tokenizer, plan: MemoryPlan, max_batch: int, owns_ctx: bool,
                  progress: bool = False, mat_vec_shapes: tuple[dict, dict] | None = None):
+        n_ctx = plan.n_ctx
         self.ctx, self.config, self.tokenizer, self.n_ctx = ctx, config, tokenizer, n_ctx
         self.name = Path(model_file.path).stem
         self.chat_template = model_file.metadata.get("tokenizer.chat_template")
@@ -46,13 +50,16 @@ class Engine:
         self.sampling_defaults = model_defaults(model_file.metadata, n_ctx)
         self._owns_ctx = owns_ctx
         bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
-        self.model = Model(ctx, model_file, config, n_ctx, progress=bar.update if bar else None,
+        # a slot per batched sequence and one for the runner's own (generate's)
+        self.kv = KVCache(ctx, config, n_ctx, plan.kv_blocks, plan.sequences + 1, plan.kv_type)
+        self.model = Model(ctx, model_file, config, n_ctx, self.kv, progress=bar.update if bar else None,
                            mat_vec_shapes=mat_vec_shapes)
         if bar:
             bar.close()
-        self.runner = Runner(self.model, max_batch)
+        self.runner = Runner(self.model, max_batch, plan.sequences)
         self.chunk = max_batch
-        self._cached: list[int] = []   # tokens whose K/V are in the cache, in order
+        self._cached: list[int] = []   # tokens whose K/V the runner's own sequence holds, in order
+        self.batch = Batch(self, plan.sequences)
 
     @classmethod
     def load(cls, path, settings: Settings | None = None, n_ctx: int | None = None, ctx=None,
@@ -69,13 +76,18 @@ class Engine:
         if owns_ctx:
             from worker.engine.vk.context import Context
             ctx = Context(settings or Settings())
+        settings = settings or ctx.settings
         try:
             used, total = ctx.memory_budget()
+            sequences = settings.max_sequences
             plan = plan_context(model_file, config, n_ctx, DEFAULT_CONTEXT, max_batch, total - used,
                                 lambda n: sum(Workspace.kernel_sizes(ctx, config, max_batch,
-                                                                     AttentionShape.from_config(config, n)).values()))
-            shapes = model_shapes(ctx, settings or ctx.settings, mat_vec_keys(model_file), glu_keys(model_file))
-            return cls(ctx, model_file, config, tokenizer, plan.n_ctx, max_batch, owns_ctx, progress, shapes)
+                                                                     AttentionShape.from_config(config, n),
+                                                                     sequences).values()),
+                                sequences, settings.kv_type,
+                                ctx.max_binding_range // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim))
+            shapes = model_shapes(ctx, settings, mat_vec_keys(model_file), glu_keys(model_file))
+            return cls(ctx, model_file, config, tokenizer, plan, max_batch, owns_ctx, progress, shapes)
         except BaseException:
             if owns_ctx:
                 ctx.close()
@@ -115,14 +127,11 @@ class Engine:
         With `constraint` (worker/engine/grammar.py) every token is one its grammar allows: the
         GPU masks the others' logits before the selection, and generation ends when the grammar
         is complete (only end-of-generation is then allowed)."""
-        if not ids:
-            raise VkllmError("the prompt is empty")
-        if len(ids) >= self.n_ctx:
-            raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
+        self.check_prompt(ids)
         matcher = self.constraint(constraint) if constraint is not None else None
         started = time.perf_counter()
         # logprobs take their alternatives from the GPU's top-k (the sampler still gets what it needs)
-        select = "topk" if logprobs is not None else _selection(params)
+        select = "topk" if logprobs is not None else selection(params)
         if matcher is not None:
             select += MASKED
             matcher.fill(self.runner.mask_words())
@@ -134,7 +143,8 @@ class Engine:
         finish, matched_stop = "length", False
         # decode steps needed at most: one after each token but the last, within the context
         steps = max(0, min(params.max_tokens - 1, self.n_ctx - len(ids) - 1))
-        with closing(self._tokens(sampler, select, history, steps, logprobs, matcher)) as tokens:
+        # the steps still in flight end (closing) before the blocks go (releasing)
+        with self._releasing(), closing(self._tokens(sampler, select, history, steps, logprobs, matcher)) as tokens:
             for token, logprobs_of_token in tokens:
                 generated += 1
                 first_token_at = first_token_at or time.perf_counter()
@@ -161,16 +171,29 @@ class Engine:
                           time_to_first_token=(first_token_at or now) - started)
         yield Event(tail, None, finish, timings)
 
+    def check_prompt(self, ids: list[int]):
+        if not ids:
+            raise VkllmError("the prompt is empty")
+        if len(ids) >= self.n_ctx:
+            raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx}")
+
     def _prefill(self, ids: list[int], select: str):
-        """Reuses the cached prefix; at least the last prompt token is always run for its logits."""
-        keep = 0
-        for a, b in zip(self._cached, ids[:-1]):
-            if a != b:
-                break
-            keep += 1
-        self._cached = self._cached[:keep]
+        """Reuses the cached blocks of the prompt's longest cached prefix; at least the last
+        prompt token is always run for its logits."""
+        keep = self.runner.restart(ids)
+        self._cached = ids[:keep]
         self.runner.prefill(ids[keep:], keep, self.chunk, select)
         self._cached.extend(ids[keep:])
+
+    @contextmanager
+    def _releasing(self):
+        """At the end of a generation the runner's sequence lets its blocks go: the full ones
+        it wrote stay cached for the prompts that follow, the rest return to the pool."""
+        try:
+            yield
+        finally:
+            self.runner.commit(self._cached, len(self._cached))
+            self.runner.restart([])
 
     def _tokens(self, sampler, select: str, history: list[int], steps: int, logprobs: int | None,
                 matcher: Constraint | None = None) -> Iterator[tuple[int, TokenLogprobs | None]]:
@@ -181,7 +204,7 @@ class Engine:
         MASKED) each token is taken by it and the next step's mask written before the step:
         the mask depends on the token just picked, so greedy decode's pipelining is not used."""
         start = len(history)        # position of the first generated token
-        token = self._next_token(sampler, select, history)
+        token = next_token(self.runner, sampler, select, history)
         if select == "argmax":
             yield token, None
             with closing(self.runner.greedy(start, steps)) as following:
@@ -201,60 +224,30 @@ class Engine:
                 matcher.fill(self.runner.mask_words())
             self.runner.decode(token, start + k, select)
             self._cached.append(token)
-            token = self._next_token(sampler, select, history)
-
-    def _next_token(self, sampler, select: str, history) -> int:
-        select = select.removesuffix(MASKED)
-        if select == "argmax":
-            return self.runner.read_argmax()
-        if select == "topk" and _selection(sampler.params) != "logits":
-            return sampler.sample_candidates(*self.runner.read_topk(), history)
-        # the logits row is in host memory whatever the selection (see token_logprobs)
-        return sampler.sample(self.runner.read_logits(), history)
+            token = next_token(self.runner, sampler, select, history)
 
     def logits(self, ids: list[int]):
-        """Logits at every position of `ids` from an empty cache (for tests and tools)."""
-        self._cached = []
-        return self.runner.all_logits(ids)
+        """Logits at every position of `ids` computed afresh (for tests and tools)."""
+        self.runner.restart([])
+        try:
+            return self.runner.all_logits(ids)
+        finally:
+            self.runner.restart([])
 
     # -- accounting --------------------------------------------------------------------------------
     def stats(self) -> dict:
         used, total = self.ctx.memory_budget()
+        kv = self.kv.stats()
         return {"vram_used_bytes": used, "vram_total_bytes": total,
-                "kv_cache_usage_ratio": len(self._cached) / self.n_ctx}
+                "kv_cache_usage_ratio": kv["kv_blocks_used"] / kv["kv_blocks_total"], **kv,
+                "sequences": len(self.batch)}
 
     def close(self):
         self.runner.close()
         self.model.free()
+        self.kv.free()
         if self._owns_ctx:
             self.ctx.close()
-
-
-def token_logprobs(logits: np.ndarray, token: int, top_ids: np.ndarray, top_values: np.ndarray,
-                   top: int) -> TokenLogprobs:
-    """`token`'s log-softmax and the `top` (at most MAX_K) most likely tokens' from the GPU's
-    top-k candidates. The normaliser, a log-sum-exp over the whole vocabulary, is summed here
-    from the logits row: the forward pass writes that row to host memory at every step whatever
-    the selection, so reading it costs no transfer, and one pass of exp over it (float32, summed
-    in float64) takes well under a millisecond even for a 150k vocabulary, next to a forward
-    pass of many; a GPU reduction would save that at the price of another kernel and recording."""
-    peak = float(top_values.max())
-    normaliser = peak + float(np.log(np.exp(logits - np.float32(peak)).sum(dtype=np.float64)))
-    # tokens a grammar masked (-inf) are no alternatives
-    order = [i for i in np.argsort(-top_values, kind="stable")[:top] if np.isfinite(top_values[i])]
-    return TokenLogprobs(float(logits[token]) - normaliser,
-                         tuple((int(top_ids[i]), float(top_values[i]) - normaliser) for i in order))
-
-
-def _selection(params: SamplingParams) -> str:
-    """What the GPU hands the sampler: the argmax when it alone decides, the top-k candidates
-    when every filter works inside them (no penalties, top_k within the kernel's limit), else
-    all logits."""
-    if not params.needs_full_logits:
-        return "argmax"
-    if not params.has_penalties and 0 < params.top_k <= MAX_K:
-        return "topk"
-    return "logits"
 
 
 def _quant_name(model_file) -> str:

@@ -8,3 +8,7 @@ class GGUFError(VkllmError):
 
 class PromptTooLong(VkllmError):
     """The prompt does not fit the context the model was loaded with."""
+
+
+class KVCacheFull(VkllmError):
+    """Every block of the paged KV cache is held by running sequences."""

@@ -1,5 +1,7 @@
 """Runs a model's recorded forward passes: prefill in chunks, decode by replaying one command
-buffer per token. The runner owns the Workspace the passes write (worker/engine/workspace.py).
+buffer per token, and batched passes over tokens of several sequences (worker/engine/batch.py
+fills their inputs). The runner owns the Workspace the passes write (worker/engine/workspace.py)
+and one sequence of the paged KV cache, its own, that prefill, decode and greedy run on.
 Per token the host writes the step values and token id into it, submits, waits, and reads back
 what the sampler needs: the GPU argmax (4 bytes), the GPU top-k candidates, or, when penalties
 must see every logit, the logits themselves. Greedy decode does not wait between tokens: the GPU
@@ -10,43 +12,69 @@ from typing import Iterator
 
 import numpy as np
 
-from worker.engine.kernels.mask import mask_logits
+from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
+from worker.engine.choice import MASKED
+from worker.engine.errors import KVCacheFull
 from worker.engine.kernels.shapes import MAX_K
 from worker.engine.workspace import Workspace
 
-_MAX_RECORDINGS = 8  # recordings kept per model, by (tokens per pass, selection)
-MASKED = "_masked"   # a selection's suffix: the token mask applies before it (write_mask)
+_MAX_RECORDINGS = 32  # recordings kept per model, by (tokens per pass, selection, logits rows)
 
 
 class Runner:
-    def __init__(self, model, max_batch: int):
-        """`max_batch`: the most tokens one pass takes (the prefill chunk)."""
-        self.model, self.ctx = model, model.ctx
-        self.workspace = Workspace.allocate(self.ctx, model.config, max_batch, model.attention_shape)
+    def __init__(self, model, max_batch: int, sequences: int = 1):
+        """`max_batch`: the most tokens one pass takes (the prefill chunk); `sequences`: the most
+        logits rows of a batched pass."""
+        self.model, self.ctx, self.kv = model, model.ctx, model.kv
+        self.workspace = Workspace.allocate(self.ctx, model.config, max_batch, model.attention_shape, sequences)
         self._greedy_fences = (self.ctx.new_fence(), self.ctx.new_fence())
-        self._recordings: OrderedDict[tuple[int, str], object] = OrderedDict()
+        self._recordings: OrderedDict[tuple, object] = OrderedDict()
         self._last = None
+        self.slot, self.own = self.kv.take_slot(), self.kv.sequence()
 
-    def _record(self, n: int, select: str, logits=None, profile: bool = False):
+    # -- the runner's own sequence --------------------------------------------------------------
+    def restart(self, ids: list[int]) -> int:
+        """Its own sequence starts over for the prompt `ids`: the blocks it held are released
+        (the full ones it committed stay cached) and the longest cached prefix of `ids` is held
+        instead; returns the positions that prefix covers (K/V already in the cache)."""
+        self.own.release()
+        return self.own.reuse_prefix(ids)
+
+    def commit(self, tokens: list[int], n_written: int):
+        """tokens[:n_written] have their K/V in its own sequence's blocks: the full ones become reusable."""
+        self.own.commit(tokens, n_written)
+
+    def hold(self, n_positions: int):
+        """Its own sequence holds blocks for positions 0..n_positions-1, its table row written."""
+        if not self.own.reserve(n_positions):
+            raise KVCacheFull(f"the KV cache has no room for {n_positions} positions of one more sequence")
+        self.kv.write_table(self.slot, self.own)
+
+    # -- recordings -------------------------------------------------------------------------------
+    def _record(self, n: int, select: str, logits=None, profile: bool = False, rows: int | None = None):
+        """`rows`: a batched pass's logits rows (ws.rows names them), None for the last token's."""
         rec = self.ctx.recording(max_timestamps=2, profile=profile)
         if not profile:
             rec.timestamp("start")
         ws = self.workspace
-        self.model.record_forward(rec, ws, n, logits or ws.logits, all_logits=logits is not None)
+        self.model.record_forward(rec, ws, n, logits or ws.logits, all_logits=logits is not None, rows=rows)
         vocab = self.model.config.vocab_size
+        n_rows = 1 if rows is None else rows
         # "<selection>_masked": the grammar's mask in ws.mask first, so the selection (or the
         # host, reading the row) sees only allowed tokens
         select, masked = select.removesuffix(MASKED), select.endswith(MASKED)
+        if n_rows == 0:   # a batched pass of prefill chunks only
+            select, masked = "logits", False
         if masked:
             rec.barrier()
-            mask_logits(rec, ws.logits, ws.mask, vocab)
+            mask_logits(rec, ws.logits, ws.mask, vocab, n_rows)
         if select != "logits":
             rec.barrier()
         if select == "argmax":
-            argmax(rec, ws.logits, ws.best, 1, vocab, ws.select)
+            argmax(rec, ws.logits, ws.best, n_rows, vocab, ws.select)
         elif select == "topk":
-            topk(rec, ws.logits, ws.top_ids, ws.top_values, vocab, min(MAX_K, vocab), ws.select)
+            topk(rec, ws.logits, ws.top_ids, ws.top_values, vocab, min(MAX_K, vocab), ws.select, n_rows)
         if not profile:
             rec.timestamp("forward")
         return rec.finish()
@@ -70,24 +98,36 @@ class Runner:
         rec.timestamp("forward")
         return rec.finish()
 
-    def _recording(self, n: int, select: str, record=None):
-        key = (n, select)
+    def _recording(self, n: int, select: str, record=None, rows: int | None = None):
+        key = (n, select, rows)
         if key not in self._recordings:
             if len(self._recordings) >= _MAX_RECORDINGS:
                 self._recordings.popitem(last=False)[1].destroy()
-            self._recordings[key] = record() if record else self._record(n, select)
+            self._recordings[key] = record() if record else self._record(n, select, rows=rows)
         self._recordings.move_to_end(key)
         return self._recordings[key]
 
     def _run(self, rec, ids, pos0: int):
+        """Runs ids at positions pos0.. of its own sequence."""
         n = len(ids)
+        self.hold(pos0 + n)
         self.workspace.ids.view(np.uint32)[:n] = ids
-        self.workspace.step.view(np.uint32)[:2] = (pos0, n)
+        step = self.workspace.step.view(np.uint32)[:2 * n].reshape(n, 2)
+        step[:, 0], step[:, 1] = self.slot, np.arange(pos0, pos0 + n)
+        self.ctx.run(rec)
+        self._last = rec
+
+    def run_batch(self, n: int, rows: int, select: str):
+        """A batched pass over the n tokens whose ids, (slot, position) pairs and logits rows
+        the caller wrote into the workspace (ids, step, rows) and whose sequences' block table
+        rows it wrote; `select` applies to each of the `rows` logits rows."""
+        rec = self._recording(n, select, rows=rows)
         self.ctx.run(rec)
         self._last = rec
 
     def prefill(self, ids, pos0: int, chunk: int, select: str = "argmax"):
-        """Runs ids (at positions pos0..) through the model; the last one's logits are selected."""
+        """Runs ids (at positions pos0.. of its own sequence) through the model; the last one's
+        logits are selected."""
         for start in range(0, len(ids), chunk):
             part = ids[start:start + chunk]
             last = start + chunk >= len(ids)
@@ -104,10 +144,11 @@ class Runner:
         recordings = [self._recording(1, f"greedy{slot}", lambda slot=slot: self._record_greedy(slot))
                       for slot in (0, 1)]
         in_flight: deque[int] = deque()
+        self.hold(pos + steps)   # every step in flight finds its block in the table
 
         def launch(k: int):
             slot = (k + 1) % 2
-            self._greedy_slot(slot)[0].view(np.uint32)[:2] = (pos + k, 1)
+            self._greedy_slot(slot)[0].view(np.uint32)[:2] = (self.slot, pos + k)
             self.ctx.submit(recordings[slot], self._greedy_fences[slot])
             in_flight.append(slot)
 
@@ -126,24 +167,27 @@ class Runner:
             for slot in in_flight:
                 self.ctx.wait(self._greedy_fences[slot])
 
-    def mask_words(self) -> np.ndarray:
-        """The token mask the next "_masked" pass applies, uint32 [vocab / 32], in host-visible
-        memory: write it before the pass (a set bit allows its token)."""
-        return self.workspace.mask.view(np.uint32)
+    def mask_words(self, row: int = 0) -> np.ndarray:
+        """The token mask the next "_masked" pass applies to logits row `row`, uint32
+        [vocab / 32], in host-visible memory: write it before the pass (a set bit allows its token)."""
+        words = mask_words(self.model.config.vocab_size)
+        return self.workspace.mask.view(np.uint32)[row * words:(row + 1) * words]
 
     def last_gpu_seconds(self) -> float:
         return self._last.timings_ns()[0][1] * 1e-9
 
-    def read_logits(self) -> np.ndarray:
-        return self.workspace.logits.view(np.float32)
+    def read_logits(self, row: int = 0) -> np.ndarray:
+        vocab = self.model.config.vocab_size
+        return self.workspace.logits.view(np.float32)[row * vocab:(row + 1) * vocab]
 
-    def read_argmax(self) -> int:
-        return int(self.workspace.best.view(np.uint32)[0])
+    def read_argmax(self, row: int = 0) -> int:
+        return int(self.workspace.best.view(np.uint32)[row])
 
-    def read_topk(self) -> tuple[np.ndarray, np.ndarray]:
+    def read_topk(self, row: int = 0) -> tuple[np.ndarray, np.ndarray]:
         k = min(MAX_K, self.model.config.vocab_size)
         ws = self.workspace
-        return ws.top_ids.view(np.uint32)[:k].copy(), ws.top_values.view(np.float32)[:k].copy()
+        return (ws.top_ids.view(np.uint32)[row * k:(row + 1) * k].copy(),
+                ws.top_values.view(np.float32)[row * k:(row + 1) * k].copy())
 
     def all_logits(self, ids, pos0: int = 0) -> np.ndarray:
         """Logits for every position of one chunk (tests compare them with a reference)."""
@@ -171,4 +215,6 @@ class Runner:
         for rec in self._recordings.values():
             rec.destroy()
         self._recordings.clear()
+        self.own.release()
+        self.kv.give_slot(self.slot)
         self.workspace.free(self.ctx)

@@ -1,7 +1,8 @@
 """Every buffer a recorded forward pass writes besides the KV cache: the per-replay inputs the host
-fills (step values, token ids), the activations, the kernels' own scratch (split attention's
-partials, top-k's survivors) and what the sampler reads back. Allocated once by the Runner that
-owns it, for passes of up to `n` tokens; the memory plan counts the same sizes (`sizes` and
+fills (step values, token ids, the rows that get logits), the activations, the kernels' own
+scratch (split attention's partials, top-k's survivors) and what the sampler reads back. Allocated
+once by the Runner that owns it, for passes of up to `n` tokens with logits for up to `sequences`
+rows (one per sequence of a batched pass); the memory plan counts the same sizes (`sizes` and
 `kernel_sizes`), so what is planned is what is allocated. This module loads no Vulkan until a
 device is at hand: the plan of `vkllm models inspect` needs none."""
 from __future__ import annotations
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class Workspace:
-    step: Buffer        # uint32 [pos0, n_tokens], host-written per replay; shaders read positions from it
+    step: Buffer        # uint32 [n, 2]: each token's (sequence slot, position), host-written per replay
     ids: Buffer         # uint32 [n] token ids, host-written per replay
+    rows: Buffer        # uint32 [sequences]: the tokens whose logits a batched pass computes
     x: Buffer           # f32 [n, n_embd] residual stream
     xb: Buffer          # f32 [n, n_embd] normalised input of a block
     q: Buffer           # f32 [n, n_head * head_dim]
@@ -28,47 +30,50 @@ class Workspace:
     att: Buffer         # f32 [n, n_head * head_dim] attention output
     gate: Buffer        # f32 [n, n_ff]
     up: Buffer
-    logits: Buffer      # f32 [vocab] of the last token, read back when the sampler needs them all
-    best: Buffer        # uint32: GPU argmax
-    top_ids: Buffer     # uint32 [MAX_K]: GPU top-k candidates
-    top_values: Buffer  # f32 [MAX_K]
+    logits: Buffer      # f32 [sequences, vocab], read back when the sampler needs them all
+    best: Buffer        # uint32 [sequences]: GPU argmax per row
+    top_ids: Buffer     # uint32 [sequences, MAX_K]: GPU top-k candidates per row
+    top_values: Buffer  # f32 [sequences, MAX_K]
     # Greedy decode keeps two steps in flight (Runner.greedy): the second step's values and argmax.
     step_alt: Buffer
     best_alt: Buffer
-    mask: Buffer        # uint32 [vocab / 32]: a grammar's token mask, host-written per step (kernels/mask.py)
+    mask: Buffer        # uint32 [sequences, vocab / 32]: grammars' token masks, host-written per step (kernels/mask.py)
     attention: Buffer | None   # split attention's partials (None: attention never splits)
     select: Buffer             # argmax's and top-k's survivors over the logits
 
-    HOST_VISIBLE = frozenset({"step", "ids", "logits", "best", "top_ids", "top_values", "step_alt", "best_alt", "mask"})
+    HOST_VISIBLE = frozenset({"step", "ids", "rows", "logits", "best", "top_ids", "top_values", "step_alt", "best_alt", "mask"})
 
     @staticmethod
-    def sizes(config, n: int) -> dict[str, int]:
-        """Bytes of each buffer for passes of up to n tokens of a model of `config`."""
+    def sizes(config, n: int, sequences: int = 1) -> dict[str, int]:
+        """Bytes of each buffer for passes of up to n tokens of a model of `config`, with logits
+        for up to `sequences` rows."""
         c = config
         q_width, kv_width = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         rows = {"x": c.n_embd, "xb": c.n_embd, "q": q_width, "k": kv_width, "v": kv_width,
                 "att": q_width, "gate": c.n_ff, "up": c.n_ff}
-        return {"step": 16, "ids": 4 * n, **{name: 4 * n * width for name, width in rows.items()},
-                "logits": 4 * c.vocab_size, "best": 4, "top_ids": 4 * MAX_K, "top_values": 4 * MAX_K,
-                "step_alt": 16, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32)}
+        s = sequences
+        return {"step": 8 * n, "ids": 4 * n, "rows": 4 * s, **{name: 4 * n * width for name, width in rows.items()},
+                "logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,
+                "top_values": 4 * MAX_K * s, "step_alt": 8, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32) * s}
 
     @staticmethod
-    def kernel_sizes(ctx, config, n: int, shape) -> dict[str, int]:
+    def kernel_sizes(ctx, config, n: int, shape, sequences: int = 1) -> dict[str, int]:
         """Bytes of the kernels' scratch for passes of up to n tokens over `shape` (an
-        AttentionShape) on the device of `ctx` (top-k's stages depend on its workgroup size)."""
+        AttentionShape) with up to `sequences` logits rows, on the device of `ctx` (top-k's
+        stages depend on its workgroup size)."""
         from worker.engine.kernels import attention, select
         vocab = config.vocab_size
         return {"attention": attention.split_scratch_bytes(shape, n),
-                "select": max(select.scratch_bytes(ctx, 1, vocab, 1),
-                              select.scratch_bytes(ctx, 1, vocab, min(MAX_K, vocab)))}
+                "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
+                              select.scratch_bytes(ctx, sequences, vocab, min(MAX_K, vocab)))}
 
     @classmethod
-    def allocate(cls, ctx, config, n: int, shape) -> Workspace:
-        sizes = cls.sizes(config, n) | cls.kernel_sizes(ctx, config, n, shape)
+    def allocate(cls, ctx, config, n: int, shape, sequences: int = 1) -> Workspace:
+        sizes = cls.sizes(config, n, sequences) | cls.kernel_sizes(ctx, config, n, shape, sequences)
         buffers = {name: (ctx.alloc_host if name in cls.HOST_VISIBLE else ctx.alloc)(nbytes) if nbytes else None
                    for name, nbytes in sizes.items()}
         workspace = cls(**buffers)
-        workspace.n = n
+        workspace.n, workspace.sequences = n, sequences
         return workspace
 
     def free(self, ctx):

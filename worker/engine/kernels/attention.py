@@ -1,16 +1,18 @@
-"""Causal grouped-query attention over f16 caches [n_ctx, n_head_kv, head_dim]. Positions and
-lengths come from the step buffer ([0] = position of the first token), so a recorded command
-buffer replays for every token.
+"""Causal grouped-query attention over the paged KV cache (kernels/paged.py, f16 or 8-bit). Each
+token's sequence slot and position come from the step buffer (uint32 pairs), so one pass serves
+tokens of several sequences of different lengths, and a recorded command buffer replays for
+every step.
 
 Attention runs one workgroup per (token, KV head, split of the sequence); the query heads of a
 GQA group share the workgroup and its K/V reads (attention.comp says how the work is laid
 out). When tokens x KV heads alone give too few workgroups (decode), the sequence is split
 (flash-decoding) and attention_merge combines the partials by log-sum-exp; the split count is
-fixed at record time from the cache capacity, and splits past the current length finish at
-once. The partials live in a buffer the caller owns, of split_scratch_bytes."""
+fixed at record time from the longest sequence the cache holds (shape.n_ctx), and splits past
+a token's position finish at once. The partials live in a buffer the caller owns, of split_scratch_bytes."""
 from dataclasses import dataclass
 
 from worker.engine.intmath import cdiv, round_up
+from worker.engine.kernels.paged import PagedCache
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
@@ -62,9 +64,10 @@ def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | No
     return need
 
 
-def attention(rec: Recording, shape: AttentionShape, q: Buffer, k_cache: Buffer, v_cache: Buffer, out: Buffer,
+def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer,
               step: Buffer, n_tokens: int, scratch: Buffer | None = None, splits: int | None = None):
-    """out[t, h] = softmax(scale * q[t, h] . K[0..pos0+t, h // group]) V[...] (only the last
+    """out[t, h] = softmax(scale * q[t, h] . K[0..pos_t, h // group]) V[...] over the positions of
+    token t's sequence (slot step[2t], position pos_t = step[2t + 1]; only the last
     shape.window positions of that range when the window is set), q and out f32
     [n_tokens, n_head, head_dim]. `splits` overrides the automatic split count. With more than one
     split this records two dispatches with a barrier between them, the partials in `scratch`
@@ -74,18 +77,20 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, k_cache: Buffer,
     plan = _plan(shape, n_tokens, splits)
     chunk = round_up(cdiv(shape.n_ctx, plan.splits), size)
     splits = cdiv(shape.n_ctx, chunk)
-    spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES}
+    spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES, 5: cache.block}
     push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, row_groups=plan.row_groups,
-                chunk=chunk, scale=float(shape.scale), window=shape.window)
+                chunk=chunk, scale=float(shape.scale), window=shape.window, table_stride=cache.table_stride)
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
+    kv = [q, cache.k, cache.v, step, cache.table]
     if splits == 1:
-        rec.dispatch(ctx.kernel("attention", spec), [q, k_cache, v_cache, step, out], groups, push)
+        rec.dispatch(ctx.kernel("attention" + cache.suffix, spec), [*kv, out, *cache.scales], groups, push)
         return
     o_bytes, ml_bytes = _partial_bytes(shape, n_tokens, splits)
     if scratch is None or scratch.size < o_bytes + ml_bytes:
         raise ValueError(f"attention over {splits} splits needs {o_bytes + ml_bytes} bytes of scratch")
     part_o, part_ml = scratch.sub(0, o_bytes), scratch.sub(o_bytes, ml_bytes)
-    rec.dispatch(ctx.kernel("attention_split", spec), [q, k_cache, v_cache, step, part_o, part_ml], groups, push)
+    rec.dispatch(ctx.kernel("attention_split" + cache.suffix, spec), [*kv, part_o, part_ml, *cache.scales], groups,
+                 push)
     rec.barrier()
     rec.dispatch(ctx.kernel("attention_merge", {0: MERGE_THREADS}), [part_o, part_ml, out], (shape.n_head, n_tokens, 1),
                  dict(n_splits=splits, head_dim=shape.head_dim))

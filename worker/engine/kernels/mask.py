@@ -12,8 +12,9 @@ def mask_words(vocab: int) -> int:
     return cdiv(vocab, 32)
 
 
-def mask_logits(rec: Recording, logits: Buffer, mask: Buffer, vocab: int):
-    """logits f32 [vocab]: -inf where the mask's bit is clear."""
+def mask_logits(rec: Recording, logits: Buffer, mask: Buffer, vocab: int, rows: int = 1):
+    """logits f32 [rows, vocab]: -inf where the bit of the row's mask (uint32 [rows,
+    mask_words(vocab)]) is clear."""
     size = threads(rec.ctx)
-    rec.dispatch(rec.ctx.kernel("mask_logits", {0: size}), [logits, mask], (stride_groups(rec.ctx, vocab, size), 1, 1),
-                 dict(n=vocab, n_words=mask.size // 4))
+    rec.dispatch(rec.ctx.kernel("mask_logits", {0: size}), [logits, mask],
+                 (stride_groups(rec.ctx, vocab, size), rows, 1), dict(n=vocab, n_words=mask.size // 4))

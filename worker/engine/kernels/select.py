@@ -63,7 +63,8 @@ def argmax(rec: Recording, x: Buffer, out_u32: Buffer, rows: int, cols: int, scr
 
 
 def topk(rec: Recording, x: Buffer, out_ids_u32: Buffer, out_vals_f32: Buffer, cols: int, k: int,
-         scratch: Buffer | None):
-    """The k largest values of x f32 [cols] and their indices, sorted descending (the lower
-    index first among equal values); `scratch` of scratch_bytes(ctx, 1, cols, k) (None when 0)."""
-    _select(rec, x, out_ids_u32, out_vals_f32, 1, cols, k, scratch)
+         scratch: Buffer | None, rows: int = 1):
+    """The k largest values of each row of x f32 [rows, cols] and their indices, sorted
+    descending (the lower index first among equal values), into [rows, k]; `scratch` of
+    scratch_bytes(ctx, rows, cols, k) (None when 0)."""
+    _select(rec, x, out_ids_u32, out_vals_f32, rows, cols, k, scratch)

@@ -2,11 +2,14 @@
 replayed. What differs between families is a flag on the config (models/config.py) that this one
 pass reads: q/k/v biases, per-head q/k RMSNorm, NeoX RoPE, tied embeddings, the embedding
 scale, norms after attention and FFN, GeGLU, and sliding-window layers (each layer's
-AttentionShape carries its RoPE base and window; the KV cache stays full length).
+AttentionShape carries its RoPE base and window; the KV cache keeps every position).
 
 Weights keep their GGUF names: layer i's `blk.i.attn_q.weight` is `self.layers[i]["attn_q"]`,
-its bias `["attn_q.bias"]`. The model holds weights and the KV cache; everything a pass writes
-besides the cache is in the Workspace the caller passes (worker/engine/workspace.py).
+its bias `["attn_q.bias"]`. The model holds the weights and reads and writes the paged KV cache it
+is given (worker/engine/kvcache.py); everything else a pass writes is in the Workspace the caller
+passes (worker/engine/workspace.py). A pass's tokens may belong to several sequences: each
+token's sequence slot and position are in the step buffer, and the logits are computed for the
+last token, or, in a batched pass, for the rows the workspace's `rows` names.
 """
 import re
 from math import prod
@@ -49,12 +52,12 @@ def mat_vec_keys(model_file) -> set:
 
 
 class Model:
-    def __init__(self, ctx, model_file, config, n_ctx: int, progress=None,
+    def __init__(self, ctx, model_file, config, n_ctx: int, kv, progress=None,
                  mat_vec_shapes: tuple[dict, dict] | None = None):
         """`mat_vec_shapes`: (type, rows, K) -> tuned mat-vec shape (worker/engine/kernels/tuning.py)
         of the weights in `mat_vec_keys`, and of the gates in `glu_keys` through the fused gate+up
         kernel; the others keep the fixed shape."""
-        self.ctx, self.config, self.n_ctx = ctx, config, n_ctx
+        self.ctx, self.config, self.n_ctx, self.kv = ctx, config, n_ctx, kv
         self.mat_vec_shapes, self.glu_shapes = mat_vec_shapes or ({}, {})
         self.layers = [dict() for _ in range(config.n_layer)]
         self.globals = {}
@@ -76,9 +79,6 @@ class Model:
         self.freq_buffers = {f: self._upload_f32(np.asarray(f, np.float32)) for f in factors}
         self.freq_factors = [self.freq_buffers.get(config.layer_rope_freq_factors(i))
                              for i in range(config.n_layer)]
-        kv_width = config.n_head_kv * config.head_dim
-        self.k_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
-        self.v_cache = [ctx.alloc(n_ctx * kv_width * 2) for _ in range(config.n_layer)]
         self.attention_shape = AttentionShape.from_config(config, n_ctx)
         self.layer_shapes = [AttentionShape.from_config(config, n_ctx, i) for i in range(config.n_layer)]
 
@@ -96,30 +96,38 @@ class Model:
         return buffer
 
     def free(self):
-        """Returns every buffer of this model to the context (which may serve other models)."""
+        """Returns every buffer of this model to the context (which may serve other models); the
+        KV cache is its owner's."""
         tensors = [*self.globals.values(), *(t for layer in self.layers for t in layer.values())]
         for t in tensors:
             if isinstance(t, DeviceTensor):
                 free_tensor(self.ctx, t)
             else:
                 self.ctx.free(t)
-        for buffer in [*self.k_cache, *self.v_cache, *self.freq_buffers.values()]:
+        for buffer in self.freq_buffers.values():
             self.ctx.free(buffer)
 
     # -- the forward pass ------------------------------------------------------------------------
-    def record_forward(self, rec, ws, n: int, logits, all_logits: bool = False, ids=None, step=None):
-        """Tokens in `ids` (default ws.ids) at positions step[0].. (default ws.step) -> logits of
-        the last token (or of all)."""
-        assert n <= ws.n
+    def record_forward(self, rec, ws, n: int, logits, all_logits: bool = False, ids=None, step=None,
+                       rows: int | None = None):
+        """Tokens in `ids` (default ws.ids) with the (slot, position) pairs of `step` (default
+        ws.step) -> logits of the last token, of all (all_logits), or of the `rows` tokens that
+        ws.rows names (a batched pass; 0: no logits)."""
+        assert n <= ws.n and (rows is None or rows <= ws.sequences)
         c = self.config
         get_rows(rec, self.globals["token_embd"], ws.ids if ids is None else ids, ws.x, n, c.embedding_scale)
         rec.barrier()
         for i, layer in enumerate(self.layers):
             self.record_attention(rec, ws, ws.step if step is None else step, i, layer, n)
             self.record_ffn(rec, ws, layer, n)
-        rows = n if all_logits else 1
-        last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
-        norm.rms_norm(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps)
+        if rows == 0:
+            return
+        if rows is not None:
+            norm.rms_norm(rec, ws.x, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps, gather=ws.rows)
+        else:
+            rows = n if all_logits else 1
+            last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
+            norm.rms_norm(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps)
         rec.barrier()
         matmul(rec, self.output, ws.xb, logits, rows)
 
@@ -140,12 +148,11 @@ class Model:
             norm.rms_norm(rec, ws.q, layer["attn_q_norm"], ws.q, n * c.n_head, c.head_dim, c.norm_eps)
             norm.rms_norm(rec, ws.k, layer["attn_k_norm"], ws.k, n * c.n_head_kv, c.head_dim, c.norm_eps)
             rec.barrier()
-        # one dispatch: q rotated in place, k rotated and v copied into this layer's f16 cache
+        # one dispatch: q rotated in place, k rotated and v copied into this layer's cache
         shape = self.layer_shapes[i]
-        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.k_cache[i], self.v_cache[i], step, n,
-                           self.freq_factors[i])
+        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.kv.layers[i], step, n, self.freq_factors[i])
         rec.barrier()
-        attn_ops.attention(rec, shape, ws.q, self.k_cache[i], self.v_cache[i], ws.att, step, n, ws.attention)
+        attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention)
         rec.barrier()
         self.record_residual(rec, ws, layer, "attn_output", ws.att, "post_attention_norm", n)
 

@@ -1,0 +1,185 @@
+"""Continuous batching (worker/engine/batch.py) on tiny synthetic models: sequences of different
+lengths and sampling parameters decoded together give what each gives alone (Engine.generate,
+itself checked against the numpy reference in test_engine.py, and the reference's own greedy
+continuation here); joins, leaves, cancellation, prefix reuse and memory pressure."""
+import dataclasses
+
+import numpy as np
+import pytest
+from refmodel import RefModel
+
+from worker.engine.batch import Request
+from worker.engine.engine import Engine
+from worker.engine.errors import PromptTooLong
+from worker.engine.kvblocks import BLOCK_TOKENS
+from worker.engine.modelfile import ModelFile
+from worker.engine.sampling import SamplingParams
+from worker.tools.synth import write_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return write_model("tiny-llama", tmp_path_factory.mktemp("batch") / "tiny-llama-Q8_0.gguf", mix="Q8_0", seed=1)
+
+
+@pytest.fixture
+def engine(vk_ctx, vk_settings, model_path):
+    """Passes of up to 8 tokens, so prompts past that are prefilled over several steps."""
+    engine = Engine.load(model_path, dataclasses.replace(vk_settings, max_sequences=4), n_ctx=96, ctx=vk_ctx,
+                         max_batch=8)
+    yield engine
+    engine.close()
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 380, length).tolist()
+
+
+def alone(engine, request: Request) -> list:
+    """Events of the request run alone through Engine.generate."""
+    return list(engine.generate_ids(request.ids, request.params, logprobs=request.logprobs))
+
+
+def run(batch, joins: dict[int, list[tuple[str, Request]]], max_steps=400):
+    """Steps the batch until it is empty, adding joins[k] before step k; events by name, and the
+    names that had an event at each step."""
+    seqs, events, active = {}, {}, []
+    for k in range(max_steps):
+        for name, request in joins.get(k, []):
+            seqs[name] = batch.add(request, tag=name)
+            events[name] = []
+        if not len(batch) and k > max(joins):
+            return events, active
+        stepped = batch.step()
+        active.append({seq.tag for seq, _ in stepped})
+        for seq, event in stepped:
+            events[seq.tag].append(event)
+    raise AssertionError("the batch did not finish")
+
+
+def tokens(events) -> list[int]:
+    return [e.token_id for e in events if e.token_id is not None]
+
+
+REQUESTS = {
+    "short-greedy": Request(prompt(3, 1), GREEDY),
+    "long-greedy": Request(prompt(21, 2), dataclasses.replace(GREEDY, max_tokens=9)),
+    "topk": Request(prompt(11, 3), SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=5, max_tokens=7)),
+    "penalties": Request(prompt(6, 4), SamplingParams(temperature=0.8, top_k=0, repeat_penalty=1.3, seed=9,
+                                                      max_tokens=5)),
+    "logprobs": Request(prompt(17, 5), dataclasses.replace(GREEDY, max_tokens=4), logprobs=3),
+}
+
+
+def test_sequences_decoded_together_give_what_each_gives_alone(engine, model_path):
+    expected = {name: alone(engine, r) for name, r in REQUESTS.items()}
+    ref = RefModel(ModelFile.open(model_path))
+    assert tokens(expected["long-greedy"]) == ref.greedy(REQUESTS["long-greedy"].ids, 9)
+    # four at once (max_sequences), the fifth joins when one leaves
+    events, _ = run(engine.batch, {0: list(REQUESTS.items())})
+    for name, want in expected.items():
+        got = events[name]
+        assert tokens(got) == tokens(want), name
+        assert "".join(e.text for e in got) == "".join(e.text for e in want), name
+        assert got[-1].finish_reason == want[-1].finish_reason
+        assert got[-1].timings.generated_tokens == want[-1].timings.generated_tokens
+    for got, want in zip(events["logprobs"][:-1], expected["logprobs"][:-1]):
+        assert got.logprobs.top[0][0] == want.logprobs.top[0][0]
+        assert got.logprobs.logprob == pytest.approx(want.logprobs.logprob, abs=1e-3)
+    assert len(engine.batch) == 0 and engine.batch.stats()["kv_blocks_used"] == 0
+
+
+def test_joins_mid_batch_are_prefilled_while_the_others_stream(engine):
+    first = {"a": Request(prompt(4, 6), dataclasses.replace(GREEDY, max_tokens=12)),
+             "b": Request(prompt(9, 7), dataclasses.replace(GREEDY, max_tokens=12))}
+    late = {"c": Request(prompt(40, 8), dataclasses.replace(GREEDY, max_tokens=3))}
+    events, active = run(engine.batch, {0: list(first.items()), 4: list(late.items())})
+    # run alone after (before, c's prompt would be cached and not prefilled in the batch)
+    expected = {name: tokens(alone(engine, r)) for name, r in (first | late).items()}
+    for name, want in expected.items():
+        assert tokens(events[name]) == want, name
+    # c's 40 tokens take several passes of 8 (less the decode tokens); a and b get a token in each
+    c_first = next(k for k, names in enumerate(active) if "c" in names)
+    assert c_first >= 4 + 40 // 8
+    assert all({"a", "b"} <= active[k] for k in range(4, c_first))
+
+
+def test_cancelled_sequence_stops_and_the_others_continue(engine):
+    requests = {name: Request(prompt(5 + i, 10 + i), dataclasses.replace(GREEDY, max_tokens=10))
+                for i, name in enumerate("abc")}
+    expected = {name: tokens(alone(engine, r)) for name, r in requests.items()}
+    batch = engine.batch
+    seqs = {name: batch.add(r, tag=name) for name, r in requests.items()}
+    got = {name: [] for name in requests}
+    for _ in range(4):
+        for seq, event in batch.step():
+            got[seq.tag].append(event)
+    batch.cancel(seqs["b"])
+    while len(batch):
+        for seq, event in batch.step():
+            got[seq.tag].append(event)
+    assert got["b"][-1].finish_reason == "cancelled" and seqs["b"].done
+    assert tokens(got["b"]) == expected["b"][:len(tokens(got["b"]))] and len(tokens(got["b"])) < 10
+    for name in "ac":
+        assert tokens(got[name]) == expected[name]
+
+
+def test_shared_prefix_is_not_prefilled_again(engine, vk_ctx, vk_settings, model_path):
+    """A second prompt sharing 2 full blocks with a finished one holds those blocks: the hit
+    counter says so and its tokens and logprobs are those of a run from an empty cache."""
+    system = prompt(2 * BLOCK_TOKENS + 5, 20)
+    first, second = system + prompt(3, 21), system[:2 * BLOCK_TOKENS + 2] + prompt(7, 22)
+    params = dataclasses.replace(GREEDY, max_tokens=5)
+    fresh = Engine.load(model_path, vk_settings, n_ctx=96, ctx=vk_ctx, max_batch=8)
+    try:
+        expected = alone(fresh, Request(second, params, logprobs=2))
+    finally:
+        fresh.close()
+    batch = engine.batch
+    before = batch.stats()["prefix_hit_tokens"]
+    run(batch, {0: [("first", Request(first, params))]})
+    events, _ = run(batch, {0: [("second", Request(second, params, logprobs=2))]})
+    assert batch.stats()["prefix_hit_tokens"] - before == 2 * BLOCK_TOKENS
+    assert tokens(events["second"]) == tokens(expected)
+    for got, want in zip(events["second"][:-1], expected[:-1]):
+        assert got.logprobs.logprob == pytest.approx(want.logprobs.logprob, abs=1e-4)
+
+
+def test_memory_pressure_preempts_and_evicts(engine):
+    """With most of the pool held elsewhere (by a holder of blocks outside the batch), two growing
+    sequences cannot both keep their blocks: the newer is preempted and recomputed later, and
+    both still give what they give alone. Holding the whole pool evicts every cached block, so
+    the same prompt then hits nothing."""
+    requests = {name: Request(prompt(20, 30 + i), dataclasses.replace(GREEDY, max_tokens=24))
+                for i, name in enumerate("ab")}
+    expected = {name: tokens(alone(engine, r)) for name, r in requests.items()}
+    pool = engine.kv.pool
+    elsewhere = engine.kv.sequence()
+    # 4 blocks left: a and b take 2 each for their prompts, and need 3 each at the end
+    assert elsewhere.reserve((pool.n_blocks - 4) * BLOCK_TOKENS)
+    preemptions = engine.batch.preemptions
+    try:
+        events, _ = run(engine.batch, {0: list(requests.items())})
+    finally:
+        elsewhere.release()
+    assert engine.batch.preemptions > preemptions
+    for name, want in expected.items():
+        assert tokens(events[name]) == want, name
+    assert pool.cached > 0
+    assert elsewhere.reserve(pool.n_blocks * BLOCK_TOKENS)
+    assert pool.cached == 0 and pool.available == 0
+    elsewhere.release()
+    before = pool.hit_tokens
+    run(engine.batch, {0: [("a", requests["a"])]})
+    assert pool.hit_tokens == before
+
+
+def test_bad_requests_are_refused_at_add(engine):
+    batch = engine.batch
+    with pytest.raises(PromptTooLong):
+        batch.add(Request(prompt(96, 1), GREEDY))
+    with pytest.raises(Exception, match="empty"):
+        batch.add(Request([], GREEDY))
+    assert len(batch) == 0 and batch.room()
