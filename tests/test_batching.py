@@ -143,6 +143,26 @@ def test_bad_requests_fail_alone_while_the_batch_goes_on(client, worker, redis_u
     assert worker.proc.poll() is None
 
 
+def test_the_heartbeat_keeps_every_running_job_alive(app, client, worker, redis_url):
+    """Each running job's execution in the started registry is renewed every heartbeat (1 s
+    here), so that RQ never takes a job of a live worker for abandoned."""
+    r = Redis.from_url(redis_url)
+    registry = StartedJobRegistry(protocol.queue_name(MODEL), connection=r)
+    jobs = [enqueue(app, prompt=f"Epic {i}", max_tokens=400) for i in range(3)]
+    while min(stream_tokens(r, j) for j in jobs) < 2:
+        time.sleep(0.01)
+
+    def expiries():
+        return {member.decode().split(":")[0]: score for member, score in r.zrange(registry.key, 0, -1, withscores=True)}
+    before = expiries()
+    time.sleep(2.5)
+    after = expiries()
+    for j in jobs:
+        client.post(f"/api/v1/jobs/{j}/cancel", headers=AUTH)
+    assert all(after[j] >= before[j] + 1 for j in jobs)
+    assert [wait(client, j)["state"] for j in jobs] == ["cancelled"] * 3
+
+
 def test_the_dashboard_lists_every_running_job(app, client, worker, redis_url):
     r, browser = Redis.from_url(redis_url), app.test_client()
     token = re.search(r'name="csrf" value="([^"]+)"', browser.get("/admin/login").get_data(as_text=True)).group(1)
