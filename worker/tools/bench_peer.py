@@ -53,7 +53,7 @@ def serve_llama_cpp(path: str, prompts: list[list[int]], n_gen: int) -> list[tup
     sampler = cy.LlamaSampler()
     sampler.add_greedy()
     batch = cy.LlamaBatch(n_tokens=max(512, len(prompts)), embd=0, n_seq_max=1)
-    _generate(ctx, sampler, batch, [prompts[0][:8]], 16)   # a warm-up: the GPU idles at a low clock
+    _generate(ctx, sampler, batch, [p[:8] for p in prompts], 16)   # a warm-up: the GPU idles at a low clock
     ctx.kv_cache_clear()
     return _generate(ctx, sampler, batch, prompts, n_gen)
 
