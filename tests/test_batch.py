@@ -145,6 +145,11 @@ def test_shared_prefix_is_not_prefilled_again(engine, vk_ctx, vk_settings, model
     assert tokens(events["second"]) == tokens(expected)
     for got, want in zip(events["second"][:-1], expected[:-1]):
         assert got.logprobs.logprob == pytest.approx(want.logprobs.logprob, abs=1e-4)
+    # Engine.generate reuses what the batch cached: second's prompt and its first 4 generated
+    # tokens (45, written by the batch) hold 2 full blocks, both hits
+    again = alone(engine, Request(second + tokens(expected)[:4], params))
+    assert batch.stats()["prefix_hit_tokens"] - before == 2 * BLOCK_TOKENS + 2 * BLOCK_TOKENS
+    assert tokens(again)[:1] == tokens(expected)[4:5]
 
 
 def test_memory_pressure_preempts_and_evicts(engine):
@@ -183,3 +188,30 @@ def test_bad_requests_are_refused_at_add(engine):
     with pytest.raises(Exception, match="empty"):
         batch.add(Request([], GREEDY))
     assert len(batch) == 0 and batch.room()
+
+
+def test_batch_bench_holds_the_blocks_its_sequences_need(engine):
+    """`vkllm bench --batch`'s run: 3 sequences of 5-token prompts and 12 tokens each hold at most
+    ceil((5 + 11) / 16) = 1 block each (the last token's K/V is never written), and leave none held."""
+    from worker.tools.bench_batch import decode_together
+    figures = decode_together(engine, 3, 5, 12, seed=0)
+    assert figures["blocks"] == 3 and figures["tok_s"] > 0 and figures["tpot_ms"] > 0
+    assert engine.batch.stats()["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("env, expected", [({}, (16, "f16")), ({"VKLLM_MAX_SEQUENCES": "32", "VKLLM_KV_TYPE": "Q8_0"},
+                                                                  (32, "q8_0"))])
+def test_batch_settings_from_the_environment(env, expected):
+    from worker.engine.config import Settings
+    settings = Settings.from_env(env)
+    assert (settings.max_sequences, settings.kv_type) == expected
+
+
+@pytest.mark.parametrize("env, message", [({"VKLLM_MAX_SEQUENCES": "0"}, "VKLLM_MAX_SEQUENCES must be a positive"),
+                                          ({"VKLLM_MAX_SEQUENCES": "many"}, "VKLLM_MAX_SEQUENCES must be a positive"),
+                                          ({"VKLLM_KV_TYPE": "q4_0"}, "VKLLM_KV_TYPE must be one of f16, q8_0")])
+def test_bad_batch_settings_are_refused(env, message):
+    from vkllm.errors import VkllmError
+    from worker.engine.config import Settings
+    with pytest.raises(VkllmError, match=message):
+        Settings.from_env(env)

@@ -108,3 +108,30 @@ def test_json_object_mode_and_logprobs_of_allowed_tokens_only(engine):
 def test_constraints_the_library_cannot_enforce_are_refused(engine, constraint, words):
     with pytest.raises(GrammarError, match=words.replace("[", r"\[").replace("]", r"\]")):
         list(engine.generate(PROMPT, SamplingParams(max_tokens=2), constraint=constraint))
+
+
+def test_batched_sequences_each_keep_their_own_grammar(engine):
+    """In one batch a constrained greedy sequence, an unconstrained one and a constrained
+    sampled one: each row gets its own mask (none for the free one) and each sequence gives
+    what it gives alone."""
+    from worker.engine.batch import Request
+    json_schema = {"type": "json_schema", "schema": SCHEMA}
+    requests = {"greedy": Request(engine.tokenizer.encode(PROMPT), SamplingParams(temperature=0, max_tokens=60),
+                                  constraint=json_schema),
+                "free": Request(engine.tokenizer.encode("A ball"), SamplingParams(temperature=0, max_tokens=12)),
+                "sampled": Request(engine.tokenizer.encode(PROMPT), SamplingParams(temperature=1.0, top_k=40, seed=3,
+                                                                                 max_tokens=60),
+                                   constraint=json_schema, logprobs=2)}
+    alone = {name: list(engine.generate_ids(r.ids, r.params, logprobs=r.logprobs, constraint=r.constraint))
+             for name, r in requests.items()}
+    batch = engine.batch
+    seqs = {name: batch.add(r, tag=name) for name, r in requests.items()}
+    got = {name: [] for name in requests}
+    while len(batch):
+        for seq, event in batch.step():
+            got[seq.tag].append(event)
+    for name in requests:
+        assert [e.token_id for e in got[name]] == [e.token_id for e in alone[name]], name
+        assert got[name][-1].finish_reason == alone[name][-1].finish_reason and seqs[name].done
+    for name in ("greedy", "sampled"):
+        jsonschema.validate(json.loads("".join(e.text for e in got[name])), SCHEMA)

@@ -17,11 +17,12 @@ def test_smollm2_plan(smollm2, smollm2_path):
     assert plan.weights_bytes == sum(int(t.n_bytes) for t in GGUFReader(smollm2_path).tensors)
     assert plan.kv_bytes == 2 * 30 * 8192 * 3 * 64 * 2 == 188_743_680
     # 512 rows of float32: 2*576 (x, norm) + 2*576 (q, attention out) + 2*192 (k, v) + 2*1536
-    # (ffn), 512 token ids, one row of 49152 logits, two sets of step values (16 bytes) and
-    # argmax (greedy decode keeps two steps in flight), 64 top-k ids and values, and a grammar's
-    # token mask of one bit per token
-    assert plan.scratch_bytes == (4 * 512 * (2 * 576 + 2 * 576 + 2 * 192 + 2 * 1536) + 4 * 512 + 4 * 49152
-                                  + 2 * (16 + 4) + 2 * 4 * 64 + 49152 // 8)
+    # (ffn), 512 token ids and (slot, position) pairs, one logits row of 49152 (one sequence)
+    # in host memory and one in device memory (a batched pass's) and its index, the argmax and a
+    # second (slot, position) and argmax (greedy decode keeps two steps in flight), 64 top-k ids
+    # and values, and a grammar's token mask of one bit per token
+    assert plan.scratch_bytes == (4 * 512 * (2 * 576 + 2 * 576 + 2 * 192 + 2 * 1536) + 4 * 512 + 8 * 512
+                                  + 2 * 4 * 49152 + 4 + 2 * 4 + 8 + 2 * 4 * 64 + 49152 // 8)
     assert plan.total == plan.weights_bytes + plan.kv_bytes + plan.scratch_bytes
 
 
@@ -55,3 +56,32 @@ def test_default_context_shrinks_to_what_fits(smollm2):
     assert plan_context(smollm2, smollm2.config, None, 10**6, 64, 10 * full.total).n_ctx == 8192  # model's own
     with pytest.raises(VkllmError, match="largest context that fits is 768"):
         plan_context(smollm2, smollm2.config, 4096, 4096, 64, budget)  # asked for explicitly
+
+
+def test_the_pool_grows_towards_every_sequence_a_full_context(smollm2):
+    """One sequence's context must fit; the pool then takes what the budget leaves (90%), up
+    to `sequences` contexts, in whole 16-position blocks; 8-bit KV halves the bytes per
+    position (plus a scale per 32 values); the logits rows scale with the sequences."""
+    from worker.engine.memplan import plan_context
+    per_token = 2 * 30 * 3 * 64 * 2
+    one = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=1024, chunk=64, sequences=8)
+    assert one.kv_tokens == 1024 and one.kv_bytes == 1024 * per_token
+    roomy = plan_context(smollm2, smollm2.config, 1024, 4096, 64, 10 * one.total, sequences=8)
+    assert (roomy.kv_tokens, roomy.kv_blocks, roomy.sequences) == (8 * 1024, 512, 8)
+    tight = plan_context(smollm2, smollm2.config, 1024, 4096, 64, one.total + 1000 * per_token, sequences=8)
+    assert tight.kv_tokens == 1024 + 900 // 16 * 16 and tight.sequences == 8
+    assert plan_context(smollm2, smollm2.config, 1024, 4096, 64, 10 * one.total, sequences=8,
+                        max_kv_tokens=3000).kv_tokens == 3000 // 16 * 16
+    q8 = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=1024, chunk=64, kv_type="q8_0")
+    assert q8.kv_bytes == 1024 * 2 * 30 * (192 + 2 * 192 // 32)
+    single = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=1024, chunk=64)
+    assert one.scratch_bytes - single.scratch_bytes == 7 * (2 * 4 * 49152 + 4 + 4 + 2 * 4 * 64 + 49152 // 8)
+
+
+def test_sequences_are_capped_by_the_pools_blocks(smollm2):
+    """Each sequence holds a block at least: a budget with room for one 32-position context
+    (2 blocks) serves 2 sequences, however many were asked for."""
+    from worker.engine.memplan import plan_context
+    budget = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=32, chunk=64, sequences=99).total
+    plan = plan_context(smollm2, smollm2.config, 32, 4096, 64, budget, sequences=99)
+    assert (plan.kv_tokens, plan.kv_blocks, plan.sequences) == (32, 2, 2)

@@ -5,7 +5,8 @@ in the step buffer (vLLM v1's scheduling): the next token of every running seque
 chunks of joining ones, within the prefill chunk's token budget, so running sequences keep
 streaming while a long prompt is prefilled. Logits are computed only for the rows that need
 them (each sequence's last token when the pass reaches the end of what it knows), gathered
-before the output head; per-row argmax or top-k run on the GPU, and each sequence picks its
+before the output head, in device memory (copied to the host only when a sequence's sampler or
+logprobs read whole rows); per-row argmax or top-k run on the GPU, and each sequence picks its
 token on the host with its own sampler, seed, penalties, stop strings, max_tokens, logprobs and
 grammar mask. A pass is recorded once per (tokens, logits rows, selection) and replayed.
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.engine.choice import MASKED, next_token, selection, token_logprobs
+from worker.engine.choice import HOST, MASKED, next_token, selection, token_logprobs
 from worker.engine.errors import KVCacheFull
 from worker.engine.generation import Event, Timings
 from worker.engine.grammar import Constraint
@@ -153,10 +154,12 @@ class Batch:
             blocks = self.kv.sequence()
             hit = blocks.reuse_prefix(seq.tokens)
             count = min(len(seq.tokens) - hit, budget)
-            if not blocks.reserve(hit + count):
-                blocks.release()
-                blocks.pool.hit_tokens -= hit
-                break
+            if not blocks.reserve(hit + count):   # a shorter first chunk, in the blocks it got
+                count = len(blocks.blocks) * BLOCK_TOKENS - hit
+                if count <= 0:
+                    blocks.release()
+                    blocks.pool.hit_tokens -= hit
+                    break
             self._waiting.popleft()
             seq.slot, seq.blocks, seq.written = self.kv.take_slot(), blocks, hit
             seq.admitted = seq.admitted or time.perf_counter()
@@ -201,7 +204,10 @@ class Batch:
                 seq.matcher.fill(words)
         if not out:
             return "logits"   # no logits rows: nothing to select
-        return ("topk" if any(seq.select == "topk" for seq in out) else "argmax") + (MASKED if masked else "")
+        # whole rows to the host only for a sampler that reads them or for logprobs' normaliser
+        host = any(seq.select == "logits" or seq.request.logprobs is not None for seq in out)
+        return (("topk" if any(seq.select == "topk" for seq in out) else "argmax") + (MASKED if masked else "")
+                + (HOST if host else ""))
 
     def _advance(self, seq: Sequence, row: int, select: str, now: float):
         """The events of the token seq picks from logits row `row`: the token's, and its last if it ends."""

@@ -8,6 +8,7 @@ from worker.engine.kernels.shapes import MAX_K
 from worker.engine.sampling import SamplingParams
 
 MASKED = "_masked"   # a selection's suffix: the token mask applies before it (Runner)
+HOST = "_host"       # and after that one: a batched pass's logits rows are copied to host memory
 
 
 def selection(params: SamplingParams) -> str:
@@ -25,8 +26,9 @@ def next_token(runner, sampler, select: str, history: list[int], row: int = 0) -
     """The token of logits row `row` after a pass that selected `select` (for every row): the
     argmax when the sampler is greedy (the top-k's first under "topk", the same token: both
     take the lowest index among equal values), else the sampler's draw from the candidates
-    or from the row (which is in host memory whatever the selection; see token_logprobs)."""
-    select = select.removesuffix(MASKED)
+    or from the row (in host memory: always after a one-sequence pass, after a batched one when
+    its selection ends in HOST)."""
+    select = select.removesuffix(HOST).removesuffix(MASKED)
     wanted = selection(sampler.params)
     if wanted == "argmax":
         return runner.read_argmax(row) if select == "argmax" else int(runner.read_topk(row)[0][0])

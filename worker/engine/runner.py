@@ -12,10 +12,10 @@ from typing import Iterator
 
 import numpy as np
 
+from worker.engine.choice import HOST, MASKED
+from worker.engine.errors import KVCacheFull
 from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
-from worker.engine.choice import MASKED
-from worker.engine.errors import KVCacheFull
 from worker.engine.kernels.shapes import MAX_K
 from worker.engine.workspace import Workspace
 
@@ -53,28 +53,36 @@ class Runner:
 
     # -- recordings -------------------------------------------------------------------------------
     def _record(self, n: int, select: str, logits=None, profile: bool = False, rows: int | None = None):
-        """`rows`: a batched pass's logits rows (ws.rows names them), None for the last token's."""
+        """`rows`: a batched pass's logits rows (ws.rows names them), None for the last token's.
+        A batched pass keeps its rows in device memory (ws.batch_logits) and copies them to the
+        host-visible ws.logits only with the HOST suffix (a sequence reads whole rows)."""
         rec = self.ctx.recording(max_timestamps=2, profile=profile)
         if not profile:
             rec.timestamp("start")
         ws = self.workspace
-        self.model.record_forward(rec, ws, n, logits or ws.logits, all_logits=logits is not None, rows=rows)
+        row_logits = ws.logits if rows is None else ws.batch_logits
+        self.model.record_forward(rec, ws, n, logits or row_logits, all_logits=logits is not None, rows=rows)
         vocab = self.model.config.vocab_size
         n_rows = 1 if rows is None else rows
-        # "<selection>_masked": the grammar's mask in ws.mask first, so the selection (or the
-        # host, reading the row) sees only allowed tokens
+        # "<selection>[_masked][_host]": the grammar's mask in ws.mask first, so the selection
+        # (or the host, reading the row) sees only allowed tokens
+        host = select.endswith(HOST)
+        select = select.removesuffix(HOST)
         select, masked = select.removesuffix(MASKED), select.endswith(MASKED)
         if n_rows == 0:   # a batched pass of prefill chunks only
-            select, masked = "logits", False
+            select, masked, host = "logits", False, False
         if masked:
             rec.barrier()
-            mask_logits(rec, ws.logits, ws.mask, vocab, n_rows)
+            mask_logits(rec, row_logits, ws.mask, vocab, n_rows)
         if select != "logits":
             rec.barrier()
         if select == "argmax":
-            argmax(rec, ws.logits, ws.best, n_rows, vocab, ws.select)
+            argmax(rec, row_logits, ws.best, n_rows, vocab, ws.select)
         elif select == "topk":
-            topk(rec, ws.logits, ws.top_ids, ws.top_values, vocab, min(MAX_K, vocab), ws.select, n_rows)
+            topk(rec, row_logits, ws.top_ids, ws.top_values, vocab, min(MAX_K, vocab), ws.select, n_rows)
+        if host and rows is not None:
+            rec.barrier()
+            rec.copy(ws.batch_logits, ws.logits, 4 * vocab * n_rows)
         if not profile:
             rec.timestamp("forward")
         return rec.finish()

@@ -31,6 +31,7 @@ class Workspace:
     gate: Buffer        # f32 [n, n_ff]
     up: Buffer
     logits: Buffer      # f32 [sequences, vocab], read back when the sampler needs them all
+    batch_logits: Buffer   # f32 [sequences, vocab] in device memory: a batched pass's rows (Runner)
     best: Buffer        # uint32 [sequences]: GPU argmax per row
     top_ids: Buffer     # uint32 [sequences, MAX_K]: GPU top-k candidates per row
     top_values: Buffer  # f32 [sequences, MAX_K]
@@ -53,7 +54,7 @@ class Workspace:
                 "att": q_width, "gate": c.n_ff, "up": c.n_ff}
         s = sequences
         return {"step": 8 * n, "ids": 4 * n, "rows": 4 * s, **{name: 4 * n * width for name, width in rows.items()},
-                "logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,
+                "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,
                 "top_values": 4 * MAX_K * s, "step_alt": 8, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32) * s}
 
     @staticmethod

@@ -19,6 +19,9 @@ def register(sub):
     p.add_argument("--peer", choices=["llama.cpp"], help="also time llama.cpp's Vulkan backend (cyllama)")
     p.add_argument("--profile", action="store_true",
                    help="also print GPU time per kernel of one decode step and one prefill chunk")
+    p.add_argument("--batch", type=lambda text: [int(n) for n in text.split(",")], metavar="N,N,...",
+                   help="instead: aggregate decode tokens/s of N sequences decoded together "
+                        "(prompts of -p tokens, -n tokens each)")
     p.set_defaults(func=run)
     kinds = p.add_subparsers(dest="bench_command")
     from worker.tools import bench_kernels
@@ -62,6 +65,16 @@ def run(args):
     from vkllm.errors import VkllmError
     if not args.model:
         raise VkllmError("bench needs -m FILE (or the 'kernels' subcommand)")
+    if args.batch:
+        from worker.tools import bench_batch
+        for path in args.model:
+            engine = bench_batch.load(path, Settings.from_env(), args.batch, args.n_prompt, args.n_gen)
+            try:
+                print(f"{path}: {args.n_prompt}-token prompts, {args.n_gen} tokens each", flush=True)
+                bench_batch.run(engine, args.batch, args.n_prompt, args.n_gen, args.repetitions)
+            finally:
+                engine.close()
+        return
     rows = []
     for path in args.model:
         rows.append(bench_model(path, args))

@@ -1,0 +1,60 @@
+"""`vkllm bench -m FILE --batch 1,8,32`: aggregate decode throughput of N sequences decoded
+together through Engine.batch (worker/engine/batch.py), as the issue's acceptance figures state
+it: N greedy sequences of short random prompts, joined at once; after all have their first token,
+the decode steps are timed. Reports aggregate tokens/s, its ratio to N = 1, the median time per
+output token of a sequence and the KV blocks the batch held at most."""
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+
+from worker.engine.batch import Request
+from worker.engine.sampling import SamplingParams
+
+
+def load(path: str, settings, sizes: list[int], n_prompt: int, n_gen: int):
+    from worker.engine.engine import Engine
+    return Engine.load(path, dataclasses.replace(settings, max_sequences=max(sizes)), n_ctx=n_prompt + n_gen + 16,
+                       max_batch=512)
+
+
+def decode_together(engine, n: int, n_prompt: int, n_gen: int, seed: int) -> dict:
+    """One run of n sequences; the figures of its decode phase."""
+    rng = np.random.default_rng(seed)
+    params = SamplingParams(temperature=0.0, max_tokens=n_gen)
+    batch = engine.batch
+    for _ in range(n):
+        batch.add(Request(rng.integers(0, engine.config.vocab_size, n_prompt).tolist(), params))
+    started, generated, tpot, blocks = set(), 0, [], 0
+    start = None
+    while len(batch):
+        for seq, event in batch.step():
+            if event.token_id is not None:
+                started.add(id(seq))
+                generated += start is not None
+            if event.finish_reason:
+                t = event.timings
+                if t.generated_tokens > 1:
+                    tpot.append(t.generation_seconds / (t.generated_tokens - 1))
+        blocks = max(blocks, batch.stats()["kv_blocks_used"])
+        if start is None and len(started) == n:
+            start = time.perf_counter()
+    seconds = time.perf_counter() - start
+    return {"tok_s": generated / seconds, "tpot_ms": 1e3 * statistics.median(tpot), "blocks": blocks,
+            "total_blocks": batch.stats()["kv_blocks_total"]}
+
+
+def run(engine, sizes: list[int], n_prompt: int, n_gen: int, reps: int):
+    rows = {}
+    for n in sizes:
+        decode_together(engine, n, n_prompt, min(n_gen, 16), seed=1000 + n)   # warm-up: recordings, clocks
+        runs = [decode_together(engine, n, n_prompt, n_gen, seed=n + 100 * r) for r in range(reps)]
+        rows[n] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    one = rows[sizes[0]]["tok_s"] / sizes[0] if sizes[0] == 1 else None
+    print(f"{'sequences':>9} {'decode tok/s':>12} {'x one':>6} {'TPOT p50 ms':>11} {'KV blocks':>12}")
+    for n, r in rows.items():
+        ratio = f"{r['tok_s'] / one:6.2f}" if one else "     -"
+        print(f"{n:9d} {r['tok_s']:12.1f} {ratio} {r['tpot_ms']:11.2f} {r['blocks']:5.0f}/{r['total_blocks']:.0f}",
+              flush=True)
+    return rows
