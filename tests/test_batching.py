@@ -130,8 +130,8 @@ def test_bad_requests_fail_alone_while_the_batch_goes_on(client, worker, redis_u
     while min(stream_tokens(r, j) for j in good) < 2:
         time.sleep(0.01)
     queue = Queue(protocol.queue_name(MODEL), connection=r)   # queued as no API would let them through
-    bad = [queue.enqueue(protocol.JOB_FUNCTION, kwargs={"request": {"prompt": "Hi", "params": {"max_tokens": 2}} | rest},
-                         meta={"model": MODEL})
+    asked = {"prompt": "Hi", "params": {"max_tokens": 2}}
+    bad = [queue.enqueue(protocol.JOB_FUNCTION, kwargs={"request": asked | rest}, meta={"model": MODEL})
            for rest in ({"model": MODEL, "prompt": "word " * 2000}, {"model": "no-such-model"},
                         {"model": MODEL, "constraint": {"type": "nonsense"}})]
     failed = [wait(client, job.id) for job in bad]
@@ -153,7 +153,8 @@ def test_the_heartbeat_keeps_every_running_job_alive(app, client, worker, redis_
         time.sleep(0.01)
 
     def expiries():
-        return {member.decode().split(":")[0]: score for member, score in r.zrange(registry.key, 0, -1, withscores=True)}
+        entries = r.zrange(registry.key, 0, -1, withscores=True)
+        return {member.decode().split(":")[0]: score for member, score in entries}
     before = expiries()
     time.sleep(2.5)
     after = expiries()

@@ -95,7 +95,8 @@ def _stats(seconds: np.ndarray) -> dict:
 
 def report(s: dict) -> str:
     """The summary laid out as vLLM's benchmark_serving prints it."""
-    rows = [("Successful jobs:", f"{s['completed']} / {s['jobs']}"), ("Benchmark duration (s):", f"{s['duration_s']:.2f}"),
+    rows = [("Successful jobs:", f"{s['completed']} / {s['jobs']}"),
+            ("Benchmark duration (s):", f"{s['duration_s']:.2f}"),
             ("Total prompt tokens:", s["prompt_tokens"]), ("Total generated tokens:", s["output_tokens"]),
             ("Job throughput (jobs/s):", f"{s['jobs_per_s']:.2f}"),
             ("Output token throughput (tok/s):", f"{s['output_tokens_per_s']:.2f}")]
