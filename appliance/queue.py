@@ -46,7 +46,7 @@ def get_redis() -> Redis:
 
 
 def live_workers() -> list[dict]:
-    """Workers whose key is still alive, with their models and device stats decoded."""
+    """Workers whose key is still alive, with their models, device stats and running jobs decoded."""
     r, workers = get_redis(), []
     for name in sorted(m.decode() for m in r.smembers(protocol.WORKERS)):
         raw = r.hgetall(protocol.worker_key(name))
@@ -54,7 +54,7 @@ def live_workers() -> list[dict]:
             r.srem(protocol.WORKERS, name)
             continue
         w = {k.decode(): v.decode() for k, v in raw.items()}
-        w["models"], w["stats"] = json.loads(w["models"]), json.loads(w["stats"])
+        w["models"], w["stats"], w["jobs"] = json.loads(w["models"]), json.loads(w["stats"]), json.loads(w["jobs"])
         w["tokens_per_second"] = float(w["tokens_per_second"])
         workers.append(w)
     return workers

@@ -1,6 +1,9 @@
 """REST v1 against a real redis-server and a real `vkllm worker` on lavapipe with a tiny model."""
 import json
+import os
+import signal
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -81,14 +84,28 @@ def test_cancel_running_job_stops_within_a_few_tokens(client, worker, redis_url)
     assert at_cancel["state"] == "running"
 
 
+@contextmanager
+def held(client, worker):
+    """The worker busy with a long job (so that it polls its queues between steps), and frozen:
+    jobs submitted meanwhile stay queued (a running worker would take them all into its batch).
+    Yields the long job's id; cancels it after."""
+    blocker = submit(client, max_tokens=100)["id"]
+    wait(client, blocker, states=("running",))
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    try:
+        yield blocker
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+        client.post(f"/api/v1/jobs/{blocker}/cancel", headers=AUTH)
+
+
 def test_cancel_queued_job(client, worker):
-    blocker = submit(client, max_tokens=100)
-    queued = submit(client, max_tokens=4)
-    r = client.post(f"/api/v1/jobs/{queued['id']}/cancel", headers=AUTH)
+    with held(client, worker):
+        queued = submit(client, max_tokens=4)
+        r = client.post(f"/api/v1/jobs/{queued['id']}/cancel", headers=AUTH)
     assert r.status_code == 200 and r.json["state"] == "cancelled"
     events = sse_events(client.get(f"/api/v1/jobs/{queued['id']}/stream", headers=AUTH).get_data(as_text=True))
     assert [(kind, d["finish_reason"]) for _, kind, d in events] == [("end", "cancelled")]
-    client.post(f"/api/v1/jobs/{blocker['id']}/cancel", headers=AUTH)
     assert wait(client, queued["id"])["output"] == ""
 
 
@@ -126,13 +143,11 @@ def test_models(client, worker):
 
 
 def test_high_priority_goes_to_the_front(client, worker):
-    blocker = submit(client, max_tokens=100)
-    wait(client, blocker["id"], states=("running",))
-    normal = [submit(client, max_tokens=1) for _ in range(2)]
-    assert [j["queue_position"] for j in normal] == [0, 1]
-    urgent = submit(client, max_tokens=1, priority="high")
-    assert urgent["queue_position"] == 0
-    assert client.get(f"/api/v1/jobs/{normal[1]['id']}", headers=AUTH).json["queue_position"] == 2
-    client.post(f"/api/v1/jobs/{blocker['id']}/cancel", headers=AUTH)
+    with held(client, worker):
+        normal = [submit(client, max_tokens=1) for _ in range(2)]
+        assert [j["queue_position"] for j in normal] == [0, 1]
+        urgent = submit(client, max_tokens=1, priority="high")
+        assert urgent["queue_position"] == 0
+        assert client.get(f"/api/v1/jobs/{normal[1]['id']}", headers=AUTH).json["queue_position"] == 2
     ended = [wait(client, j["id"]) for j in (urgent, *normal)]
     assert ended[0]["started_at"] <= ended[1]["started_at"] <= ended[2]["started_at"]

@@ -58,6 +58,11 @@ def test_worker_series(scraped):
     assert 0 < value(worker, "vkllm_vram_used_bytes", **labels) <= value(worker, "vkllm_vram_total_bytes", **labels)
     assert 0 <= value(worker, "vkllm_kv_cache_usage_ratio", **labels) <= 1
     assert value(worker, "vkllm_model_loaded", **labels) == 1
+    # the continuous batch, empty again; its KV blocks (cached prefixes may keep some in use)
+    assert value(worker, "vkllm_num_requests_running", **labels) == 0
+    assert value(worker, "vkllm_kv_cache_free_blocks", **labels) > 0 <= value(worker, "vkllm_kv_cache_used_blocks",
+                                                                              **labels)
+    assert value(worker, "vkllm_prefix_cache_hit_tokens_total", **labels) >= 0
 
 
 def test_api_series(scraped):

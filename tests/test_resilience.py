@@ -259,3 +259,33 @@ def test_a_worker_killed_and_started_again_under_its_name_fails_its_old_job_and_
     failed = wait_for(url, running, timeout=60)
     assert failed["state"] == "failed" and "same-w1" in failed["error"]
     assert wait_for(url, submit(url, max_tokens=3))["state"] == "finished"
+
+
+def test_jobs_of_a_batch_that_end_during_an_outage_are_filed_once_redis_is_back(redis_server, served, workers):
+    url, _ = served
+    worker = workers("outage-batch-w1")
+    r = Redis.from_url(redis_server.url)
+    lengths = (240, 60, 40)
+    jobs = [submit(url, prompt=f"Tale {i}", max_tokens=n) for i, n in enumerate(lengths)]
+    while min(r.xlen(f"vkllm:stream:{j}") for j in jobs) < 2:
+        time.sleep(0.01)
+    redis_server.stop()
+    time.sleep(3)   # the shorter ones end meanwhile: the batch does not wait for Redis
+    back = time.time()
+    redis_server.start()
+    done = [wait_for(url, j) for j in jobs]
+    assert [d["state"] for d in done] == ["finished"] * 3 and worker.proc.poll() is None
+
+    def generated_until(d):   # when its last token came, from its start and its timings
+        t = d["timings"]
+        return d["started_at"] + t["time_to_first_token"] + \
+            (d["usage"]["completion_tokens"] - 1) / t["generation_tokens_per_second"]
+    # filed with RQ once Redis took their streams, though one at least ended during the outage
+    assert min(d["ended_at"] for d in done[1:]) >= back - 0.5
+    assert min(generated_until(d) for d in done[1:]) < back - 0.5
+    for j, d, n in zip(jobs, done, lengths):
+        events = sse_events(http(f"{url}/api/v1/jobs/{j}/stream")[1])
+        assert events[-1][1] == "end"
+        assert "".join(e["text"] for _, kind, e in events if kind == "token") == d["output"]
+        again = wait_for(url, submit(url, prompt=f"Tale {lengths.index(n)}", max_tokens=n))
+        assert (again["output"], again["usage"]) == (d["output"], d["usage"])

@@ -15,6 +15,7 @@ def test_killed_worker_fails_its_job_keeps_partial_output_and_a_new_worker_serve
     long_job = submit(client, max_tokens=200)
     while (client.get(f"/api/v1/jobs/{long_job['id']}", headers=AUTH).json["progress"] or {}).get("tokens", 0) < 3:
         time.sleep(0.05)
+    os.kill(first.proc.pid, signal.SIGSTOP)   # frozen: the jobs submitted now stay queued
     rest = [submit(client, max_tokens=3)["id"] for _ in range(2)]
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait()

@@ -39,8 +39,17 @@ class WorkerMetrics:
         self.kv_usage = Gauge("vkllm_kv_cache_usage_ratio", "Share of the KV cache in use (0-1).",
                               LABELS, registry=r)
         self.model_loaded = Gauge("vkllm_model_loaded", "1 while the model is resident.", LABELS, registry=r)
+        # the continuous batch (vLLM's num_requests_running, prefix_cache_hits, KV blocks)
+        self.running = Gauge("vkllm_num_requests_running", "Sequences in the batch (joining or decoding).",
+                             LABELS, registry=r)
+        self.prefix_hits = Counter("vkllm_prefix_cache_hit_tokens", "Prompt tokens whose KV came from the "
+                                   "prefix cache instead of a prefill.", LABELS, registry=r)
+        self.kv_blocks_used = Gauge("vkllm_kv_cache_used_blocks", "KV cache blocks in use.", LABELS, registry=r)
+        self.kv_blocks_free = Gauge("vkllm_kv_cache_free_blocks", "KV cache blocks free.", LABELS, registry=r)
         self._all = (self.tokens_generated, self.prompt_tokens, self.tokens_per_second, self.ttft, self.tpot,
-                     self.job_duration, self.vram_used, self.vram_total, self.kv_usage, self.model_loaded)
+                     self.job_duration, self.vram_used, self.vram_total, self.kv_usage, self.model_loaded,
+                     self.running, self.prefix_hits, self.kv_blocks_used, self.kv_blocks_free)
+        self._hits_seen: dict[str, int] = {}   # model -> the batch's cumulative hit count last seen
 
     def loaded(self, model: str, stats: dict) -> None:
         for metric in self._all:
@@ -52,6 +61,16 @@ class WorkerMetrics:
         self.vram_used.labels(model, self.worker).set(stats["vram_used_bytes"])
         self.vram_total.labels(model, self.worker).set(stats["vram_total_bytes"])
         self.kv_usage.labels(model, self.worker).set(stats["kv_cache_usage_ratio"])
+
+    def batch(self, model: str, stats: dict) -> None:
+        """A step's view of the model's batch (worker.engine.batch Batch.stats)."""
+        labels = (model, self.worker)
+        self.running.labels(*labels).set(stats["sequences"])
+        self.kv_blocks_used.labels(*labels).set(stats["kv_blocks_used"])
+        self.kv_blocks_free.labels(*labels).set(stats["kv_blocks_total"] - stats["kv_blocks_used"])
+        hits = stats["prefix_hit_tokens"]
+        self.prefix_hits.labels(*labels).inc(hits - self._hits_seen.get(model, 0))
+        self._hits_seen[model] = hits
 
     def token(self, model: str) -> None:
         self.tokens_generated.labels(model, self.worker).inc()

@@ -1,15 +1,24 @@
-"""The GPU worker (`vkllm worker`): an RQ SimpleWorker that keeps its models resident.
+"""The GPU worker (`vkllm worker`): an RQ SimpleWorker that keeps its models resident and runs
+many jobs at once, one continuous batch per model (worker.engine.batch).
 
-SimpleWorker runs jobs in its own process, so the weights loaded at start stay in VRAM across
-jobs. A thread keeps the heartbeats alive while a long generation holds the main thread, and
-publishes what this worker serves (models, context, device stats) under a short-lived key:
-the web app learns which models exist from there, and a job whose worker stopped refreshing it
-(killed) is failed by any other worker or by the web app (vkllm.orphans), its partial output
-left in its stream. Another thread counts prompt tokens for the web app (worker.service.tokenize).
+RQ hands the worker a job when it is idle (its blocking dequeue). That job starts the batch loop:
+each step runs every model's batch once, then one Redis round trip carries all the jobs' new
+stream records, cancel checks and progress; between steps more jobs join, taken from the
+worker's queues without blocking (interactive queues before batch queues, while their model's
+batch has room), and jobs whose sequence ended are filed with RQ. When no job is left the loop
+hands back to RQ, which waits for the next. Every job is a proper RQ job: an execution in the
+StartedJobRegistry while it runs, then finished, failed or cancelled with its result.
+
+A thread keeps the heartbeats of all running jobs alive and publishes what this worker serves
+(models, context, device stats, running jobs) under a short-lived key: the web app learns which
+models exist from there, and a job whose worker stopped refreshing it (killed) is failed by any
+other worker or by the web app (vkllm.orphans), its partial output left in its stream. Another
+thread counts prompt tokens for the web app (worker.service.tokenize).
 
 Redis may go away for a while (a restart, a network cut): every command of RQ and of these threads
-waits it out (the connection retries with backoff, without end), and a running job keeps
-generating into its outbox (worker.service.outbox), which catches up once Redis is back."""
+waits it out (the connection retries with backoff, without end), and the batch keeps generating
+into the outbox (worker.service.outbox), which catches up once Redis is back. Meanwhile no job
+joins, and a job that ends is filed once Redis has its whole stream."""
 import contextvars
 import json
 import logging
@@ -26,24 +35,26 @@ from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 from rq import SimpleWorker, get_current_job
 from rq.job import Job, JobStatus
+from rq.utils import now
+from rq.worker import WorkerStatus
 
-from vkllm import orphans, protocol, sampling_defaults
+from vkllm import orphans, protocol
 from vkllm.errors import VkllmError
-from worker.engine.generation import Timings
-from worker.engine.sampling import SamplingParams
-from worker.engine.toolcalls import ToolCallParser, format_for
+from worker.service.jobrun import JobRun
 from worker.service.metrics import WorkerMetrics
 from worker.service.outbox import Outbox
 from worker.service.tokenize import TokenCounter
 
 log = logging.getLogger(__name__)
 UNREACHABLE = (ConnectionError, TimeoutError)
+PROGRESS_INTERVAL = 0.5   # seconds between a running job's progress updates in job.meta
 _current_worker: contextvars.ContextVar["GPUWorker"] = contextvars.ContextVar("vkllm_worker")
 
 
-def run_job(request: dict) -> dict:
-    """The RQ job function, enqueued by name by the web app; the worker running it holds the model."""
-    return _current_worker.get().generate(get_current_job(), request)
+def run_job(request: dict) -> None:
+    """The RQ job function, enqueued by name by the web app: the request joins the batch of the
+    worker running it (a bad request raises here), which files the job when its sequence ends."""
+    _current_worker.get().join(get_current_job(), request)
 
 
 class _SharedRetry(Retry):
@@ -56,7 +67,7 @@ class _SharedRetry(Retry):
 
 def connect(url: str) -> tuple[Redis, Redis]:
     """Two clients of the worker's Redis: one whose commands wait out any outage (RQ, the
-    threads), and one that fails at once, for the running job's outbox and the outage checks."""
+    threads), and one that fails at once, for the batch's outbox."""
     patient = Redis.from_url(url, socket_connect_timeout=5, retry_on_error=list(UNREACHABLE),
                              retry=_SharedRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1))
     prompt = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=Retry(
@@ -67,24 +78,26 @@ def connect(url: str) -> tuple[Redis, Redis]:
 class GPUWorker(SimpleWorker):
     def __init__(self, engines: dict, connection: Redis, link: Redis, *, metrics: WorkerMetrics,
                  metrics_port: int, heartbeat_interval: float = 5.0, stream_ttl: int = 7 * 86400, **kwargs):
-        # batch lines come last: RQ takes the first non-empty queue in this order
+        # batch lines come last: jobs are taken from the first non-empty queue in this order
         queues = [protocol.queue_name(name) for name in engines] + [protocol.batch_queue_name(name) for name in engines]
         # RQ logs a job's description (its arguments: the prompt) unless told not to
         super().__init__(queues, connection=connection, name=metrics.worker, log_job_description=False, **kwargs)
         self.link = link   # connection (see connect) is patient; this one answers at once
+        self.outbox = Outbox(link)
         self.instance = uuid.uuid4().hex
         self.engines = engines
         self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer),
                               "sampling_defaults": e.sampling_defaults}
                        for name, e in engines.items()}
+        self.model_of = {q: name for name in engines for q in (protocol.queue_name(name),
+                                                                protocol.batch_queue_name(name))}
         self.metrics = metrics
         self.metrics_port = metrics_port
         self.interval = heartbeat_interval
         self.liveness_ttl = max(2, int(3 * heartbeat_interval))
         self.stream_ttl = stream_ttl
         self.last_tokens_per_second = 0.0
-        self._job: Job | None = None
-        self._cancelled: str | None = None   # id of the last job that ended by cancellation
+        self.running: dict[str, JobRun] = {}   # job id -> its run, from its start until RQ has filed it
 
     # RQ's own heartbeat would only come between jobs; ours comes from a thread every interval.
     # RQ gives up on a job well after our liveness key expires, so that fail_orphans, which
@@ -121,7 +134,8 @@ class GPUWorker(SimpleWorker):
 
     def request_stop(self, signum, frame):
         """A stop ends the patience: from now on every Redis command (those waiting included) is
-        tried a few times, not for ever, so that a stop during an outage ends."""
+        tried a few times, not for ever, so that a stop during an outage ends. A first stop lets
+        the running jobs finish (no job joins meanwhile); a second fails them (_abort)."""
         self.connection.get_retry().update_retries(3)
         super().request_stop(signum, frame)
 
@@ -131,23 +145,162 @@ class GPUWorker(SimpleWorker):
         except UNREACHABLE as e:
             log.warning("Redis unreachable at shutdown (%s); this worker's RQ record expires by itself", e)
 
+    # -- the batch loop ----------------------------------------------------------------------------
     def execute_job(self, job, queue):
+        """RQ hands over a job while this worker is idle: it starts the batch loop, which ends
+        when no job is left."""
         token = _current_worker.set(self)
         try:
-            super().execute_job(job, queue)
+            self._start(job, queue)
+            while self.running:
+                self._take_queued()
+                self._step()
+        except Exception as e:   # a fault of the worker's own: its jobs fail, the worker goes on
+            log.exception("the batch loop failed")
+            self._abort(e)
+        except BaseException as e:   # a shutdown (SystemExit) in the middle of the batch
+            self._abort(e)
+            raise
         finally:
             _current_worker.reset(token)
+        self.set_state(WorkerStatus.IDLE)
 
-    def handle_job_success(self, job, queue, started_job_registry, execution):
-        """A generation stopped by cancellation returns normally; file it with the cancelled jobs."""
-        super().handle_job_success(job, queue, started_job_registry, execution)
-        if job.id == self._cancelled:
+    def _start(self, job: Job, queue) -> None:
+        """Start a job as RQ does (an execution in the started registry) and run its function,
+        which joins the request to its model's batch; a bad request fails the job alone."""
+        execution = self.prepare_execution(job)
+        self.prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
+        job.started_at = now()
+        # for the watchdog (vkllm.orphans): how long to wait for this worker, and which start
+        # of it runs the job (a worker restarted under the same name does not)
+        job.meta |= {"liveness_ttl": self.liveness_ttl, "worker_instance": self.instance}
+        job.save_meta()
+        run = self.running[job.id] = JobRun(job, queue, execution)
+        self.outbox.open(run.stream, orphans.stream_lifetime(job, self.stream_ttl))
+        try:
+            job.perform()
+        except Exception as e:
+            run.fail_now(e)
+            self.outbox.send(run.stream, run.error_record())
+
+    def join(self, job: Job, request: dict) -> None:
+        self.running[job.id].join(self.engines, request)
+
+    def _take_queued(self) -> None:
+        """Jobs waiting in this worker's queues join while their model's batch has room; none
+        while a stop is requested or Redis is away (the batch does not wait for it)."""
+        while not self._stop_requested and self.outbox.up:
+            queues = [q for q in self._ordered_queues if self.engines[self.model_of[q.name]].batch.room()]
+            if not queues:
+                return
+            taken = self.queue_class.dequeue_any(queues, None, connection=self.connection, job_class=self.job_class,
+                                                 serializer=self.serializer,
+                                                 death_penalty_class=self.death_penalty_class)
+            if taken is None:
+                return
+            job, queue = taken
+            self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
+            self._start(job, queue)
+
+    def _step(self) -> None:
+        """One step of every model's batch, then one round trip for all the jobs; then the jobs
+        that ended, and whose streams Redis has whole, are filed."""
+        for model, engine in self.engines.items():
+            batch = engine.batch
+            if not len(batch):
+                continue
+            try:
+                events = batch.step()
+            except Exception as e:   # the engine failed the step: that batch's jobs fail, the worker goes on
+                log.exception("a batch step of %s failed", model)
+                for run in [r for r in self.running.values() if r.model == model and not r.ended]:
+                    run.fail_now(e)
+                    self.outbox.send(run.stream, run.error_record())
+                    batch.cancel(run.seq)
+                continue
+            for seq, event in events:
+                run = seq.tag
+                if run.ended:   # failed while its sequence was still in the batch
+                    continue
+                for record in run.push(event):
+                    self.outbox.send(run.stream, record)
+                if event.finish_reason is None:
+                    self.metrics.token(model)
+            self.metrics.batch(model, batch.stats())
+        self._sync()
+        self._file_ended()
+        if self.running and not any(len(e.batch) for e in self.engines.values()):
+            self.outbox.pause()   # only ended jobs are left, their streams waiting for Redis
+
+    def _sync(self) -> None:
+        """The round trip of a step: the new stream records, every running job's cancel key, the
+        progress of those due; a cancelled job (or one past its timeout) leaves the batch."""
+        active = [run for run in self.running.values() if not run.ended]
+        at = time.monotonic()
+        for run in active:
+            if not run.cancelling and run.job.timeout and 0 < run.job.timeout < at - run.started:
+                run.timed_out = run.cancelling = True
+                run.engine.batch.cancel(run.seq)
+        due = [run for run in active if at - run.progress_at > PROGRESS_INTERVAL]
+
+        def commands(pipe):
+            for run in active:
+                pipe.exists(run.cancel_key)
+            for run in due:
+                run.job.meta["progress"] = run.progress()
+                pipe.hset(run.job.key, "meta", run.job.serializer.dumps(run.job.meta))
+        replies = self.outbox.flush(commands)
+        if replies is None:   # Redis is away: not cancelled, as far as we know
+            return
+        for run in due:
+            run.progress_at = at
+        for run, cancelled in zip(active, replies):
+            if cancelled and not run.cancelling:
+                run.cancelling = True
+                run.engine.batch.cancel(run.seq)
+
+    def _file_ended(self) -> None:
+        for run in [r for r in self.running.values() if r.ended and not self.outbox.waiting(r.stream)]:
+            self._file(run)
+
+    def _file(self, run: JobRun) -> None:
+        """File an ended job with RQ: finished (a cancelled one with the cancelled jobs) or failed."""
+        del self.running[run.job.id]
+        self.outbox.close(run.stream)
+        job, queue = run.job, run.queue
+        if run.model is not None:
+            job.meta["progress"] = run.progress()
+            job.save_meta()
+            self.metrics.job_done(run.model, run.timings, time.monotonic() - run.started)
+            self.last_tokens_per_second = run.timings.generation_tokens_per_second or self.last_tokens_per_second
+        if run.exc_info is not None:
+            self._finalize_failure(job, queue, run.execution, run.exc_info)
+            return
+        self._finalize_success(job, queue, run.execution, run.result)
+        if run.finish == "cancelled":
             with self.connection.pipeline() as pipe:
                 queue.finished_job_registry.remove(job, pipeline=pipe)
                 job.set_status(JobStatus.CANCELED, pipeline=pipe)
                 queue.canceled_job_registry.add(job, pipeline=pipe)
                 pipe.execute()
 
+    def _abort(self, error: BaseException) -> None:
+        """Every job still running ends failed with this error, its partial output kept."""
+        for run in self.running.values():
+            if not run.ended:
+                run.fail_now(error)
+                self.outbox.send(run.stream, run.error_record())
+                if run.seq is not None and isinstance(error, Exception):   # the worker goes on
+                    run.engine.batch.cancel(run.seq)
+        # a shutdown waits for Redis a little, not for ever
+        self.outbox.drain(None if isinstance(error, Exception) else time.monotonic() + 5)
+        for run in list(self.running.values()):
+            try:
+                self._file(run)
+            except UNREACHABLE as e:   # a shutdown while Redis is away: the watchdog fails the job
+                log.error("job %s could not be filed (%s)", run.job.id, e)
+
+    # -- the heartbeat thread ------------------------------------------------------------------------
     def _beat(self, stop: threading.Event) -> None:
         down = False
         while not stop.wait(self.interval):
@@ -163,12 +316,36 @@ class GPUWorker(SimpleWorker):
                     self._register_again()
                     down = False
                 self.publish()
-                job, execution = self._job, self.execution
-                if job is not None and execution is not None:
-                    self.maintain_heartbeats(job, execution)
+                runs = list(self.running.values())
+                if runs:
+                    self.maintain_all_heartbeats(runs)
                 self.fail_orphans()
             except Exception:  # a Redis hiccup must not end the heartbeat for good
                 log.exception("heartbeat failed")
+
+    def maintain_all_heartbeats(self, runs: list[JobRun]) -> None:
+        """RQ's maintain_heartbeats for all running jobs in one round trip: the worker's record,
+        each execution (in the started registry) and each job."""
+        worker_ttl = self.job_monitoring_interval + 60
+        with self.connection.pipeline() as pipe:
+            self.heartbeat(worker_ttl, pipeline=pipe)
+            job_beats = []
+            for run in runs:
+                ttl = self.get_heartbeat_ttl(run.job)
+                run.execution.heartbeat(run.job.started_job_registry, ttl, pipeline=pipe)
+                job_beats.append((len(pipe), run.job))
+                run.job.heartbeat(now(), ttl, pipeline=pipe, xx=True)
+            results = pipe.execute()
+            # as RQ's maintain_heartbeats: a job deleted meanwhile (result_ttl 0) must not come
+            # back as a hash of one field, and a worker record that had expired is written whole
+            for index, job in job_beats:
+                if results[index] == 1:
+                    pipe.delete(job.key)
+            if results[0] == 1:
+                pipe.hset(self.key, mapping=self.serialize())
+                pipe.expire(self.key, worker_ttl)
+            if len(pipe):
+                pipe.execute()
 
     def _register_again(self) -> None:
         """After an outage: RQ's record of this worker is back with Redis's data, or made anew."""
@@ -177,113 +354,28 @@ class GPUWorker(SimpleWorker):
             self.register_birth()
 
     def publish(self) -> None:
-        """Tell the web app what this worker serves; the key dies with the worker."""
+        """Tell the web app what this worker serves and runs; the key dies with the worker."""
         stats = {name: engine.stats() for name, engine in self.engines.items()}
         for name, device in stats.items():
             self.metrics.device_stats(name, device)
-        key = protocol.worker_key(self.name)
+        key, jobs = protocol.worker_key(self.name), list(self.running)
         with self.connection.pipeline() as pipe:
             pipe.hset(key, mapping={
                 "name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "models": json.dumps(self.models), "stats": json.dumps(stats),
-                "metrics_port": self.metrics_port, "job": self._job.id if self._job else "",
+                "metrics_port": self.metrics_port, "jobs": json.dumps(jobs),
                 "tokens_per_second": self.last_tokens_per_second, "instance": self.instance,
             })
             pipe.expire(key, self.liveness_ttl)
             pipe.sadd(protocol.WORKERS, self.name)
             pipe.hset(protocol.MODELS, mapping={name: json.dumps(m) for name, m in self.models.items()})
-            if self._job is not None:   # alive: no sweep may count this job as orphaned
-                pipe.delete(protocol.orphan_key(self._job.id))
+            for job_id in jobs:   # alive: no sweep may count these jobs as orphaned
+                pipe.delete(protocol.orphan_key(job_id))
             pipe.execute()
 
     def fail_orphans(self) -> None:
         """Fail started jobs of this worker's models whose worker died (vkllm.orphans)."""
         orphans.reap(self.queues, self.stream_ttl)
-
-    def generate(self, job: Job, request: dict) -> dict:
-        """Run one job: tokens go to the job's stream as they come, progress to job.meta."""
-        model = request["model"]
-        if model not in self.engines:
-            raise VkllmError(f"model {model!r} is not loaded on worker {self.name}")
-        engine = self.engines[model]
-        self._job = job
-        started = time.monotonic()
-        timings, finish, count, pieces, tool_calls = Timings(), None, 0, [], []
-        cancel_key = protocol.cancel_key(job.id)
-        outbox = Outbox(self.link, protocol.stream_key(job.id), orphans.stream_lifetime(job, self.stream_ttl))
-        # for the watchdog (vkllm.orphans): how long to wait for this worker, and which start
-        # of it runs the job (a worker restarted under the same name does not)
-        job.meta |= {"liveness_ttl": self.liveness_ttl, "worker_instance": self.instance}
-        job.save_meta()
-        # progress during generation goes through the link, so an outage does not hold it up
-        progress = Job(job.id, connection=self.link)
-        progress.meta = job.meta
-        try:
-            params = SamplingParams(**sampling_defaults.fill(request["params"], engine.sampling_defaults))
-            messages, tools = request.get("messages"), request.get("tools")
-            prompt = engine.render_chat(messages, tools) if messages is not None else request["prompt"]
-            # tool calls are parsed where the request offered tools and the template teaches a format
-            fmt = format_for(engine.chat_template) if tools else None
-            calls = ToolCallParser(fmt) if fmt else None
-            last_meta = 0.0
-
-            def cancelled() -> bool:   # while Redis is away: not cancelled, as far as we know
-                return bool(outbox.call(lambda: self.link.exists(cancel_key), False))
-
-            for event in engine.generate(prompt, params, cancelled, request.get("logprobs"), request.get("constraint")):
-                text = calls.push(event.text) if calls else event.text
-                if event.finish_reason is not None and calls:
-                    held, tool_calls = calls.finish()
-                    text += held
-                logprobs = _logprobs(engine.tokenizer, event) if event.logprobs else None
-                if text or logprobs:
-                    pieces.append(text)
-                    outbox.send(protocol.record(protocol.TOKEN, text=text,
-                                                **({"logprobs": logprobs} if logprobs else {})))
-                if event.finish_reason is not None:
-                    finish, timings = event.finish_reason, event.timings
-                    break
-                count += 1
-                self.metrics.token(model)
-                if time.monotonic() - last_meta > 0.5:
-                    job.meta["progress"] = {"tokens": count, "max_tokens": params.max_tokens}
-                    outbox.call(progress.save_meta, None)
-                    last_meta = time.monotonic()
-            job.meta["progress"] = {"tokens": count, "max_tokens": params.max_tokens}
-            job.save_meta()
-        except BaseException as e:   # also a shutdown (SystemExit) in the middle of a job
-            kind = "invalid_request" if isinstance(e, VkllmError) else "server_error"
-            reason = (str(e) or type(e).__name__) if isinstance(e, Exception) else "the worker was shut down"
-            outbox.send(protocol.record(protocol.ERROR, error=reason, kind=kind))
-            # a shutdown waits for Redis a little, not for ever
-            outbox.drain(None if isinstance(e, Exception) else time.monotonic() + 5)
-            raise
-        finally:
-            self.metrics.job_done(model, timings, time.monotonic() - started)
-            self.last_tokens_per_second = timings.generation_tokens_per_second or self.last_tokens_per_second
-            self._job = None
-        self._cancelled = job.id if finish == "cancelled" else None
-        result = {
-            "text": "".join(pieces), "finish_reason": finish,
-            "usage": {"prompt_tokens": timings.prompt_tokens, "completion_tokens": timings.generated_tokens},
-            "timings": {"time_to_first_token": timings.time_to_first_token,
-                        "prompt_tokens_per_second": timings.prompt_tokens_per_second,
-                        "generation_tokens_per_second": timings.generation_tokens_per_second},
-            **({"tool_calls": tool_calls} if tool_calls else {}),
-        }
-        outbox.send(protocol.record(protocol.END, **{k: v for k, v in result.items() if k != "text"}))
-        outbox.drain()
-        return result
-
-
-def _logprobs(tokenizer, event) -> dict:
-    """A token's logprobs as OpenAI's chat API spells them: text, log-probability, UTF-8 bytes."""
-    def entry(token: int, logprob: float) -> dict:
-        raw = tokenizer.token_bytes(token)   # empty for a control token: its text names it
-        return {"token": raw.decode("utf-8", "replace") if raw else tokenizer.token_text(token),
-                "logprob": logprob, "bytes": list(raw)}
-    return entry(event.token_id, event.logprobs.logprob) | {
-        "top_logprobs": [entry(token, logprob) for token, logprob in event.logprobs.top]}
 
 
 def _max_token_bytes(tokenizer) -> int:
@@ -323,6 +415,7 @@ def serve(args, settings, load=None) -> int:
     metrics = WorkerMetrics(name)
     for model, engine in engines.items():
         metrics.loaded(model, engine.stats())
+        metrics.batch(model, engine.batch.stats())
     port = metrics.serve(args.metrics_port, args.metrics_host)
     log.info("worker %s serving %s; metrics on %s port %d", name, ", ".join(engines), args.metrics_host, port)
     worker = GPUWorker(engines, connection, link, metrics=metrics, metrics_port=port,

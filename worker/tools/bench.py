@@ -1,6 +1,7 @@
 """`vkllm bench -m FILE`: prompt processing (pp) and generation (tg) speed, as llama-bench
 reports them, against a measured read-bandwidth roofline and, with --peer llama.cpp, against
-llama.cpp's Vulkan backend timed in the same run. `vkllm bench kernels`: per-kernel figures."""
+llama.cpp's Vulkan backend timed in the same run. `vkllm bench kernels`: per-kernel figures; `vkllm bench serve`: serving under concurrent load
+(worker/tools/bench_serve.py)."""
 import statistics
 import time
 
@@ -27,6 +28,11 @@ def register(sub):
     kernels = kinds.add_parser("kernels", help="mat-vec GB/s per quant type at LLM shapes")
     bench_kernels.add_arguments(kernels)
     kernels.set_defaults(func=bench_kernels.run)
+    from worker.tools import bench_serve
+    serve = kinds.add_parser("serve", help="N concurrent jobs through the API or the engine's batch: "
+                                           "tokens/s, TTFT, TPOT percentiles")
+    bench_serve.add_arguments(serve)
+    serve.set_defaults(func=bench_serve.run)
 
 
 def weight_bytes_per_token(model_file) -> int:

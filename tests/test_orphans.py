@@ -1,0 +1,48 @@
+"""The orphan watchdog (vkllm.orphans) over real RQ jobs in a real Redis: every job a dead worker
+was running at once (a batch) is failed, its partial stream kept and closed with the reason; a
+live worker's jobs are left alone."""
+import time
+
+from redis import Redis
+from rq import Queue, SimpleWorker
+from rq.job import JobStatus
+
+from vkllm import orphans, protocol
+
+
+def start_jobs(r: Redis, queue: Queue, worker_name: str, instance: str, n: int) -> list:
+    """n jobs started by one worker as GPUWorker starts them: RQ's execution and started-registry
+    entry, the watchdog's meta, a first token in the stream."""
+    worker = SimpleWorker([queue], connection=r, name=worker_name)
+    jobs = []
+    for i in range(n):
+        job = queue.enqueue(protocol.JOB_FUNCTION, {"model": "m", "prompt": f"p{i}", "params": {}})
+        assert queue.dequeue_any([queue], None, connection=r)[0].id == job.id
+        worker.prepare_execution(job)
+        worker.prepare_job_execution(job)
+        job.meta |= {"liveness_ttl": 1, "worker_instance": instance}
+        job.save_meta()
+        r.xadd(protocol.stream_key(job.id), protocol.record(protocol.TOKEN, text=f"partial {i}"))
+        jobs.append(job)
+    return jobs
+
+
+def test_every_job_of_a_dead_worker_fails_with_its_partial_output(redis_url):
+    r = Redis.from_url(redis_url)
+    queue = Queue("vkllm:orphans-test", connection=r)
+    dead = start_jobs(r, queue, "batch-dead", "gone", 4)
+    r.hset(protocol.worker_key("batch-alive"), mapping={"instance": "here"})
+    alive = start_jobs(r, queue, "batch-alive", "here", 2)
+    assert orphans.reap([queue], 100) == []   # the first sweep only notes the worker missing
+    time.sleep(1.2)                           # its liveness window (the jobs' meta) passes
+    assert sorted(orphans.reap([queue], 100)) == sorted(job.id for job in dead)
+    for i, job in enumerate(dead):
+        job.refresh()
+        assert job.get_status() == JobStatus.FAILED
+        records = [protocol.parse(fields) for _, fields in r.xrange(protocol.stream_key(job.id))]
+        assert records[0] == (protocol.TOKEN, {"text": f"partial {i}"})
+        kind, data = records[1]
+        assert kind == protocol.ERROR and "batch-dead" in data["error"] and len(records) == 2
+        assert 0 < r.ttl(protocol.stream_key(job.id)) <= 100
+    assert all(job.get_status(refresh=True) == JobStatus.STARTED for job in alive)
+    assert sorted(queue.started_job_registry.get_job_ids()) == sorted(job.id for job in alive)
