@@ -62,9 +62,10 @@ def test_chunk_grows_up_to_the_context(smollm2):
     from worker.engine.memplan import plan_load
     plan = plan_load(smollm2, smollm2.config, 2048, 4096, (512, 1024, 2048, 4096), 1 << 40)
     assert (plan.n_ctx, plan.chunk) == (2048, 2048)
-    # 512 rows of activations (4 * 5760 bytes each) and a token id per chunk token, as test_smollm2_plan counts
+    # per chunk token a row of activations (4 * 5760 bytes), a token id and a (slot, position), as
+    # test_smollm2_plan counts
     small = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=2048, chunk=512)
-    assert plan.scratch_bytes - small.scratch_bytes == (2048 - 512) * (4 * 5760 + 4)
+    assert plan.scratch_bytes - small.scratch_bytes == (2048 - 512) * (4 * 5760 + 4 + 8)
 
 
 def test_chunk_stays_where_a_bigger_one_would_not_fit(smollm2):
