@@ -87,7 +87,8 @@ def test_tiny_moe_models_match_llama_cpp(vk_ctx, synth_dir, preset, mix):
         assert best == greedy[step] or top2[0] - top2[1] < 0.05, f"step {step}: ours {best}, llama.cpp {greedy[step]}"
 
 
-@pytest.mark.parametrize("preset,mix", [("tiny-qwen3moe", "Q8_0"), ("tiny-gpt-oss", "MXFP4_MOE")])
+@pytest.mark.parametrize("preset,mix", [("tiny-qwen3moe", "Q8_0"), ("tiny-gpt-oss", "MXFP4_MOE"),
+                                        ("tiny-gpt-oss-yarn", "MXFP4_MOE")])
 def test_chunked_prefill_and_decode_match_one_pass(vk_ctx, synth_dir, preset, mix):
     """20 tokens prefilled in chunks of 6, then 4 decoded one by one: the reference's logits at
     every step (gpt-oss's local layers slide past their 8 positions meanwhile)."""
