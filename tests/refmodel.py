@@ -14,7 +14,12 @@ over the chosen, gpt-oss by the softmax of the chosen logits; the weighted sum o
 experts' SwiGLU FFNs. gpt-oss besides: biases on the router and the experts, the clamped SwiGLU
 (swiglu_oai: alpha 1.702, limit 7), an attention output bias and per-head sink logits in the
 attention softmax's denominator, and every other layer local.
+YaRN rope scaling as ggml's rope_yarn writes it (from the config's raw parameters, not its
+folded factors): the interpolated and the original angle mixed by a ramp over the correction
+dimensions, cos and sin times mscale; gpt-oss's local layers too.
 """
+import math
+
 import numpy as np
 
 
@@ -22,9 +27,22 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope(x: np.ndarray, positions: np.ndarray, cfg, base=None, factors="config") -> np.ndarray:
+def yarn_angle(angle: np.ndarray, yarn, rope_dim: int, base: float) -> tuple[np.ndarray, float]:
+    """ggml rope_yarn: (the angle mixed with its interpolation over pairs (last axis), mscale)."""
+    def corr_dim(beta):
+        return rope_dim * math.log(yarn.original_context / (beta * 2 * math.pi)) / (2 * math.log(base))
+    low = max(0.0, math.floor(corr_dim(yarn.beta_fast)))
+    high = min(rope_dim - 1.0, math.ceil(corr_dim(yarn.beta_slow)))
+    freq_scale = 1.0 / yarn.factor
+    ramp = 1 - np.clip((np.arange(angle.shape[-1]) - low) / max(0.001, high - low), 0, 1)
+    mix = ramp * yarn.ext_factor
+    mscale = yarn.attn_factor * (1 + 0.1 * math.log(1 / freq_scale)) if yarn.ext_factor else yarn.attn_factor
+    return freq_scale * angle * (1 - mix) + angle * mix, mscale
+
+
+def rope(x: np.ndarray, positions: np.ndarray, cfg, base=None, factors="config", yarn=None) -> np.ndarray:
     """x: (n_tokens, n_heads, head_dim) rotated over its first rope_dim dims; `base` and
-    `factors` override the config's."""
+    `factors` override the config's; `yarn`: YaRN parameters (models.config.Yarn) to apply."""
     half = cfg.rope_dim // 2
     base = cfg.rope_base if base is None else base
     factors = cfg.rope_freq_factors if factors == "config" else factors
@@ -32,7 +50,10 @@ def rope(x: np.ndarray, positions: np.ndarray, cfg, base=None, factors="config")
     if factors is not None:
         inv_freq = inv_freq / np.asarray(factors[:half], dtype=np.float64)
     angle = positions[:, None, None] * inv_freq[None, None, :]
-    cos, sin = np.cos(angle), np.sin(angle)
+    mscale = 1.0
+    if yarn is not None:
+        angle, mscale = yarn_angle(angle, yarn, cfg.rope_dim, base)
+    cos, sin = np.cos(angle) * mscale, np.sin(angle) * mscale
     out = x.copy()
     if cfg.rope_neox:
         a, b = x[..., :half], x[..., half:cfg.rope_dim]
@@ -115,12 +136,13 @@ class RefModel:
             q = rms_norm(q, self.w(f"{p}.attn_q_norm.weight"), c.norm_eps)
             k = rms_norm(k, self.w(f"{p}.attn_k_norm.weight"), c.norm_eps)
         local = bool(c.swa_layers) and c.swa_layers[i]
+        tensor = tuple(self.w("rope_freqs.weight")) if "rope_freqs.weight" in self.mf.tensors else None
+        yarn = c.rope_yarn if c.rope_yarn and (c.rope_yarn_swa or not local) else None
         if local:   # a local layer: its own base, no linear scaling (a rope_freqs tensor stays)
-            linear = c.rope_freq_factors is not None and "rope_freqs.weight" not in self.mf.tensors
-            base, factors = c.rope_base_swa, None if linear else c.rope_freq_factors
-        else:
-            base, factors = c.rope_base, c.rope_freq_factors
-        q, k = rope(q, positions, c, base, factors), rope(k, positions, c, base, factors)
+            base, factors = c.rope_base_swa, tensor
+        else:       # YaRN's factors are applied by rope_yarn, not taken from the config
+            base, factors = c.rope_base, tensor if c.rope_yarn else c.rope_freq_factors
+        q, k = rope(q, positions, c, base, factors, yarn), rope(k, positions, c, base, factors, yarn)
         if len(cache) > i:
             k, v = np.concatenate([cache[i][0], k]), np.concatenate([cache[i][1], v])
             cache[i] = (k, v)

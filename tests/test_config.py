@@ -5,11 +5,12 @@ import math
 
 import numpy as np
 import pytest
+from refmodel import yarn_angle
 
 from worker.engine.errors import GGUFError
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.modelfile import ModelFile
-from worker.engine.models.config import ModelConfig, llama3_rope_factors
+from worker.engine.models.config import ModelConfig, Yarn, llama3_rope_factors
 from worker.tools.synth import write_model
 
 
@@ -105,9 +106,43 @@ def test_linear_rope_scaling_is_a_constant_factor():
     assert c.rope_freq_factors == (4.0,) * 8
 
 
-def test_yarn_is_refused():
-    with pytest.raises(GGUFError, match="unsupported rope scaling type 'yarn'"):
-        ModelConfig.from_metadata(META | {"llama.rope.scaling.type": "yarn",
+YARN = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+        "llama.rope.scaling.original_context_length": 64}
+
+
+def test_yarn_is_a_per_pair_factor_and_a_score_scale():
+    """The divisors and the magnitude are those of the reference's rope_yarn (tests/refmodel.py,
+    itself checked against llama.cpp in test_engine_moe.py): mixed angle = angle / factor."""
+    c = ModelConfig.from_metadata(META | YARN)
+    assert c.rope_yarn == Yarn(4.0, 64, 32.0, 1.0, 1.0, 1.0)
+    mixed, mscale = yarn_angle(np.ones(8), c.rope_yarn, 16, 10000.0)
+    np.testing.assert_allclose(c.rope_freq_factors, 1 / mixed, rtol=1e-12)
+    f = c.rope_freq_factors
+    assert f[0] == 1.0 < f[1] < 4.0 == f[7]   # extrapolated, the ramp, interpolated
+    assert mscale == pytest.approx(1 + 0.1 * np.log(4.0))
+    assert c.layer_attention_scale(0) == pytest.approx(16 ** -0.5 * mscale ** 2)
+
+
+def test_yarn_keys_override_llama_cpp_defaults():
+    c = ModelConfig.from_metadata(META | YARN | {"llama.rope.scaling.yarn_beta_fast": 16.0,
+                                                 "llama.rope.scaling.yarn_beta_slow": 2.0,
+                                                 "llama.rope.scaling.yarn_ext_factor": 0.0,
+                                                 "llama.rope.scaling.yarn_attn_factor": 0.5})
+    assert c.rope_yarn == Yarn(4.0, 64, 16.0, 2.0, 0.0, 0.5)
+    assert c.rope_freq_factors == pytest.approx((4.0,) * 8)   # ext_factor 0: plain interpolation
+    assert c.layer_attention_scale(0) == pytest.approx(16 ** -0.5 * 0.25)
+
+
+@pytest.mark.parametrize("change", [{"llama.rope.scaling.factor": 0.0},
+                                    {"llama.rope.scaling.original_context_length": -1}])
+def test_bad_yarn_metadata_is_a_clear_error(change):
+    with pytest.raises(GGUFError, match="bad llama metadata: yarn rope scaling"):
+        ModelConfig.from_metadata(META | YARN | change)
+
+
+def test_unknown_rope_scaling_is_refused():
+    with pytest.raises(GGUFError, match="unsupported rope scaling type 'longrope'"):
+        ModelConfig.from_metadata(META | {"llama.rope.scaling.type": "longrope",
                                           "llama.rope.scaling.factor": 4.0})
 
 
@@ -154,6 +189,12 @@ def test_gemma3_linear_rope_scaling_is_for_global_layers_only():
     """llama.cpp scales the frequency of global layers only (Gemma 3 4B and larger: factor 8)."""
     c = ModelConfig.from_metadata(GEMMA3 | {"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0})
     assert c.layer_rope_freq_factors(5) == (8.0,) * 8 and c.layer_rope_freq_factors(0) is None
+
+
+def test_gemma3_yarn_is_for_global_layers_only():
+    c = ModelConfig.from_metadata(GEMMA3 | {k.replace("llama.", "gemma3."): v for k, v in YARN.items()})
+    assert c.layer_rope_freq_factors(0) is None and c.layer_attention_scale(0) is None
+    assert c.layer_rope_freq_factors(5) == c.rope_freq_factors and c.layer_attention_scale(5) > c.head_dim ** -0.5
 
 
 def test_gemma3_final_logit_softcapping_is_refused():

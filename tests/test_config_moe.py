@@ -2,6 +2,7 @@
 the tiny synthetic qwen3moe and gpt-oss files, and files that the expert kernels cannot run
 refused with one line."""
 import dataclasses
+import math
 
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -37,6 +38,15 @@ def test_tiny_gpt_oss(files):
     assert c.ffn_norm == "post_attention_norm"
     required = c.required_tensors()
     assert {"blk.3.attn_sinks.weight", "blk.3.ffn_down_exps.bias", "blk.3.attn_output.bias"} <= set(required)
+
+
+def test_tiny_gpt_oss_yarn_scales_every_layer(files):
+    """gpt-oss's local layers rotate with YaRN as its global ones (llama.cpp: one rope for all)."""
+    c = files("tiny-gpt-oss-yarn").config
+    assert c.rope_yarn.factor == 8.0 and c.rope_yarn.original_context == 256
+    assert all(c.layer_rope_freq_factors(i) == c.rope_freq_factors for i in range(4))
+    assert len({c.layer_attention_scale(i) for i in range(4)}) == 1
+    assert c.layer_attention_scale(0) == pytest.approx(64 ** -0.5 * (1 + 0.1 * math.log(8.0)) ** 2)
 
 
 MOE = {k.replace("llama.", "qwen3moe."): v for k, v in META.items()} | {

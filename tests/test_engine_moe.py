@@ -1,7 +1,8 @@
 """Mixture-of-experts models (tiny synthetic qwen3moe and gpt-oss files) through the GPU engine:
 against the numpy reference (tests/refmodel.py), against llama.cpp (tests/golden/refmodel/moe.npz,
 written by tests/tools/make_moe_goldens.py with xllamacpp: its full distribution at every step of
-its greedy continuation), chunked prefill against one pass, and `vkllm models inspect`."""
+its greedy continuation; tiny-gpt-oss-yarn adds gpt-oss's YaRN rope scaling), chunked prefill
+against one pass, and `vkllm models inspect`."""
 import hashlib
 import subprocess
 import sys
@@ -37,7 +38,8 @@ def _log_softmax(logits):
 
 
 @pytest.mark.parametrize("preset,mix", [("tiny-qwen3moe", "Q4_K_M"), ("tiny-qwen3moe", "Q6_K"),
-                                        ("tiny-gpt-oss", "MXFP4_MOE"), ("tiny-gpt-oss", "Q4_0")])
+                                        ("tiny-gpt-oss", "MXFP4_MOE"), ("tiny-gpt-oss", "Q4_0"),
+                                        ("tiny-gpt-oss-yarn", "MXFP4_MOE")])
 def test_logits_match_numpy_reference(vk_ctx, synth_dir, preset, mix):
     """20 tokens: past tiny-gpt-oss's 8-position window, and every expert chosen by some token."""
     path = _model(synth_dir, preset, mix)
@@ -50,6 +52,18 @@ def test_logits_match_numpy_reference(vk_ctx, synth_dir, preset, mix):
     ref = reference_logits(ModelFile.open(path), ids)
     err = np.abs(ours - ref).max() / np.abs(ref).max()
     assert err < 2e-3, f"max relative logit error {err:.2e}"
+
+
+@pytest.mark.parametrize("preset,mix", [c for c in GOLDEN_CASES if c[1] == "F32"])
+def test_numpy_reference_matches_llama_cpp(synth_dir, preset, mix):
+    """The reference itself (its routing, and rope_yarn written from ggml) against llama.cpp's
+    float32 log-probabilities over the same weights."""
+    key = f"{preset}__{mix}__"
+    path = write_model(preset, synth_dir / f"golden-{preset}-{mix}.gguf", mix=mix, seed=0)
+    prompt, greedy, theirs = GOLDEN[key + "tokens"].tolist(), GOLDEN[key + "greedy"].tolist(), GOLDEN[key + "logprobs"]
+    ref = reference_logits(ModelFile.open(path), prompt + greedy[:-1])[len(prompt) - 1:]
+    assert np.abs(_log_softmax(ref) - theirs).max() < 1e-4 * np.abs(ref).max()
+    assert (ref.argmax(-1) == greedy).all()
 
 
 @pytest.mark.parametrize("preset,mix", GOLDEN_CASES)
@@ -73,7 +87,8 @@ def test_tiny_moe_models_match_llama_cpp(vk_ctx, synth_dir, preset, mix):
         assert best == greedy[step] or top2[0] - top2[1] < 0.05, f"step {step}: ours {best}, llama.cpp {greedy[step]}"
 
 
-@pytest.mark.parametrize("preset,mix", [("tiny-qwen3moe", "Q8_0"), ("tiny-gpt-oss", "MXFP4_MOE")])
+@pytest.mark.parametrize("preset,mix", [("tiny-qwen3moe", "Q8_0"), ("tiny-gpt-oss", "MXFP4_MOE"),
+                                        ("tiny-gpt-oss-yarn", "MXFP4_MOE")])
 def test_chunked_prefill_and_decode_match_one_pass(vk_ctx, synth_dir, preset, mix):
     """20 tokens prefilled in chunks of 6, then 4 decoded one by one: the reference's logits at
     every step (gpt-oss's local layers slide past their 8 positions meanwhile)."""

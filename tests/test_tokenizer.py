@@ -1,7 +1,8 @@
 """The tokenizer against llama.cpp. The goldens (ids, decoded bytes, special tokens) come from
 llama-cpp-python through tests/tools/make_tokenizer_goldens.py, for SmolLM2, for llama.cpp's own
 test vocabularies (Llama 3, Qwen2, Llama 2, GPT-2, StarCoder) and for small vocabulary-only
-GGUFs (SentencePiece, and byte-level BPE with other pre-tokenizers). llama.cpp's vocabularies
+GGUFs (SentencePiece, and byte-level BPE with other pre-tokenizers; gpt-4o's from llama.cpp through
+xllamacpp, tests/tools/make_gpt4o_golden.py). llama.cpp's vocabularies
 also come with texts and Hugging Face tokenizers' ids for them, a second reference."""
 import hashlib
 import json

@@ -12,6 +12,9 @@ the llama-bpe, qwen2, deepseek-r1-qwen and default pre-tokenizers, their merges 
 TRAINING_TEXT. For each vocabulary llama.cpp tokenizes CORPUS (ids and detokenized bytes) and
 reports its special tokens; the tests compare our tokenizer with these files.
 
+llama-cpp-python is imported where it is used, so that tests/tools/make_gpt4o_golden.py (which
+runs llama.cpp through xllamacpp instead) can share the corpus and the vocabulary writer.
+
 Chat templates (SmolLM2's and real models' from llama.cpp's models/templates/) are rendered by
 llama-cpp-python's Jinja2 formatter into smollm2_chat.json and chat_templates.json.
 
@@ -26,7 +29,6 @@ from collections import Counter
 from pathlib import Path
 
 import gguf
-import llama_cpp
 import regex
 
 OUT = Path(__file__).resolve().parents[1] / "golden" / "tokenizer"
@@ -122,9 +124,10 @@ def write(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
-def write_bpe(path: Path, arch: str, pre: str) -> None:
+def write_bpe(path: Path, arch: str, pre: str, text: str = TRAINING_TEXT, word: regex.Pattern = WORD) -> None:
+    """A byte-level BPE vocabulary whose merges are learned from `text` split by `word`."""
     table = byte_chars()
-    words = [[table[b] for b in m.group().encode()] for m in WORD.finditer(TRAINING_TEXT)]
+    words = [[table[b] for b in m.group().encode()] for m in word.finditer(text)]
     merges = learn_merges(words, 400)
     specials = [("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4), ("</think>", 4)]
     tokens = [t for t, _ in specials] + table + [a + b for a, b in merges]
@@ -173,6 +176,7 @@ def write_spm(path: Path) -> None:
 
 
 def golden(model_path: Path, name: str) -> dict:
+    import llama_cpp
     llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
     vocab = llm._model.vocab
     n = llama_cpp.llama_vocab_n_tokens(vocab)
@@ -207,6 +211,7 @@ def golden(model_path: Path, name: str) -> dict:
 
 def chat_golden(model_path: Path) -> dict:
     """SmolLM2's template rendered by llama-cpp-python's Jinja2 formatter."""
+    import llama_cpp
     reader = gguf.GGUFReader(str(model_path))
     template = reader.fields["tokenizer.chat_template"].contents()
     conversations = [
@@ -258,6 +263,7 @@ TEMPLATE_VARS = [{"date_string": "26 Jul 2024"}, {"date_string": "26 Jul 2024", 
 def templates_golden(templates: Path) -> dict:
     """Real chat templates rendered by llama-cpp-python's formatter; "error" where the template
     itself refuses the conversation (gemma-2 has no system role)."""
+    import llama_cpp
     renders = []
     for name, (bos, eos) in TEMPLATES.items():
         template = (templates / f"{name}.jinja").read_text()

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFWriter
+from gguf import GGUFWriter, RopeScalingType
 
 from worker.engine.intmath import cdiv
 from worker.engine.models.config import FAMILIES, llama3_rope_factors
@@ -44,6 +44,7 @@ class Preset:
     qkv_bias: bool = False                      # q/k/v biases even where the family has none
     sliding_window: int = 0                     # attention.sliding_window (families with local layers)
     rope_linear: float | None = None            # rope.scaling linear factor
+    rope_yarn: tuple | None = None              # YaRN rope scaling: (factor, original context length)
     n_expert: int = 0                           # mixture of experts: experts per layer
     n_expert_used: int = 0                      # experts per token
     n_ff_exp: int = 0                           # rows of one expert's gate and up
@@ -66,10 +67,10 @@ PRESETS = {
     # 30.5e9 parameters (3.3e9 active per token), as Qwen3-30B-A3B
     "qwen3-30b-a3b": Preset("qwen3moe", 48, 2048, 6144, 32, 4, 128, 151936, 40960, 1e6, 1e-6, False, "qwen2",
                             n_expert=128, n_expert_used=8, n_ff_exp=768),
-    # 20.9e9 parameters (3.6e9 active), as gpt-oss-20b (its YaRN rope scaling left out: a rope
-    # the engine does not run yet; the shapes and bytes per token are the model's)
+    # 20.9e9 parameters (3.6e9 active), as gpt-oss-20b, with its YaRN rope scaling
     "gpt-oss-20b": Preset("gpt-oss", 24, 2880, 2880, 64, 8, 64, 201088, 131072, 150000.0, 1e-5, False,
-                          "llama-bpe", sliding_window=128, n_expert=32, n_expert_used=4, n_ff_exp=2880),
+                          "gpt-4o", sliding_window=128, n_expert=32, n_expert_used=4, n_ff_exp=2880,
+                          rope_yarn=(32.0, 4096)),
     # Tiny models for tests. tiny-llama's widths are multiples of 256 so k-quants apply
     # everywhere; tiny-qwen2 (128 wide) exercises the llama.cpp fallbacks to 32-blocks;
     # tiny-qwen3 has head_dim * n_head != n_embd, as real Qwen3 models do.
@@ -90,6 +91,10 @@ PRESETS = {
                             n_expert=8, n_expert_used=2, n_ff_exp=256),
     "tiny-gpt-oss": Preset("gpt-oss", 4, 256, 256, 4, 2, 64, 384, 2048, 150000.0, 1e-5, False, "llama-bpe",
                            sliding_window=8, n_expert=8, n_expert_used=2, n_ff_exp=256),
+    # tiny-gpt-oss with YaRN over a short original context, so that at test lengths the ramp
+    # spans a third of the pairs and the rest are interpolated (gpt-oss-20b's is 32 over 4096)
+    "tiny-gpt-oss-yarn": Preset("gpt-oss", 4, 256, 256, 4, 2, 64, 384, 2048, 150000.0, 1e-5, False, "gpt-4o",
+                                sliding_window=8, n_expert=8, n_expert_used=2, n_ff_exp=256, rope_yarn=(8.0, 256)),
 }
 
 
@@ -217,8 +222,12 @@ def _add_metadata(w: GGUFWriter, name: str, p: Preset, mix: str) -> None:
         w.add_expert_used_count(p.n_expert_used)
         w.add_expert_feed_forward_length(p.n_ff_exp)
     if p.rope_linear:
-        w.add_rope_scaling_type("linear")
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(p.rope_linear)
+    if p.rope_yarn:
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(p.rope_yarn[0])
+        w.add_rope_scaling_orig_ctx_len(p.rope_yarn[1])
     w.add_vocab_size(p.n_vocab)
     w.add_file_type(file_type(mix))
     w.add_quantization_version(2)

@@ -34,13 +34,15 @@ class AttentionShape:
     @classmethod
     def from_config(cls, config, n_ctx: int, layer: int | None = None) -> "AttentionShape":
         """From a models.config.ModelConfig, for sequences of up to n_ctx positions; with `layer`, that layer's
-        RoPE base and sliding window (the geometry is the same for every layer)."""
+        RoPE base, score scale (YaRN's mscale folded in) and sliding window (the geometry is the same
+        for every layer)."""
         if layer is None:
             return cls(config.n_head, config.n_head_kv, config.head_dim, n_ctx, config.rope_dim, config.rope_base,
                        config.rope_neox, config.attention_scale)
         local = config.is_sliding(layer)
         return cls(config.n_head, config.n_head_kv, config.head_dim, n_ctx, config.rope_dim,
-                   config.rope_base_swa if local else config.rope_base, config.rope_neox, config.attention_scale,
+                   config.rope_base_swa if local else config.rope_base, config.rope_neox,
+                   config.layer_attention_scale(layer),
                    window=config.sliding_window if local else 0)
 
     @property

@@ -20,6 +20,16 @@ the source of truth. GGUF has no keys for the llama3 parameters; a file without 
 with `rope.scaling.type = linear` gets a constant factor (the same maths as position scaling).
 `llama3_rope_factors` is the conversion script's formula, used to write synthetic files.
 
+YaRN (`rope.scaling.type = yarn`, gpt-oss): llama.cpp's ggml rope_yarn mixes, per pair i, the
+interpolated angle theta * s (s = 1 / rope.scaling.factor) and the original one by a ramp r_i
+over the correction dimensions of beta_fast and beta_slow (`rope.scaling.yarn_beta_fast`, _slow;
+32 and 1), r_i scaled by ext_factor (1 unless `rope.scaling.yarn_ext_factor`): the angle times
+s * (1 - r_i) + r_i, a per-pair divisor like rope_freqs (both apply: the product). It also
+multiplies cos and sin by mscale = attn_factor * (1 + 0.1 ln(1/s)) (attn_factor
+`rope.scaling.yarn_attn_factor`, 1) when ext_factor is not 0: q and k both grow by mscale, which
+only their dot product sees, so the engine folds mscale^2 into the attention score scale.
+`Yarn.factors` and `Yarn.mscale` are those; tests/refmodel.py computes rope_yarn itself.
+
 Mixture of experts (llama.cpp's build_moe_ffn): a family with `experts` replaces the dense FFN by
 a router (`ffn_gate_inp`, one logit per expert) choosing `expert_used_count` of `expert_count`
 experts per token, each a SwiGLU FFN of `expert_feed_forward_length` rows stored as 3-D tensors
@@ -29,7 +39,7 @@ hard-codes it per architecture: Qwen3-MoE takes the softmax over all experts and
 chosen ones to sum 1; gpt-oss softmaxes the chosen logits only. gpt-oss besides: biases on q/k/v,
 the attention output, the router and every expert, the clamped SwiGLU of llama.cpp's
 swiglu_oai, a learned per-head attention sink, every other layer local (pattern 2) with the
-global layers' RoPE base, and its FFN norm stored as `post_attention_norm`.
+global layers. RoPE base (and rope scaling), and its FFN norm stored as `post_attention_norm`.
 """
 import math
 from dataclasses import dataclass, fields
@@ -42,6 +52,38 @@ from worker.engine.errors import GGUFError
 
 MAX_EXPERTS_USED = 32   # experts per token the routing kernel keeps (shaders/moe_route.comp)
 MAX_EXPERTS = 512       # experts per layer the grouping kernel counts (shaders/moe_group.comp)
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """llama.cpp's YaRN parameters (ggml rope_yarn) for rope_dim dimensions rotated with base."""
+    factor: float               # rope.scaling.factor (llama.cpp's freq_scale = 1 / factor)
+    original_context: int       # rope.scaling.original_context_length (n_ctx_orig_yarn)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    ext_factor: float = 1.0
+    attn_factor: float = 1.0
+
+    def corr_dims(self, rope_dim: int, base: float) -> tuple[float, float]:
+        """ggml_rope_yarn_corr_dims: the pairs where the ramp starts and ends."""
+        def dim(beta):
+            return rope_dim * math.log(self.original_context / (beta * 2 * math.pi)) / (2 * math.log(base))
+        low, high = math.floor(dim(self.beta_fast)), math.ceil(dim(self.beta_slow))
+        return max(0.0, float(low)), min(rope_dim - 1.0, float(high))
+
+    def factors(self, rope_dim: int, base: float) -> tuple[float, ...]:
+        """Per-pair divisors of the angle: 1 / (s (1 - r_i) + r_i)."""
+        low, high = self.corr_dims(rope_dim, base)
+        s, out = 1.0 / self.factor, []
+        for i in range(rope_dim // 2):
+            r = (1 - min(1.0, max(0.0, (i - low) / max(0.001, high - low)))) * self.ext_factor
+            out.append(1.0 / (s * (1 - r) + r))
+        return tuple(out)
+
+    @property
+    def mscale(self) -> float:
+        """The magnitude factor of rotated values."""
+        return self.attn_factor * (1 + 0.1 * math.log(self.factor)) if self.ext_factor else self.attn_factor
 
 
 def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float,
@@ -73,6 +115,7 @@ class Family:
     gelu: bool = False         # GeGLU (GELU-tanh gate) rather than SwiGLU
     swa_pattern: int = 0       # layers per group of local layers + one global (0: no sliding window)
     rope_base_swa: float | None = 10000.0  # RoPE base of local layers unless the file says (None: the global one)
+    swa_rope_scaled: bool = False  # local layers have the file's rope scaling too (else a rope_freqs tensor only)
     # layer counts of the family's models whose attention scores are scaled by
     # (n_embd / n_head)^-0.5 instead of head_dim^-0.5 (Gemma 3 27B's query_pre_attn_scalar;
     # llama.cpp picks it by the same layer count)
@@ -90,8 +133,8 @@ FAMILIES: dict[str, Family] = {
     "gemma3": Family(rope_neox=True, qk_norm=True, embd_scale=True, post_norms=True, gelu=True,
                      swa_pattern=6, embd_per_head_scale_layers=(62,)),  # Gemma 3 (text)
     "qwen3moe": Family(rope_neox=True, qk_norm=True, experts=True, expert_norm=True),  # Qwen3-30B-A3B, 235B-A22B
-    "gpt-oss": Family(rope_neox=True, qkv_bias=True, swa_pattern=2, rope_base_swa=None, experts=True,
-                      expert_softmax_chosen=True, oai=True),     # gpt-oss-20b, 120b
+    "gpt-oss": Family(rope_neox=True, qkv_bias=True, swa_pattern=2, rope_base_swa=None, swa_rope_scaled=True,
+                      experts=True, expert_softmax_chosen=True, oai=True),     # gpt-oss-20b, 120b
 }
 
 ATTENTION_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
@@ -127,6 +170,8 @@ class ModelConfig:
     rope_base_swa: float = 10000.0                # RoPE base of local layers
     rope_freq_factors_swa: tuple[float, ...] | None = None   # rope_freq_factors of local layers
     attention_scale: float | None = None          # score scale; None: head_dim^-0.5
+    rope_yarn: Yarn | None = None                 # YaRN rope scaling (its factors are in rope_freq_factors)
+    rope_yarn_swa: bool = False                   # local layers rotate with rope_yarn too
     ffn_norm: str = "ffn_norm"                    # the FFN's input norm tensor (gpt-oss: post_attention_norm)
     n_expert: int = 0                             # experts per layer (0: a dense FFN)
     n_expert_used: int = 0                        # experts each token goes through
@@ -173,14 +218,16 @@ class ModelConfig:
         if float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0) != 0.0:
             raise GGUFError("final logit soft-capping is not supported")
         window, swa_layers = _sliding_window(meta, arch, family, n_layer)
-        factors = _rope_factors(meta, arch, tensors, head_dim)
-        linear = "rope_freqs.weight" not in tensors
+        rope_dim, rope_base = int(key("rope.dimension_count", head_dim)), float(key("rope.freq_base", 10000.0))
+        yarn = _yarn(meta, arch)
+        factors = _rope_factors(meta, arch, tensors, head_dim, yarn and yarn.factors(rope_dim, rope_base))
+        # local layers keep a rope_freqs tensor; the file's scaling only where the family says so
+        swa_factors = factors if family.swa_rope_scaled else _rope_factors(meta, arch, tensors, head_dim, None, True)
         return cls(
             arch=arch, name=str(meta.get("general.name", "")),
             n_layer=n_layer, n_embd=n_embd, n_ff=int(key("feed_forward_length", n_ff_exp or None)),
             n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
-            head_dim=head_dim, rope_dim=int(key("rope.dimension_count", head_dim)),
-            rope_base=float(key("rope.freq_base", 10000.0)),
+            head_dim=head_dim, rope_dim=rope_dim, rope_base=rope_base,
             rope_freq_factors=factors,
             norm_eps=float(key("attention.layer_norm_rms_epsilon")),
             context_length=int(key("context_length")), vocab_size=int(vocab),
@@ -190,7 +237,7 @@ class ModelConfig:
             has_post_norms=family.post_norms, ffn_gelu=family.gelu, sliding_window=window,
             swa_layers=swa_layers,
             rope_base_swa=float(key("rope.freq_base_swa", family.rope_base_swa or key("rope.freq_base", 10000.0))),
-            rope_freq_factors_swa=None if linear else factors,
+            rope_freq_factors_swa=swa_factors, rope_yarn=yarn, rope_yarn_swa=family.swa_rope_scaled,
             attention_scale=(n_embd // n_head) ** -0.5 if n_layer in family.embd_per_head_scale_layers else None,
             ffn_norm="post_attention_norm" if family.oai else "ffn_norm",
             n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
@@ -203,6 +250,14 @@ class ModelConfig:
 
     def layer_rope_freq_factors(self, layer: int) -> tuple[float, ...] | None:
         return self.rope_freq_factors_swa if self.is_sliding(layer) else self.rope_freq_factors
+
+    def layer_attention_scale(self, layer: int) -> float | None:
+        """`layer`'s score scale: attention_scale times YaRN's mscale^2 where the layer has it."""
+        scaled = self.rope_yarn is not None and (self.rope_yarn_swa or not self.is_sliding(layer))
+        mscale = self.rope_yarn.mscale if scaled else 1.0
+        if mscale == 1.0:
+            return self.attention_scale
+        return (self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale) * mscale * mscale
 
     def required_tensors(self) -> list[str]:
         per_layer = [*ATTENTION_TENSORS, self.ffn_norm, *(EXPERT_TENSORS if self.n_expert else DENSE_FFN_TENSORS)]
@@ -247,17 +302,35 @@ class ModelConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _rope_factors(meta, arch, tensors, head_dim) -> tuple[float, ...] | None:
+def _yarn(meta, arch) -> Yarn | None:
+    if meta.get(f"{arch}.rope.scaling.type", "none") != "yarn":
+        return None
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
+    original = int(meta.get(f"{arch}.rope.scaling.original_context_length", 0) or meta.get(f"{arch}.context_length", 0))
+    if factor <= 0 or original <= 0:
+        raise ValueError(f"yarn rope scaling with factor {factor} and original context {original}")
+    ext = float(meta.get(f"{arch}.rope.scaling.yarn_ext_factor", -1.0))
+    return Yarn(factor, original, float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+                float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)), 1.0 if ext < 0 else ext,
+                float(meta.get(f"{arch}.rope.scaling.yarn_attn_factor", 1.0)))
+
+
+def _rope_factors(meta, arch, tensors, head_dim, yarn_factors, tensor_only=False) -> tuple[float, ...] | None:
+    """Per-pair angle divisors: the rope_freqs tensor's, times the scaling type's (unless
+    tensor_only); None where all are 1."""
     freqs = tensors.get("rope_freqs.weight")
+    scaled = None
     if freqs is not None:
         values = dequantize(freqs.data, freqs.ggml_type)
-        return tuple(float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1))
+        scaled = tuple(float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1))
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
-    if kind == "none" or factor == 1.0:
-        return None
+    if tensor_only or kind == "none" or factor == 1.0 or (freqs is not None and kind == "linear"):
+        return scaled
     if kind == "linear":
         return (factor,) * (head_dim // 2)
+    if kind == "yarn":
+        return yarn_factors if scaled is None else tuple(a * b for a, b in zip(scaled, yarn_factors))
     raise GGUFError(f"unsupported rope scaling type {kind!r}")
 
 

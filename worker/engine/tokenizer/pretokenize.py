@@ -28,6 +28,14 @@ def _llama3_like(numbers: str) -> str:
 LLAMA3 = _llama3_like(r"\p{N}{1,3}")
 QWEN2 = _llama3_like(r"\p{N}")
 
+# gpt-4o's letter-case classes as llama.cpp rewrites them: any letter that is not a-z ("upper")
+# or not A-Z ("lower"), so that letters other than ASCII count as both.
+_UPPER = r"(?:(?=\p{L})[^a-z])"
+_LOWER = r"(?:(?=\p{L})[^A-Z])"
+GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
+         rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+         rf"|\p{{N}}{{1,3}}| ?[^{_WS}\p{{L}}\p{{N}}]+[\r\n/]*|{_S}*[\r\n]+|{_S}+(?!{_NS})|{_S}+")
+
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 _DIGITS_THEN_GPT2 = (r"\p{N}", GPT2)
 
@@ -38,6 +46,7 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"), (QWEN2,)),
     **dict.fromkeys(("smollm", "starcoder", "refact", "codeshell", "command-r"), _DIGITS_THEN_GPT2),
     **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo"), (GPT2,)),
+    "gpt-4o": (GPT4O,),
 }
 
 # Pre-tokenizers whose whole-word vocabulary hits skip the merges (llama.cpp ignore_merges).
