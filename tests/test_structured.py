@@ -113,17 +113,28 @@ def test_forced_tool_call_is_a_valid_call(oai, choice, name):
 def test_parallel_tool_calls(oai):
     """Shown questions about two cities answered with two calls, the model answers the next
     such question with two calls (Hermes blocks one after the other), also when forced with
-    parallel_tool_calls true; with it false the answer holds the first only, and a forced call
+    parallel_tool_calls true; with it false the answer holds the first only, generation ending
+    on the token that closes it (counted from the free answer's own tokens), and a forced call
     is one call unless it is true."""
+    def answer(**more):
+        return oai.chat.completions.create(model=MODEL, messages=TWO_CALLS, tools=[WEATHER_TOOL], max_tokens=80,
+                                           temperature=0, **more)
+
     def calls(**more):
-        answer = oai.chat.completions.create(model=MODEL, messages=TWO_CALLS, tools=[WEATHER_TOOL], max_tokens=80,
-                                             temperature=0, **more).choices[0]
-        assert answer.finish_reason == "tool_calls"
-        return [(c.function.name, json.loads(c.function.arguments)) for c in answer.message.tool_calls]
+        choice = answer(**more).choices[0]
+        assert choice.finish_reason == "tool_calls"
+        return [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
 
     both = calls()
     assert both == [("get_weather", {"city": "London"}), ("get_weather", {"city": "Berlin"})]
-    assert calls(parallel_tool_calls=False) == both[:1]
+    free = answer(logprobs=True)
+    tokens = [entry.token for entry in free.choices[0].logprobs.content]
+    closing = next(n for n in range(1, len(tokens) + 1) if "</tool_call>" in "".join(tokens[:n]))
+    first = answer(parallel_tool_calls=False)
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in first.choices[0].message.tool_calls] \
+        == both[:1]
+    assert first.usage.completion_tokens == closing < free.usage.completion_tokens
     assert calls(tool_choice="required", parallel_tool_calls=True) == both
     assert calls(tool_choice="required") == calls(tool_choice="required", parallel_tool_calls=False) == both[:1]
 

@@ -29,7 +29,8 @@ class Sequence:
 
     def __init__(self, request: Request, tag, engine, matcher: Constraint | None):
         self.request, self.tag, self.matcher = request, tag, matcher
-        self.done, self.cancelled = False, False
+        self.done = False
+        self.ending: str | None = None      # the finish reason it ends with at the next step (Batch.end)
         self.tokens = list(request.ids)     # the prompt, then every generated token kept
         self.written = 0                    # tokens whose K/V are in the cache
         self.slot, self.blocks = None, None
