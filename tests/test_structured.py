@@ -211,3 +211,22 @@ def test_llama_cpp_server_and_ours_both_make_the_forced_call(oai, peer, name):
         jsonschema.validate(json.loads(call["arguments"]), function["parameters"])
     assert [(c["name"], json.loads(c["arguments"])) for c in ours] == \
         [(c["name"], json.loads(c["arguments"])) for c in theirs]
+
+
+def test_ignore_eos_and_min_tokens_through_the_client(oai):
+    """vLLM's sampling parameters, as the openai client sends them (extra_body): the model's own
+    end, past it to max_tokens, or not before min_tokens (tests/test_eos_params.py checks the
+    token taken there against the engine's logits)."""
+    def answer(max_tokens=60, **more):
+        return oai.chat.completions.create(model=MODEL, messages=ask("Say hello."), max_tokens=max_tokens,
+                                           temperature=0, extra_body=more)
+
+    free = answer()
+    n = free.usage.completion_tokens
+    assert free.choices[0].finish_reason == "stop" and n < 60
+    past = answer(n + 5, ignore_eos=True)
+    assert past.choices[0].finish_reason == "length" and past.usage.completion_tokens == n + 5
+    assert past.choices[0].message.content.startswith(free.choices[0].message.content)
+    held = answer(n + 10, min_tokens=n + 3)
+    assert held.usage.completion_tokens >= n + 3
+    assert held.choices[0].message.content.startswith(free.choices[0].message.content)
