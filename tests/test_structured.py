@@ -9,7 +9,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import API_KEY
+from tests.conftest import openai_client
 from tests.test_openai import SHOWN_CALLS, WEATHER_TOOL, smollm2_qwen_template  # noqa: F401 (a fixture)
 
 MODEL = "SmolLM2-qwen-template"
@@ -40,7 +40,7 @@ TWO_CALLS = two_calls("Paris", "Rome") + two_calls("Madrid", "Oslo") + [
 @pytest.fixture(scope="module")
 def oai(start_worker, smollm2_qwen_template, live_url):  # noqa: F811
     start_worker("structured", model=smollm2_qwen_template, n_ctx=1024)
-    return openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    return openai_client(live_url, 600)
 
 
 def ask(text):
