@@ -59,8 +59,13 @@ def _job_request() -> dict:
              for name, (kind, lo, hi, lo_ok) in schema.SAMPLING.items()}
     props["seed"]["description"] = "unset: a different draw every run"
     props["temperature"]["description"] += "; 0 decodes greedily"
+    props["min_tokens"]["description"] = ("no end-of-generation token is drawn before this many tokens "
+                                          "(at most max_tokens; vLLM's); unset: 0")
     props |= {
         "max_tokens": {"type": "integer", "minimum": 1, "description": "at most the model's context"},
+        "ignore_eos": {"type": "boolean", "default": False, "description": (
+            "an end-of-generation token does not end the generation, which goes on to max_tokens or a stop "
+            "string (vLLM's and llama.cpp server's; for benchmarks)")},
         "stop": {"oneOf": [{"type": "string"}, {"type": "array", "maxItems": schema.MAX_STOP,
                                                   "items": {"type": "string"}}]},
         "priority": {"enum": list(schema.PRIORITIES), "default": "normal"},

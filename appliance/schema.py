@@ -23,6 +23,7 @@ SAMPLING = {
     "presence_penalty": ("number", -2.0, 2.0, True),
     "frequency_penalty": ("number", -2.0, 2.0, True),
     "seed": ("integer", 0, 2**64 - 1, True),
+    "min_tokens": ("integer", 0, 2**31 - 1, True),   # and at most max_tokens
 }
 MAX_STOP = 4
 PRIORITIES = ("normal", "high")
@@ -254,6 +255,13 @@ def generation(body, *, chat: bool | None) -> dict:
     max_tokens = body.get("max_tokens")   # 0 and false are refused, not taken for unset
     params["max_tokens"] = _number(body | {"max_tokens": min(default_max, n_ctx) if max_tokens is None else max_tokens},
                                    "max_tokens", "integer", 1, n_ctx)
+    if params.get("min_tokens", 0) > params["max_tokens"]:
+        raise Invalid(f"min_tokens ({params['min_tokens']}) must not be above max_tokens ({params['max_tokens']})",
+                      "min_tokens")
+    if body.get("ignore_eos") is not None:
+        if not isinstance(body["ignore_eos"], bool):
+            raise Invalid("ignore_eos must be true or false", "ignore_eos")
+        params["ignore_eos"] = body["ignore_eos"]
     if body.get("stop") is not None:
         params["stop"] = _stop(body["stop"])
     # First a bound without tokenizing: no token is longer than the model's longest (its worker

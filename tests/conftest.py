@@ -13,6 +13,7 @@ import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import openai
 import pytest
 
 from worker.engine.config import Settings
@@ -143,13 +144,13 @@ class WorkerProcess:
         self.log.close()
 
 
-@pytest.fixture(scope="module")
-def start_worker(redis_url, tiny_model, tmp_path_factory):
-    """Factory: start_worker(name) -> a running WorkerProcess serving the tiny model."""
+@contextmanager
+def worker_starter(redis_url, model, tmp_path_factory, logs):
+    """start(name, model=model, n_ctx=256) -> a running, registered WorkerProcess; all are
+    stopped on leaving."""
     started, cache = [], tmp_path_factory.getbasetemp() / "vkcache-workers"
-    logs = tmp_path_factory.mktemp("worker-logs")
 
-    def start(name, model=tiny_model, n_ctx=256):
+    def start(name, model=model, n_ctx=256):
         w = WorkerProcess(redis_url, model, name, cache, logs, n_ctx)
         started.append(w)
         w.registration()
@@ -157,6 +158,18 @@ def start_worker(redis_url, tiny_model, tmp_path_factory):
     yield start
     for w in started:
         w.stop()
+
+
+@pytest.fixture(scope="module")
+def start_worker(redis_url, tiny_model, tmp_path_factory):
+    """Factory: start_worker(name) -> a running WorkerProcess serving the tiny model."""
+    with worker_starter(redis_url, tiny_model, tmp_path_factory, tmp_path_factory.mktemp("worker-logs")) as start:
+        yield start
+
+
+def openai_client(live_url: str, timeout: float):
+    """The official openai client for the appliance at live_url, with the tests' key."""
+    return openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=timeout)
 
 
 API_KEY = "test-key-0123456789"

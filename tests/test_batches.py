@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion
 from redis import Redis
 from rq.job import Job
 
-from tests.conftest import API_KEY, private_redis
+from tests.conftest import API_KEY, openai_client, private_redis
 from tests.test_openai import smollm2_qwen_template  # noqa: F401 (a fixture)
 from vkllm import protocol
 
@@ -57,7 +57,7 @@ class Served:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        return openai_client(self.url, 120)
 
     def stop(self):
         self.server.shutdown()
@@ -71,7 +71,7 @@ def w1(start_worker):
 
 @pytest.fixture(scope="module")
 def oai(live_url, w1):
-    return openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    return openai_client(live_url, 120)
 
 
 def jsonl(lines: list[dict]) -> bytes:

@@ -4,19 +4,15 @@ tests/tools/make_refmodel_goldens.py --gemma3), as test_engine_smollm2.py does f
 
 The last prompt is 802 tokens, past the model's 512-position sliding window, and is prefilled
 in chunks of 64: its local layers must mask what slid out of the window, in prefill and decode."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.llama_golden import Golden, first_difference
 from worker.engine.engine import Engine
-from worker.engine.sampling import SamplingParams
 from worker.engine.vk.context import Context
 
-GOLDEN = np.load(Path(__file__).parent / "golden" / "refmodel" / "gemma3_270m.npz")
-PROMPTS = range(len(GOLDEN["prompts"]))
-GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
-EOS = 1
+GOLDEN = Golden("gemma3_270m", eos=1)
+PROMPTS = GOLDEN.prompts
 
 
 @pytest.fixture(scope="module")
@@ -44,29 +40,20 @@ def test_the_long_prompt_is_past_the_sliding_window(engine):
 
 @pytest.mark.parametrize("i", PROMPTS)
 def test_tokenization_matches_llama_cpp(engine, i):
-    assert engine.tokenizer.encode(str(GOLDEN["prompts"][i])) == GOLDEN[f"p{i}_tokens"].tolist()
+    GOLDEN.check_tokenization(engine, i)
 
 
 @pytest.fixture(scope="module")
 def continuations(engine):
-    return {i: [e.token_id for e in engine.generate_ids(GOLDEN[f"p{i}_tokens"].tolist(), GREEDY)
-                if e.token_id is not None] for i in PROMPTS}
-
-
-def _until_eos(tokens):
-    return tokens[:tokens.index(EOS)] if EOS in tokens else tokens
-
-
-def _first_difference(ours, theirs):
-    return next((s for s, (a, b) in enumerate(zip(ours + [-1], theirs + [-1])) if a != b), None)
+    return GOLDEN.continuations(engine)
 
 
 @pytest.mark.parametrize("i", PROMPTS)
 def test_greedy_matches_llama_cpp_in_float(continuations, i):
     """Equal to llama.cpp's float32 run, or parting from it only where its two best logits were
     within 0.05 (quantized weights leave near-ties that rounding order decides)."""
-    ours, exact = continuations[i], _until_eos(GOLDEN[f"p{i}_exact_greedy"].tolist())
-    step = _first_difference(ours, exact)
+    ours, exact = continuations[i], GOLDEN.greedy(f"p{i}_exact_greedy")
+    step = first_difference(ours, exact)
     if step is not None:
         top2 = GOLDEN[f"p{i}_exact_top2"][step]
         assert top2[0] - top2[1] < 0.05, f"prompt {i}: ours {ours} llama.cpp {exact}, diverging at step {step}"
@@ -74,14 +61,7 @@ def test_greedy_matches_llama_cpp_in_float(continuations, i):
 
 @pytest.mark.parametrize("i", PROMPTS)
 def test_greedy_matches_llama_cpp_as_shipped(continuations, i):
-    """Identical, or diverging exactly where llama.cpp's own float run leaves its quantized run
-    (its CPU matmuls round activations to 8 bits), or where its top two nearly tie."""
-    ours, shipped = continuations[i], _until_eos(GOLDEN[f"p{i}_greedy"].tolist())
-    step = _first_difference(ours, shipped)
-    if step is not None:
-        top2, exact = GOLDEN[f"p{i}_top2"][step], GOLDEN[f"p{i}_exact_greedy"].tolist()
-        assert top2[0] - top2[1] < 0.05 or exact[step] != shipped[step], \
-            f"prompt {i}: ours {ours} llama.cpp {shipped}, diverging at step {step}"
+    GOLDEN.check_as_shipped(continuations[i], i)
 
 
 @pytest.mark.parametrize("i", [2, 4])

@@ -6,7 +6,7 @@ import sys
 import openai
 import pytest
 
-from tests.conftest import API_KEY
+from tests.conftest import openai_client
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def worker(start_worker):
 
 @pytest.fixture(scope="module")
 def oai(live_url, worker):
-    return openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    return openai_client(live_url, 300)
 
 
 def test_models(oai):
@@ -64,7 +64,7 @@ def test_errors_are_openai_errors(oai, live_url):
 def test_real_model_answers_through_the_queue(start_worker, smollm2_path, live_url):
     """SmolLM2-135M-Instruct, its own chat template, greedy: a fact the model knows."""
     start_worker("openai-smollm2", model=smollm2_path)
-    client = openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    client = openai_client(live_url, 600)
     answer = client.chat.completions.create(
         model="SmolLM2-135M-Instruct.Q4_1", max_tokens=12, temperature=0,
         messages=[{"role": "user", "content": "What is the capital of France?"}])
@@ -238,7 +238,7 @@ def test_tool_call_round_trip_with_a_real_model(start_worker, smollm2_qwen_templ
     calls the tool for a third city; the client sends the call and its result back; the model
     answers in words. Greedy, so the streamed call is the same call."""
     start_worker("openai-tools", model=smollm2_qwen_template, n_ctx=1024)
-    client = openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    client = openai_client(live_url, 600)
     model = "SmolLM2-qwen-template"
     messages = list(SHOWN_CALLS)
     ask = {"model": model, "tools": [WEATHER_TOOL], "max_tokens": 40, "temperature": 0}

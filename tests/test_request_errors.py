@@ -97,6 +97,11 @@ BAD = [   # (path, raw JSON body, words in the error)
      '"logprobs": true, "top_logprobs": 21}', "top_logprobs must be an integer between 0 and 20"),
     ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "logprobs": true}', "logprobs must be an integer"),
     ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x"', "not valid JSON"),
+    ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x", "ignore_eos": "yes"}', "ignore_eos must be true or false"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "max_tokens": 4, "min_tokens": 5}',
+     "min_tokens (5) must not be above max_tokens (4)"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"min_tokens": -1}', "min_tokens must be between 0"),
 ]
 
 

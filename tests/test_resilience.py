@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from redis import Redis
 
-from tests.conftest import API_KEY, WorkerProcess, _free_port
+from tests.conftest import API_KEY, _free_port, worker_starter
 from tests.test_api import AUTH, sse_events
 
 
@@ -70,16 +70,8 @@ def served(redis_server, tiny_model):
 
 @pytest.fixture
 def workers(redis_server, tiny_model, tmp_path, tmp_path_factory):
-    started, cache = [], tmp_path_factory.getbasetemp() / "vkcache-workers"
-
-    def start(name):
-        w = WorkerProcess(redis_server.url, tiny_model, name, cache, tmp_path)
-        started.append(w)
-        w.registration()
-        return w
-    yield start
-    for w in started:
-        w.stop()
+    with worker_starter(redis_server.url, tiny_model, tmp_path_factory, tmp_path) as start:
+        yield start
 
 
 def http(url, method="GET", body=None, timeout=30):

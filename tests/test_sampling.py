@@ -81,6 +81,16 @@ def test_ties_at_the_top_k_boundary_keep_the_lowest_ids():
     assert list(ours) == list(reference(logits, params, []))
 
 
+def test_min_tokens_passes_over_end_tokens_until_that_many_are_drawn():
+    """The draws before min_tokens take the best token that is no end token; later ones the
+    argmax, an end token too."""
+    logits = random_logits(0)
+    eog = [int(i) for i in np.argsort(-logits)[:2]]
+    sampler = Sampler(SamplingParams(temperature=0.0, min_tokens=3), VOCAB, eog)
+    other = np.where(np.isin(np.arange(VOCAB), eog), -np.inf, logits)
+    assert [sampler.sample(logits, []) for _ in range(4)] == [int(np.argmax(other))] * 3 + [eog[0]]
+
+
 def test_greedy_is_argmax():
     for seed in range(20):
         logits = random_logits(seed)
@@ -138,6 +148,8 @@ def test_draws_follow_the_probabilities():
     (SamplingParams(temperature=0.0, repeat_penalty=1.1), True, True),
     (SamplingParams(temperature=0.0, repeat_penalty=1.1, repeat_last_n=0), True, False),
     (SamplingParams(), False, True),
+    (SamplingParams(temperature=0.0, min_tokens=2), True, True),
+    (SamplingParams(temperature=0.0, ignore_eos=True), True, False),
 ])
 def test_greedy_and_full_logits_flags(params, greedy, full):
     assert (params.is_greedy, params.needs_full_logits) == (greedy, full)
@@ -156,6 +168,9 @@ def test_greedy_and_full_logits_flags(params, greedy, full):
     ("max_tokens", 0, r"max_tokens must be an integer in \[1, inf\)"),
     ("seed", -5, "seed must be an integer"),
     ("stop", ("ok", ""), "stop must be a list of non-empty strings"),
+    ("min_tokens", -1, r"min_tokens must be an integer in \[0, inf\)"),
+    ("min_tokens", 129, r"min_tokens \(129\) must not be above max_tokens \(128\)"),
+    ("ignore_eos", 1, "ignore_eos must be true or false"),
 ])
 def test_bad_params_name_the_field_and_range(field, value, message):
     with pytest.raises(VkllmError, match=message):

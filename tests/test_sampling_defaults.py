@@ -8,7 +8,7 @@ import sys
 import openai
 import pytest
 
-from tests.conftest import API_KEY, VKLLM
+from tests.conftest import VKLLM, openai_client
 from tests.test_api import AUTH, wait
 
 # llama.cpp's server README (tools/server): temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
@@ -91,7 +91,7 @@ def test_set_parameters_are_kept_and_temperature_zero_stays_greedy(client, worke
 def test_models_listings_show_the_defaults(client, live_url, workers):
     rest = {m["name"]: m["sampling_defaults"] for m in client.get("/api/v1/models", headers=AUTH).json["data"]}
     assert rest["tiny-llama"] == LLAMA_CPP and rest[OWN] == LLAMA_CPP | RECOMMENDED
-    oai = openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    oai = openai_client(live_url, 300)
     listed = {m.id: m.model_extra["sampling_defaults"] for m in oai.models.list().data}
     assert listed == rest
 
@@ -99,7 +99,7 @@ def test_models_listings_show_the_defaults(client, live_url, workers):
 def test_openai_endpoints_apply_the_models_defaults(client, live_url, workers):
     """A chat and a completion with no sampling parameter: the same text as the REST job that
     spells the model's defaults out with the same seed."""
-    oai = openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    oai = openai_client(live_url, 300)
     chat = oai.chat.completions.create(model=OWN, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
                                        seed=3)
     _, rest = _job(client, model=OWN, messages=[{"role": "user", "content": "Hi"}], seed=3,

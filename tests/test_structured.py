@@ -9,7 +9,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import API_KEY
+from tests.conftest import openai_client
 from tests.test_openai import SHOWN_CALLS, WEATHER_TOOL, smollm2_qwen_template  # noqa: F401 (a fixture)
 
 MODEL = "SmolLM2-qwen-template"
@@ -40,7 +40,7 @@ TWO_CALLS = two_calls("Paris", "Rome") + two_calls("Madrid", "Oslo") + [
 @pytest.fixture(scope="module")
 def oai(start_worker, smollm2_qwen_template, live_url):  # noqa: F811
     start_worker("structured", model=smollm2_qwen_template, n_ctx=1024)
-    return openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+    return openai_client(live_url, 600)
 
 
 def ask(text):
@@ -113,17 +113,28 @@ def test_forced_tool_call_is_a_valid_call(oai, choice, name):
 def test_parallel_tool_calls(oai):
     """Shown questions about two cities answered with two calls, the model answers the next
     such question with two calls (Hermes blocks one after the other), also when forced with
-    parallel_tool_calls true; with it false the answer holds the first only, and a forced call
+    parallel_tool_calls true; with it false the answer holds the first only, generation ending
+    on the token that closes it (counted from the free answer's own tokens), and a forced call
     is one call unless it is true."""
+    def answer(**more):
+        return oai.chat.completions.create(model=MODEL, messages=TWO_CALLS, tools=[WEATHER_TOOL], max_tokens=80,
+                                           temperature=0, **more)
+
     def calls(**more):
-        answer = oai.chat.completions.create(model=MODEL, messages=TWO_CALLS, tools=[WEATHER_TOOL], max_tokens=80,
-                                             temperature=0, **more).choices[0]
-        assert answer.finish_reason == "tool_calls"
-        return [(c.function.name, json.loads(c.function.arguments)) for c in answer.message.tool_calls]
+        choice = answer(**more).choices[0]
+        assert choice.finish_reason == "tool_calls"
+        return [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
 
     both = calls()
     assert both == [("get_weather", {"city": "London"}), ("get_weather", {"city": "Berlin"})]
-    assert calls(parallel_tool_calls=False) == both[:1]
+    free = answer(logprobs=True)
+    tokens = [entry.token for entry in free.choices[0].logprobs.content]
+    closing = next(n for n in range(1, len(tokens) + 1) if "</tool_call>" in "".join(tokens[:n]))
+    first = answer(parallel_tool_calls=False)
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in first.choices[0].message.tool_calls] \
+        == both[:1]
+    assert first.usage.completion_tokens == closing < free.usage.completion_tokens
     assert calls(tool_choice="required", parallel_tool_calls=True) == both
     assert calls(tool_choice="required") == calls(tool_choice="required", parallel_tool_calls=False) == both[:1]
 
@@ -200,3 +211,22 @@ def test_llama_cpp_server_and_ours_both_make_the_forced_call(oai, peer, name):
         jsonschema.validate(json.loads(call["arguments"]), function["parameters"])
     assert [(c["name"], json.loads(c["arguments"])) for c in ours] == \
         [(c["name"], json.loads(c["arguments"])) for c in theirs]
+
+
+def test_ignore_eos_and_min_tokens_through_the_client(oai):
+    """vLLM's sampling parameters, as the openai client sends them (extra_body): the model's own
+    end, past it to max_tokens, or not before min_tokens (tests/test_eos_params.py checks the
+    token taken there against the engine's logits)."""
+    def answer(max_tokens=60, **more):
+        return oai.chat.completions.create(model=MODEL, messages=ask("Say hello."), max_tokens=max_tokens,
+                                           temperature=0, extra_body=more)
+
+    free = answer()
+    n = free.usage.completion_tokens
+    assert free.choices[0].finish_reason == "stop" and n < 60
+    past = answer(n + 5, ignore_eos=True)
+    assert past.choices[0].finish_reason == "length" and past.usage.completion_tokens == n + 5
+    assert past.choices[0].message.content.startswith(free.choices[0].message.content)
+    held = answer(n + 10, min_tokens=n + 3)
+    assert held.usage.completion_tokens >= n + 3
+    assert held.choices[0].message.content.startswith(free.choices[0].message.content)

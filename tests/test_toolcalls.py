@@ -75,3 +75,29 @@ def test_what_does_not_parse_as_calls_is_content(qwen, text):
 
 def test_text_without_a_call_passes_through_whole(qwen):
     assert parse(qwen, "A < B and <tool is not a call <tool_c") == ("A < B and <tool is not a call <tool_c", [])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_first_only_is_complete_at_the_first_end_tag_and_keeps_that_call(qwen, seed):
+    """parallel_tool_calls false: complete once the first block closes and parses (not before),
+    and finish answers that call alone, whatever follows it."""
+    first = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    text = first + '\n<tool_call>\n{"name": "get_ti'
+    parser, rng, at, complete_at = ToolCallParser(format_for(qwen), first_only=True), random.Random(seed), 0, None
+    while at < len(text):
+        step = rng.randint(1, 6)
+        assert parser.push(text[at:at + step]) == ""
+        at += step
+        if complete_at is None and parser.complete:
+            complete_at = at
+    assert len(first) <= complete_at < len(first) + 6
+    held, calls = parser.finish()
+    assert held == "" and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] \
+        == [("get_weather", {"city": "Oslo"})]
+
+
+def test_first_only_is_not_complete_at_a_block_that_is_no_call(qwen):
+    parser = ToolCallParser(format_for(qwen), first_only=True)
+    text = '<tool_call>\n{"arguments": {}}\n</tool_call>'
+    parser.push(text)
+    assert not parser.complete and parser.finish() == (text, [])

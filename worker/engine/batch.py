@@ -69,7 +69,12 @@ class Batch:
 
     def cancel(self, seq: Sequence):
         """It ends at the next step with finish_reason "cancelled"."""
-        seq.cancelled = True
+        self.end(seq, "cancelled")
+
+    def end(self, seq: Sequence, reason: str):
+        """It ends at the next step, before any further token of it is picked, with this finish
+        reason (the service ends a job whose one tool call is complete with "stop")."""
+        seq.ending = reason
 
     def __len__(self) -> int:
         return len(self._running) + len(self._waiting)
@@ -85,8 +90,8 @@ class Batch:
         set ("stop", "length", "cancelled"); it has then left the batch. Raises KVCacheFull only
         when blocks held outside the batch leave even its oldest sequence no room."""
         events = []
-        for seq in [s for s in (*self._running, *self._waiting) if s.cancelled]:
-            events.append((seq, self._finish(seq, "cancelled")))
+        for seq in [s for s in (*self._running, *self._waiting) if s.ending]:
+            events.append((seq, self._finish(seq, seq.ending)))
         best = None   # the pass's argmax rows, once it is done
         if self._fed is not None:   # queued by the last step while its tokens were handled
             plan, select = self._fed, "argmax"
@@ -127,12 +132,12 @@ class Batch:
         tokens: the GPU feeds each sequence its argmax (Runner.queue_fed_batch), so the host's
         handling of this step overlaps the next pass. Only while nothing else could change the
         next pass: every running sequence in this one, greedy, unconstrained, decoding one
-        token, none waiting or cancelled, a block for each next position at hand. A sequence that ends on this step's
+        token, none waiting or ending, a block for each next position at hand. A sequence that ends on this step's
         token has had one position computed for nothing (in its own block, kept until the pass
         is done)."""
         if (select != "argmax" or self._waiting or not plan or len(rows) != len(plan)
                 or len(plan) != len(self._running)   # one that sat this step out would starve
-                or any(count != 1 or seq.cancelled for seq, _, count in plan)
+                or any(count != 1 or seq.ending for seq, _, count in plan)
                 or [row for row, _ in rows] != list(range(len(rows)))):
             return
         if not all(seq.blocks.reserve(seq.written + 1) for _, seq in rows):

@@ -14,10 +14,10 @@ HOST = "_host"       # and after that one: a batched pass's logits rows are copi
 def selection(params: SamplingParams) -> str:
     """What the GPU hands the sampler: the argmax when it alone decides, the top-k candidates
     when every filter works inside them (no penalties, top_k within the kernel's limit), else
-    all logits."""
+    all logits (also under min_tokens: the top-k may hold end-of-generation tokens only)."""
     if not params.needs_full_logits:
         return "argmax"
-    if not params.has_penalties and 0 < params.top_k <= MAX_K:
+    if not params.has_penalties and not params.min_tokens and 0 < params.top_k <= MAX_K:
         return "topk"
     return "logits"
 

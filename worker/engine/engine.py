@@ -148,7 +148,7 @@ class Engine:
             matcher.fill(self.runner.mask_words())
         self._prefill(ids, select)
         prompt_seconds = time.perf_counter() - started
-        sampler = Sampler(params, self.config.vocab_size)
+        sampler = Sampler(params, self.config.vocab_size, self.tokenizer.eog_ids)
         decoder, stops = StreamDecoder(self.tokenizer), StopMatcher(params.stop)
         history, generated, first_token_at = list(ids), 0, None
         finish, matched_stop = "length", False
@@ -159,7 +159,7 @@ class Engine:
             for token, logprobs_of_token in tokens:
                 generated += 1
                 first_token_at = first_token_at or time.perf_counter()
-                if token in self.tokenizer.eog_ids:
+                if token in self.tokenizer.eog_ids and not params.ignore_eos:
                     finish = "stop"
                     break
                 history.append(token)

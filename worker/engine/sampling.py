@@ -23,6 +23,7 @@ _RANGES = {
     "presence_penalty": (float, -2.0, 2.0, True),
     "frequency_penalty": (float, -2.0, 2.0, True),
     "max_tokens": (int, 1, math.inf, True),
+    "min_tokens": (int, 0, math.inf, True),
 }
 
 
@@ -41,6 +42,10 @@ class SamplingParams:
     seed: int | None = None    # None: a different draw every run
     max_tokens: int = 128
     stop: tuple[str, ...] = ()
+    # vLLM's and llama.cpp server's: an end-of-generation token does not end the generation
+    # (it is kept, as a token of no text); min_tokens: none is drawn before that many tokens
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     def __post_init__(self):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -51,6 +56,10 @@ class SamplingParams:
             raise VkllmError(f"seed must be an integer in [0, 2^64) or null (got {self.seed!r})")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise VkllmError("stop must be a list of non-empty strings")
+        if not isinstance(self.ignore_eos, bool):
+            raise VkllmError(f"ignore_eos must be true or false (got {self.ignore_eos!r})")
+        if self.min_tokens > self.max_tokens:
+            raise VkllmError(f"min_tokens ({self.min_tokens}) must not be above max_tokens ({self.max_tokens})")
 
     @property
     def is_greedy(self) -> bool:
@@ -63,8 +72,9 @@ class SamplingParams:
 
     @property
     def needs_full_logits(self) -> bool:
-        """False when the GPU argmax alone decides the token."""
-        return not self.is_greedy or self.has_penalties
+        """False when the GPU argmax alone decides the token (min_tokens: it may be an
+        end-of-generation token, which the sampler must pass over)."""
+        return not self.is_greedy or self.has_penalties or self.min_tokens > 0
 
 
 def model_defaults(metadata: dict, n_ctx: int) -> dict:
@@ -97,10 +107,14 @@ def _check_range(name, value, kind, low, high, low_ok):
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams, vocab_size: int):
+    """Draws one generation's tokens, in order (it counts them for min_tokens)."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int, eog_ids=()):
         self.params = params
         self.vocab_size = vocab_size
         self._rng = np.random.default_rng(params.seed)
+        self._eog = np.fromiter(eog_ids, dtype=np.int64)
+        self.drawn = 0
 
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         """logits: float32[vocab] for the next position; history: prompt + generated ids."""
@@ -111,6 +125,7 @@ class Sampler:
         The subset must hold every token that could survive top-k after penalties, so with
         penalties on, read back more than top_k candidates or the full logits."""
         ids, probs = self.candidates(ids, logits, history)
+        self.drawn += 1
         if len(ids) == 1:
             return int(ids[0])
         cumulative = np.cumsum(probs)
@@ -123,6 +138,8 @@ class Sampler:
         p = self.params
         ids = np.asarray(ids, dtype=np.int64)
         logits = self._penalize(ids, np.asarray(logits, dtype=np.float64), history)
+        if self.drawn < p.min_tokens:
+            logits = np.where(np.isin(ids, self._eog), -np.inf, logits)
         if p.is_greedy:
             best = int(np.argmax(logits))
             return ids[best:best + 1], np.ones(1)

@@ -29,11 +29,12 @@ class Sequence:
 
     def __init__(self, request: Request, tag, engine, matcher: Constraint | None):
         self.request, self.tag, self.matcher = request, tag, matcher
-        self.done, self.cancelled = False, False
+        self.done = False
+        self.ending: str | None = None      # the finish reason it ends with at the next step (Batch.end)
         self.tokens = list(request.ids)     # the prompt, then every generated token kept
         self.written = 0                    # tokens whose K/V are in the cache
         self.slot, self.blocks = None, None
-        self.sampler = Sampler(request.params, engine.config.vocab_size)
+        self.sampler = Sampler(request.params, engine.config.vocab_size, engine.tokenizer.eog_ids)
         self.decoder, self.stops = StreamDecoder(engine.tokenizer), StopMatcher(request.params.stop)
         self._eog, self._n_ctx = engine.tokenizer.eog_ids, engine.n_ctx
         # what this sequence needs from the GPU; logprobs take alternatives from the top-k
@@ -51,7 +52,7 @@ class Sequence:
         reason when it ends here, as Engine.generate ends a generation."""
         self.generated += 1
         self.first_token_at = self.first_token_at or now
-        if token in self._eog:
+        if token in self._eog and not self.request.params.ignore_eos:
             return None, "stop"
         self.tokens.append(token)
         if self.matcher is not None:

@@ -2,7 +2,8 @@
 table of formats, one chosen from the template's text (as llama.cpp's server chooses its parser).
 Generation streams through a ToolCallParser, which passes plain text on at once and holds
 back what may be a call until the end, where the calls are parsed or, failing that, given back
-as text."""
+as text. With first_only (OpenAI's parallel_tool_calls false) it keeps the first call only and
+says once that call is complete, so that generation can end there."""
 import json
 import re
 import uuid
@@ -40,30 +41,48 @@ def format_for(template: str | None) -> Format | None:
 
 
 class ToolCallParser:
-    def __init__(self, fmt: Format):
-        self.fmt = fmt
+    def __init__(self, fmt: Format, first_only: bool = False):
+        self.fmt, self.first_only = fmt, first_only
         self._held = ""       # text that may start a call
         self._calls = None    # everything from the first call's start tag on, once seen
+        self.complete = False   # first_only: the first call is whole and parses
+
+    def _first_call(self) -> str | None:
+        """first_only: the first call's block, start to end tag, once the end tag is out."""
+        end = self._calls.find(self.fmt.end) if self.first_only and self._calls is not None else -1
+        return self._calls[:end + len(self.fmt.end)] if end >= 0 else None
 
     def push(self, text: str) -> str:
         """The text that is plain content for sure; the rest is held."""
         if self._calls is not None:
             self._calls += text
+            self._check_first()
             return ""
         buf = self._held + text
         at = buf.find(self.fmt.start)
         if at >= 0:
             self._held, self._calls = "", buf[at:]
+            self._check_first()
             return buf[:at]
         keep = next((n for n in range(min(len(self.fmt.start) - 1, len(buf)), 0, -1)
                      if buf.endswith(self.fmt.start[:n])), 0)
         self._held = buf[len(buf) - keep:]
         return buf[:len(buf) - keep]
 
+    def _check_first(self) -> None:
+        block = None if self.complete else self._first_call()
+        if block is not None:
+            try:
+                self.fmt.parse(block[len(self.fmt.start):-len(self.fmt.end)].strip())
+                self.complete = True
+            except ValueError:   # no call: generation goes on, and finish gives the text back as content
+                pass
+
     def finish(self) -> tuple[str, list[dict]]:
         """(content still held, the tool calls as OpenAI spells them). Text that does not parse as
-        calls, all of it, is content (a model that wrote the tag in prose)."""
-        held, calls = self._held, self._calls
+        calls, all of it, is content (a model that wrote the tag in prose). first_only: what follows
+        a complete first call is dropped."""
+        held, calls = self._held, self._first_call() if self.complete else self._calls
         self._held, self._calls = "", None
         if calls is None:
             return held, []

@@ -49,7 +49,8 @@ class JobRun:
         ids = engine.tokenizer.encode(prompt)
         self.seq = engine.batch.add(Request(ids, params, request.get("logprobs"), request.get("constraint")), tag=self)
         self.model, self.engine, self.params = model, engine, params
-        self.calls = ToolCallParser(fmt) if fmt else None
+        # parallel_tool_calls false: the answer holds the first call only, so generation ends there
+        self.calls = ToolCallParser(fmt, request.get("parallel_tool_calls") is False) if fmt else None
 
     def push(self, event: Event) -> list[dict]:
         """One event of the job's sequence: the stream records it makes (its last makes the end)."""
@@ -64,6 +65,8 @@ class JobRun:
             records.append(protocol.record(protocol.TOKEN, text=text, **({"logprobs": logprobs} if logprobs else {})))
         if event.finish_reason is None:
             self.count += 1
+            if self.calls and self.calls.complete:
+                self.engine.batch.end(self.seq, "stop")
             return records
         self.finish, self.timings = event.finish_reason, event.timings
         if self.timed_out:

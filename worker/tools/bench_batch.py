@@ -22,7 +22,7 @@ def load(path: str, settings, sizes: list[int], n_prompt: int, n_gen: int):
 def decode_together(engine, n: int, n_prompt: int, n_gen: int, seed: int) -> dict:
     """One run of n sequences; the figures of its decode phase."""
     rng = np.random.default_rng(seed)
-    params = SamplingParams(temperature=0.0, max_tokens=n_gen)
+    params = SamplingParams(temperature=0.0, max_tokens=n_gen, ignore_eos=True)   # every sequence makes n_gen
     batch = engine.batch
     for _ in range(n):
         batch.add(Request(rng.integers(0, engine.config.vocab_size, n_prompt).tolist(), params))

@@ -129,7 +129,8 @@ def api_traces(args) -> list[Trace]:
 
 def _api_job(args, prompt: str, trace: Trace, start: threading.Barrier) -> None:
     headers = {"Authorization": f"Bearer {args.api_key}", "Content-Type": "application/json"}
-    body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_tokens, "temperature": 0}
+    body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_tokens, "temperature": 0,
+            "ignore_eos": True}   # every job produces its -o tokens
     start.wait()
     trace.submitted = time.monotonic()
     try:
@@ -181,7 +182,8 @@ def engine_traces(args) -> tuple[list[list[int]], list[Trace]]:
         def prompts():
             prefix = rng.integers(0, vocab, args.prefix_tokens).tolist()
             return [prefix + rng.integers(0, vocab, args.prompt_tokens).tolist() for _ in range(args.num_jobs)]
-        params = SamplingParams(**sampling_defaults.fill({"max_tokens": args.output_tokens, "temperature": 0},
+        params = SamplingParams(**sampling_defaults.fill({"max_tokens": args.output_tokens, "temperature": 0,
+                                                          "ignore_eos": True},
                                                          engine.sampling_defaults))
         # a warm-up first, the same load with other prompts (nothing the timed run could find
         # in the prefix cache), a few tokens each: the GPU idles at a low clock, and each batch
