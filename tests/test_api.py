@@ -89,7 +89,7 @@ def held(client, worker):
     """The worker busy with a long job (so that it polls its queues between steps), and frozen:
     jobs submitted meanwhile stay queued (a running worker would take them all into its batch).
     Yields the long job's id; cancels it after."""
-    blocker = submit(client, max_tokens=100)["id"]
+    blocker = submit(client, max_tokens=100, ignore_eos=True)["id"]   # no early end of text
     wait(client, blocker, states=("running",))
     os.kill(worker.proc.pid, signal.SIGSTOP)
     try:

@@ -215,12 +215,16 @@ def test_listing_pages_with_after_and_has_more(oai):
 def test_interactive_requests_go_before_waiting_batch_lines(oai, w1, live_url, redis_url):
     """The worker is held mid-job while a batch is queued, then a chat request: once free, it
     takes the chat request first, though the batch lines were queued before it."""
-    from tests.test_resilience import submit, wait_tokens
+    from tests.test_resilience import submit
     r = Redis.from_url(redis_url)
-    busy = submit(live_url, max_tokens=200)
-    wait_tokens(live_url, busy, 2)
+    # it runs its whole length (no end of text): stopped at its second token, the worker is
+    # held mid-job, not idle (an idle worker's blocking pop would take the first batch line)
+    busy = submit(live_url, max_tokens=240, ignore_eos=True)
+    while r.xlen(protocol.stream_key(busy)) < 2:
+        time.sleep(0.005)
     os.kill(w1.proc.pid, signal.SIGSTOP)
     try:
+        assert r.xlen(protocol.stream_key(busy)) < 200
         batch = oai.batches.create(input_file_id=upload(oai, [chat_line(f"p{i}", "hi") for i in range(3)]).id,
                                    endpoint=CHAT, completion_window="24h")
         wait_status(oai, batch.id, ("in_progress",), timeout=60)

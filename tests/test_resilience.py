@@ -170,7 +170,7 @@ def test_worker_rides_out_a_redis_restart_mid_job(redis_server, served, workers)
 def test_a_job_whose_worker_died_fails_with_no_worker_left_and_new_jobs_wait_for_one(served, workers):
     url, _ = served
     first = workers("orphan-w1")
-    running = submit(url)
+    running = submit(url, ignore_eos=True)   # still running when frozen
     reader = StreamReader(url, running)
     reader.start()
     wait_tokens(url, running, 3)
@@ -240,7 +240,7 @@ def test_a_worker_killed_and_started_again_under_its_name_fails_its_old_job_and_
                                                                                        workers):
     url, _ = served
     first = workers("same-w1")
-    running = submit(url)
+    running = submit(url, ignore_eos=True)   # still running when killed
     wait_tokens(url, running, 3)
     first.proc.kill()
     first.proc.wait()
@@ -253,16 +253,30 @@ def test_a_worker_killed_and_started_again_under_its_name_fails_its_old_job_and_
     assert wait_for(url, submit(url, max_tokens=3))["state"] == "finished"
 
 
+def running_sequences(metrics_port, worker_name) -> float:
+    from tests.test_metrics import samples, value
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
+    return value(samples(text), "vkllm_num_requests_running", model="tiny-llama", worker=worker_name)
+
+
 def test_jobs_of_a_batch_that_end_during_an_outage_are_filed_once_redis_is_back(redis_server, served, workers):
     url, _ = served
     worker = workers("outage-batch-w1")
     r = Redis.from_url(redis_server.url)
     lengths = (240, 60, 40)
-    jobs = [submit(url, prompt=f"Tale {i}", max_tokens=n) for i, n in enumerate(lengths)]
+    # each runs its whole length (no end of text), so the longest is the last to end
+    jobs = [submit(url, prompt=f"Tale {i}", max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)]
     while min(r.xlen(f"vkllm:stream:{j}") for j in jobs) < 2:
         time.sleep(0.01)
+    metrics_port = worker.registration()["metrics_port"]   # read while Redis is there
     redis_server.stop()
-    time.sleep(3)   # the shorter ones end meanwhile: the batch does not wait for Redis
+    # a shorter one ends meanwhile (the batch does not wait for Redis): the worker's own metrics,
+    # served without Redis, say when its batch has shrunk; then the outage lasts a second more
+    deadline = time.monotonic() + 120
+    while running_sequences(metrics_port, worker.name) == len(jobs):
+        assert time.monotonic() < deadline, "no job ended during the outage"
+        time.sleep(0.05)
+    time.sleep(1)
     back = time.time()
     redis_server.start()
     done = [wait_for(url, j) for j in jobs]
@@ -279,5 +293,5 @@ def test_jobs_of_a_batch_that_end_during_an_outage_are_filed_once_redis_is_back(
         events = sse_events(http(f"{url}/api/v1/jobs/{j}/stream")[1])
         assert events[-1][1] == "end"
         assert "".join(e["text"] for _, kind, e in events if kind == "token") == d["output"]
-        again = wait_for(url, submit(url, prompt=f"Tale {lengths.index(n)}", max_tokens=n))
+        again = wait_for(url, submit(url, prompt=f"Tale {lengths.index(n)}", max_tokens=n, ignore_eos=True))
         assert (again["output"], again["usage"]) == (d["output"], d["usage"])
