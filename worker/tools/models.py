@@ -85,9 +85,12 @@ def _inspect(args):
     if c.sliding_window:
         rows.append(("sliding window", f"{c.sliding_window} positions on {sum(c.swa_layers)} of {c.n_layer} "
                                        f"layers, rope base {c.rope_base_swa:g} there"))
+    if model.overridden:
+        from worker.engine.overrides import path_for
+        rows.append(("overrides", f"{path_for(model.path)}: {', '.join(model.overridden)}"))
     for name, value in rows:
         print(f"{name:15} {value}")
-    print(f"sampling        {_sampling(model.metadata, n_ctx)}")
+    print(f"sampling        {_sampling(model, n_ctx)}")
     print("quant mix")
     for name, (count, n_bytes) in sorted(mix.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:7} {count:5} tensors  {_size(n_bytes):>12}")
@@ -110,13 +113,19 @@ def _inspect(args):
               f"{settings.kv_type} KV pool of {pool.kv_tokens} tokens = {_size(pool.kv_bytes)}")
 
 
-def _sampling(metadata: dict, n_ctx: int) -> str:
-    """What a request that sets no sampling parameter gets, marking the values the GGUF gives."""
-    from vkllm.sampling_defaults import model_values
+def _sampling(model, n_ctx: int) -> str:
+    """What a request that sets no sampling parameter gets, marking the values the model gives
+    (its GGUF, or the overrides file beside it)."""
+    from vkllm.sampling_defaults import GGUF_KEYS, model_values
     from worker.engine.sampling import model_defaults
-    own = model_values(metadata, n_ctx)
-    return ", ".join(f"{name} {value:g}{' (GGUF)' if name in own and own[name] == value else ''}"
-                     for name, value in model_defaults(metadata, n_ctx).items())
+    own = model_values(model.metadata, n_ctx)
+
+    def source(name, value):
+        if name not in own or own[name] != value:
+            return ""
+        return " (override)" if GGUF_KEYS[name] in model.overridden else " (GGUF)"
+    return ", ".join(f"{name} {value:g}{source(name, value)}"
+                     for name, value in model_defaults(model.metadata, n_ctx).items())
 
 
 def _fetch_demo(args):
