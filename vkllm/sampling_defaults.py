@@ -47,5 +47,5 @@ def fill(params: dict, model_defaults: dict | None) -> dict:
 def describe(name: str) -> str:
     """How an unset parameter is chosen, in words (for the API documents)."""
     key = GGUF_KEYS.get(name)
-    model = f"the model's {key} when its GGUF has one, else " if key else ""
+    model = f"the model's {key} when its GGUF (or the NAME.override.json beside it) has one, else " if key else ""
     return f"unset: {model}{SERVER[name]:g} (llama.cpp server's default)"
