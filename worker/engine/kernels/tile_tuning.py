@@ -2,14 +2,10 @@
 and weight by measurement, as tuning.py chooses mat-vec shapes: each distinct weight (type, rows,
 K) of a model is timed once per machine over one prefill chunk of columns with every candidate
 tile that fits the device, and the fastest is kept in <cache_dir>/coopmat_tiles.json under the
-device, its driver and API version, the chunk and a hash of the compiled kernel. Prefill is
-compute-bound, so a few weight copies suffice (no rotation past the cache); candidates are
-interleaved run by run after a warm-up, as for mat-vec shapes."""
-import hashlib
-import json
+device, its driver and API version, the chunk and a hash of the compiled kernel (tunecache.py,
+as for mat-vec shapes). Prefill is compute-bound, so a few weight copies suffice (no rotation
+past the cache)."""
 import logging
-import os
-import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,9 +13,9 @@ import numpy as np
 
 from worker.engine.kernels.matmul import COOPMAT_TILES, coopmat_shape, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
-from worker.engine.kernels.timing import random_weights, record_products, replay_for
+from worker.engine.kernels.timing import random_weights, record_products
+from worker.engine.kernels.tunecache import TuneCache, time_candidates
 from worker.engine.kernels.tuning import Key, wanted
-from worker.engine.shaderbuild import load_spirv
 from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)
@@ -62,31 +58,21 @@ def model_tiles(ctx, settings, keys, n: int) -> dict[Key, Tile]:
 
 class TileTuner:
     def __init__(self, ctx, cache_dir: Path, n: int):
-        self.ctx, self.n, self.path = ctx, n, Path(cache_dir) / "coopmat_tiles.json"
-        info = ctx.info
-        self.device = f"{info.name} | driver {info.driver_version:#x} | api {info.api_version:#x}"
-        self._entries = _read(self.path).get(self.device, {})
-        self._hashes: dict[str, str] = {}
+        self.ctx, self.n, self.cache = ctx, n, TuneCache(ctx, Path(cache_dir) / "coopmat_tiles.json")
+        self.path = self.cache.path
         self.measured = 0
 
     def tiles(self, keys) -> dict[Key, Tile]:
         keys = sorted(set(keys))
-        missing = [key for key in keys if self._name(key) not in self._entries]
+        missing = [key for key in keys if self._name(key) not in self.cache.entries]
         if missing:
             self.store({key: self.measure(key) for key in missing})
-        return {key: tuple(self._entries[self._name(key)]["tile"]) for key in keys}
+        return {key: tuple(self.cache.entries[self._name(key)]["tile"]) for key in keys}
 
     def store(self, tables: dict[Key, dict[Tile, float]]):
-        for key, table in tables.items():
-            best = min(table, key=table.get)
-            self._entries[self._name(key)] = {"tile": list(best),
-                                              "us": {"x".join(map(str, t)): round(s * 1e6, 2) for t, s in table.items()}}
-        on_disk = _read(self.path)
-        on_disk[self.device] = on_disk.get(self.device, {}) | self._entries
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
-        tmp.replace(self.path)
+        self.cache.put({self._name(key): {"tile": list(min(table, key=table.get)),
+                                          "us": {"x".join(map(str, t)): round(s * 1e6, 2) for t, s in table.items()}}
+                        for key, table in tables.items()})
 
     def measure(self, key: Key) -> dict[Tile, float]:
         """Median seconds of one product at n columns with each candidate tile."""
@@ -101,13 +87,7 @@ class TileTuner:
                 weights.append(upload_tensor(ctx, f"tile{i}", qtype, (cols, rows), data))
             for tile in candidates(ctx.info):
                 recordings[tile] = record_products(ctx, [replace(w, coopmat_tile=tile) for w in weights], x, y, n)
-            for rec in recordings.values():
-                replay_for(ctx, rec, WARMUP_SECONDS / len(recordings))
-            times = {tile: [] for tile in recordings}
-            for _ in range(RUNS):
-                for tile, rec in recordings.items():
-                    ctx.run(rec)
-                    times[tile] += [ns * 1e-9 for _, ns in rec.timings_ns()]
+            medians = time_candidates(ctx, recordings, WARMUP_SECONDS, RUNS)
         finally:
             for rec in recordings.values():
                 rec.destroy()
@@ -116,19 +96,8 @@ class TileTuner:
             ctx.free(x)
             ctx.free(y)
         self.measured += 1
-        return {tile: statistics.median(t) for tile, t in times.items()}
+        return medians
 
     def _name(self, key: Key) -> str:
         qtype, rows, cols = key
-        kernel = f"mul_mat_coopmat_{qtype.name.lower()}"
-        if kernel not in self._hashes:
-            shader = load_spirv(kernel, Path(self.ctx.settings.cache_dir))
-            self._hashes[kernel] = hashlib.sha256(shader.spirv).hexdigest()[:16]
-        return f"{qtype.name} {rows}x{cols} n{self.n} {self._hashes[kernel]}"
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+        return f"{qtype.name} {rows}x{cols} n{self.n} {self.cache.kernel_hash(f'mul_mat_coopmat_{qtype.name.lower()}')}"

@@ -8,17 +8,13 @@ API version and a hash of the compiled kernel: a driver update or a kernel chang
 
 Timing follows `vkllm bench kernels`: GPU timestamps around each product, distinct copies of
 the weight cycled through so that a product never finds its weight in the cache, the GPU kept
-busy before timing so its clock is up, medians. Candidates are interleaved run by run, so a
-clock that drifts affects all of them alike.
+busy before timing so its clock is up, medians (the cache and the timing loop are tunecache.py's,
+shared with tile_tuning.py).
 
 The fused gate+up kernel (mul_mat_vec_glu, matmul_swiglu) has inner loops and register needs of
 its own, and its best shape is not the plain kernel's: a feed-forward gate weight is also timed
 through it (`glu=True`), as a separate entry."""
-import hashlib
-import json
 import logging
-import os
-import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,8 +28,8 @@ from worker.engine.kernels.matmul import (
     MAT_VEC_MAX_COLS,
 )
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
-from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
-from worker.engine.shaderbuild import load_spirv
+from worker.engine.kernels.timing import random_weights, record_glu_products, record_products
+from worker.engine.kernels.tunecache import TuneCache, time_candidates
 from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)
@@ -98,35 +94,24 @@ class MatVecTuner:
     """The cache is read once, at construction; `shapes` times only what it lacks."""
 
     def __init__(self, ctx, cache_dir: Path, budget: Budget | None = None):
-        self.ctx, self.path = ctx, Path(cache_dir) / "tuning.json"
+        self.ctx, self.cache = ctx, TuneCache(ctx, Path(cache_dir) / "tuning.json")
+        self.path = self.cache.path
         self.budget = budget or (CPU_BUDGET if ctx.info.kind == "cpu" else GPU_BUDGET)
-        info = ctx.info
-        self.device = f"{info.name} | driver {info.driver_version:#x} | api {info.api_version:#x}"
-        self._entries = _read(self.path).get(self.device, {})
-        self._kernel_hashes: dict[str, str] = {}
         self.measured = 0   # weights timed by this tuner (the others came from the cache)
 
     def shapes(self, keys, glu: bool = False) -> dict[Key, Shape]:
         """`glu`: through the fused gate+up kernel, the key being the gate weight's."""
         keys = sorted(set(keys))
-        missing = [key for key in keys if self._name(key, glu) not in self._entries]
+        missing = [key for key in keys if self._name(key, glu) not in self.cache.entries]
         if missing:
             self.store({key: self.measure(key, glu) for key in missing}, glu)
-        return {key: tuple(self._entries[self._name(key, glu)]["shape"]) for key in keys}
+        return {key: tuple(self.cache.entries[self._name(key, glu)]["shape"]) for key in keys}
 
     def store(self, tables: dict[Key, dict[Shape, float]], glu: bool = False):
-        """Keeps the fastest shape of each table (with the table, for reading) and writes the
-        file, merged with what other processes wrote since it was read."""
-        for key, table in tables.items():
-            best = min(table, key=table.get)
-            self._entries[self._name(key, glu)] = {"shape": list(best),
-                                              "us": {f"{t}x{r}": round(s * 1e6, 2) for (t, r), s in table.items()}}
-        on_disk = _read(self.path)
-        on_disk[self.device] = on_disk.get(self.device, {}) | self._entries
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
-        tmp.replace(self.path)
+        """Keeps the fastest shape of each table (with the table, for reading)."""
+        self.cache.put({self._name(key, glu): {"shape": list(min(table, key=table.get)),
+                                               "us": {f"{t}x{r}": round(s * 1e6, 2) for (t, r), s in table.items()}}
+                        for key, table in tables.items()})
 
     def measure(self, key: Key, glu: bool = False) -> dict[Shape, float]:
         """Median seconds of one product (glu: a gate and up pair, with SwiGLU) with each
@@ -148,13 +133,7 @@ class MatVecTuner:
             for shape in candidates(ctx.info):
                 recordings[shape] = record(ctx, [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights],
                                            x, y)
-            for rec in recordings.values():   # slow first submissions; the clock brought up
-                replay_for(ctx, rec, budget.warmup_seconds / len(recordings))
-            times = {shape: [] for shape in recordings}
-            for _ in range(budget.runs):
-                for shape, rec in recordings.items():
-                    ctx.run(rec)
-                    times[shape] += [ns * 1e-9 for _, ns in rec.timings_ns()]
+            medians = time_candidates(ctx, recordings, budget.warmup_seconds, budget.runs)
         finally:
             for rec in recordings.values():
                 rec.destroy()
@@ -163,20 +142,9 @@ class MatVecTuner:
             ctx.free(x)
             ctx.free(y)
         self.measured += 1
-        return {shape: statistics.median(t) for shape, t in times.items()}
+        return medians
 
     def _name(self, key: Key, glu: bool = False) -> str:
         qtype, rows, cols = key
         kernel = f"mul_mat_vec{'_glu' if glu else ''}_{qtype.name.lower()}"
-        if kernel not in self._kernel_hashes:
-            shader = load_spirv(kernel, Path(self.ctx.settings.cache_dir))
-            self._kernel_hashes[kernel] = hashlib.sha256(shader.spirv).hexdigest()[:16]
-        return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self._kernel_hashes[kernel]}"
-
-
-def _read(path: Path) -> dict:
-    """A missing or damaged file reads as empty: its shapes are measured again."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+        return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self.cache.kernel_hash(kernel)}"
