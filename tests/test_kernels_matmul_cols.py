@@ -1,0 +1,150 @@
+"""The mat-cols kernel (mul_mat_cols.comp, batched decode: several columns, the weights read once
+for all of them) for every GGUF weight type, on lavapipe (and on a GPU), against
+gguf.quants.dequantize + numpy in float64; its gate+up (SwiGLU, GeGLU) and Q/K/V variants.
+
+Column counts cover each compiled variant (2, 4, 8, 16 columns per workgroup), counts between
+them (3, 5: clamped columns never stored) and past the largest (33: column groups side by
+side); K over one and several x tiles, with a partial last tile; rows that leave a subgroup's
+rows partly past the end. Tolerance as for matmul: fp32 accumulation of exact weights."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from tests.test_kernels_matmul import (  # noqa: F401
+    ALL_TYPES,
+    FLOAT_TYPES,
+    assert_close,
+    random_weights,
+    run_matmul,
+    small_binding_ctx,
+)
+from tests.test_kernels_matmul_glu import Weights, activations, reference
+from tests.test_kernels_matmul_norm import Run
+from worker.engine.kernels.matmul import (
+    MAT_COLS_VARIANTS,
+    mat_cols_columns,
+    mat_cols_shape,
+    matmul,
+    matmul_qkv,
+    matmul_swiglu,
+)
+from worker.engine.kernels.tensor import free_tensor, upload_rows
+
+COUNTS = (2, 3, 5, 8, 16, 33)
+
+
+def k_for(qtype: T) -> int:
+    """A row length that is a multiple of 16 and not of one x tile (16 values per lane)."""
+    return 528 if qtype in FLOAT_TYPES else (800 if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4)
+                                              else 768)
+
+
+def test_columns_per_workgroup():
+    """The smallest variant holding n, or an even share of n over the fewest largest groups."""
+    assert [mat_cols_columns(n) for n in (2, 3, 5, 8, 9, 16, 17, 33, 64)] == [2, 4, 8, 8, 16, 16, 16, 16, 16]
+    assert MAT_COLS_VARIANTS[-1] == 16
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_every_type(vk_ctx, qtype):
+    cols = k_for(qtype)
+    raw, w = random_weights(qtype, 37, cols, seed=cols)
+    for n in COUNTS:
+        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="mat_cols")
+        assert_close(y, x.astype(np.float64) @ w.T)
+
+
+@pytest.mark.parametrize("rows_per_subgroup", [1, 2, 4])
+@pytest.mark.parametrize("subgroups", [1, 4])
+def test_workgroup_shapes(vk_ctx, subgroups, rows_per_subgroup):
+    """Several subgroups share one x tile; rows per subgroup; the residual add."""
+    cols = 800
+    raw, w = random_weights(T.Q4_0, 45, cols, seed=2)
+    shape = (subgroups * vk_ctx.info.subgroup_size, rows_per_subgroup)
+    for n in (3, 33):
+        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+        y0 = np.random.default_rng(0).standard_normal((n, 45)).astype(np.float32)
+        tensor_out = run_shaped(vk_ctx, T.Q4_0, raw, cols, x, n, y0, shape)
+        assert_close(tensor_out, y0 + x.astype(np.float64) @ w.T)
+
+
+def run_shaped(ctx, qtype, raw, cols, x, n, y0, shape):
+    with Weights(ctx) as weights, Run(ctx) as r:
+        tensor = weights.upload(qtype, raw, cols)
+        xb, yb = r.put(x), r.put(y0)
+        r.run(lambda rec: matmul(rec, tensor, xb, yb, n, y_accumulate=True, path="mat_cols", cols_shape=shape))
+        return r.get(yb, (n, raw.shape[0]))
+
+
+def test_default_shapes(vk_ctx):
+    """Rows per subgroup shrink as columns grow (partial sums kept in registers)."""
+    assert [mat_cols_shape(vk_ctx, c)[1] for c in MAT_COLS_VARIANTS] == [4, 4, 4, 2]
+    assert [mat_cols_shape(vk_ctx, c, 2)[1] for c in MAT_COLS_VARIANTS] == [4, 4, 2, 1]
+
+
+def test_rows_split_into_parts(small_binding_ctx):
+    raw, w = random_weights(T.Q4_K, 41, 256, seed=5)
+    x = np.random.default_rng(1).standard_normal((5, 256)).astype(np.float32)
+    y, parts = run_matmul(small_binding_ctx, T.Q4_K, raw, 256, x, 5, path="mat_cols")
+    assert parts > 3
+    assert_close(y, x.astype(np.float64) @ w.T)
+
+
+def test_rows_not_a_multiple_of_16_are_refused(vk_ctx):
+    raw, _ = random_weights(T.F32, 3, 37)
+    x = np.zeros((2, 37), np.float32)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        run_matmul(vk_ctx, T.F32, raw, 37, x, 2, path="mat_cols")
+
+
+@pytest.mark.parametrize("qtype, gelu", [(T.F16, False), (T.Q4_K, False), (T.Q6_K, False), (T.Q8_0, True)],
+                         ids=["F16", "Q4_K", "Q6_K", "Q8_0-geglu"])
+def test_gate_up(vk_ctx, qtype, gelu):
+    """One dispatch for both products and the activation, every variant's column count."""
+    cols = k_for(qtype)
+    raw_g, w_g = random_weights(qtype, 19, cols, seed=1)
+    raw_u, w_u = random_weights(qtype, 19, cols, seed=2)
+    with Weights(vk_ctx) as w, Run(vk_ctx) as r:
+        gate, up = w.upload(qtype, raw_g, cols), w.upload(qtype, raw_u, cols)
+        for n in (2, 3, 8, 16, 33):
+            x = activations(n, w_g, seed=n)
+            xb, out = r.put(x), r.empty(n * 19)
+            dispatches = r.run(lambda rec: matmul_swiglu(rec, gate, up, xb, out, n, None, gelu=gelu,
+                                                         path="mat_cols"))
+            assert dispatches == 1
+            assert_close(r.get(out, (n, 19)), reference(x, w_g, w_u, gelu))
+
+
+def test_gate_up_types_differ(vk_ctx):
+    """Q4_K gate, Q6_K up: each product through the mat-cols kernel, then SwiGLU."""
+    raw_g, w_g = random_weights(T.Q4_K, 33, 768, seed=5)
+    raw_u, w_u = random_weights(T.Q6_K, 33, 768, seed=6)
+    x = activations(5, w_g, seed=5)
+    with Weights(vk_ctx) as w, Run(vk_ctx) as r:
+        gate, up = w.upload(T.Q4_K, raw_g, 768), w.upload(T.Q6_K, raw_u, 768)
+        xb, out, scratch = r.put(x), r.empty(5 * 33), r.empty(5 * 33)
+        dispatches = r.run(lambda rec: matmul_swiglu(rec, gate, up, xb, out, 5, scratch, path="mat_cols"))
+        assert dispatches == 3
+        assert_close(r.get(out, (5, 33)), reference(x, w_g, w_u))
+
+
+@pytest.mark.parametrize("types", [(T.Q4_K,) * 3, (T.Q8_0, T.Q8_0, T.Q6_K)], ids=["qkv", "qk"])
+def test_qkv_as_one_tensor(vk_ctx, types):
+    """Q, K and V (or Q and K, V apart) in one dispatch, each output at its own layout."""
+    cols, rows = 256, (64, 32, 32)
+    raws = [random_weights(t, r, cols, seed=i) for i, (t, r) in enumerate(zip(types, rows))]
+    joined_count = 3 if len(set(types)) == 1 else 2
+    fused, views = upload_rows(vk_ctx, "qkv", types[0], [(cols, r) for r in rows[:joined_count]],
+                               [raw for raw, _ in raws[:joined_count]])
+    with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
+        members = views + ([weights.upload(types[2], raws[2][0], cols)] if joined_count == 2 else [])
+        for n in (3, 16):
+            x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+            xb = r.put(x)
+            outs = [r.empty(n * rows_i) for rows_i in rows]
+            dispatches = r.run(lambda rec: matmul_qkv(rec, fused, members, xb, outs, n, path="mat_cols"))
+            assert dispatches == 4 - joined_count
+            for out, rows_i, (_, w) in zip(outs, rows, raws):
+                assert_close(r.get(out, (n, rows_i)), x.astype(np.float64) @ w.T)
+    free_tensor(vk_ctx, fused)
