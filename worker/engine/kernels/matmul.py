@@ -129,15 +129,18 @@ def paths(ctx) -> tuple[str, ...]:
 
 def _path(ctx, n: int, k: int = 0, folded: bool = False) -> str:
     """One column takes the mat-vec kernel, and so do products with a `folded` norm (only it
-    applies one); on a GPU 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0:
-    every K the caller has) the mat-cols kernel, both reading the weights once for all columns;
+    applies one). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
+    the caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols":
+    on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
     on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
-    tiles; otherwise matrix units where the device has them, else the tiled kernel."""
-    if n == 1 or folded or ctx.info.kind == "cpu":
+    tiles; on a GPU up to MAT_VEC_MAX_COLS do, more matrix units where the device has them,
+    else the tiled kernel."""
+    if n == 1 or folded:
         return "mat_vec"
-    if n <= MAT_COLS_MAX and k % 16 == 0:
+    choice, cpu = ctx.settings.batch_kernel, ctx.info.kind == "cpu"
+    if n <= MAT_COLS_MAX and k % 16 == 0 and (choice == "mat_cols" or (choice == "auto" and not cpu)):
         return "mat_cols"
-    if n <= MAT_VEC_MAX_COLS:
+    if n <= MAT_VEC_MAX_COLS or cpu:
         return "mat_vec"
     return paths(ctx)[-1]
 
