@@ -6,10 +6,13 @@ Column counts cover each compiled variant (2, 4, 8, 16 columns per workgroup), c
 them (3, 5: clamped columns never stored) and past the largest (33: column groups side by
 side); K over one and several x tiles, with a partial last tile; rows that leave a subgroup's
 rows partly past the end. Tolerance as for matmul: fp32 accumulation of exact weights."""
+import dataclasses
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from tests.kernel_io import own_context
 from tests.test_kernels_matmul import (  # noqa: F401
     ALL_TYPES,
     FLOAT_TYPES,
@@ -19,7 +22,7 @@ from tests.test_kernels_matmul import (  # noqa: F401
     small_binding_ctx,
 )
 from tests.test_kernels_matmul_glu import Weights, activations, reference
-from tests.test_kernels_matmul_norm import Run
+from tests.test_kernels_matmul_norm import EPS, Run, rms_normed
 from worker.engine.kernels.matmul import (
     MAT_COLS_VARIANTS,
     mat_cols_columns,
@@ -27,6 +30,7 @@ from worker.engine.kernels.matmul import (
     matmul,
     matmul_qkv,
     matmul_swiglu,
+    normed_input,
 )
 from worker.engine.kernels.tensor import free_tensor, upload_rows
 
@@ -148,3 +152,27 @@ def test_qkv_as_one_tensor(vk_ctx, types):
             for out, rows_i, (_, w) in zip(outs, rows, raws):
                 assert_close(r.get(out, (n, rows_i)), x.astype(np.float64) @ w.T)
     free_tensor(vk_ctx, fused)
+
+
+@pytest.fixture(scope="module")
+def cols_ctx(vk_settings):
+    """A context whose batched products take the mat-cols kernel (as GPUs' do by default)."""
+    with own_context(dataclasses.replace(vk_settings, batch_kernel="mat_cols")) as ctx:
+        yield ctx
+
+
+def test_batches_take_the_norms_output(cols_ctx):
+    """A norm folds into one column's mat-vec; two columns take the mat-cols kernel and the norm
+    is recorded, its output their input (the products then match the normalised x)."""
+    raw, w = random_weights(T.Q4_K, 9, 256, seed=1)
+    x = np.random.default_rng(3).standard_normal((2, 256)).astype(np.float32) * 7
+    nw = np.random.default_rng(4).uniform(0.5, 1.5, 256).astype(np.float32)
+    with Weights(cols_ctx) as weights, Run(cols_ctx) as r:
+        q4 = weights.upload(T.Q4_K, raw, 256)
+        xb, nb, scratch, yb = r.put(x), r.put(nw), r.empty(2 * 256), r.empty(2 * 9)
+        for n, folds in ((1, True), (2, False)):
+            result = []
+            dispatches = r.run(lambda rec: result.append(normed_input(rec, xb, nb, scratch, n, 256, EPS, [q4])))
+            assert (dispatches == 0) == folds and (result[0][1] is not None) == folds
+        assert r.run(lambda rec: matmul(rec, q4, scratch, yb, 2)) == 1
+        assert_close(r.get(yb, (2, 9)), rms_normed(x, nw) @ w.T)
