@@ -187,11 +187,16 @@ uint clamped_col(uint col) { return p.x_per_slot != 0 ? column_slot(col) : colum
 uint out_col(uint col) { return column_slot(col); }
 #else
 #if defined(COLS)
+// mul_mat_cols.comp's layout: 0, each subgroup over NUM_ROWS rows of its own (its lanes split K);
+// 1, each lane over NUM_ROWS rows of its own (the subgroups split K).
+layout(constant_id = 4) const uint LANE_ROWS = 0;
 uint column_groups() { return (p.n + NUM_COLS - 1) / NUM_COLS; }
 uint workgroup_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
-// The workgroup's first row (each subgroup takes NUM_ROWS from there on).
-uint first_row() { return workgroup_index() / column_groups() * NUM_ROWS * gl_NumSubgroups; }
+// The workgroup's first row.
+uint first_row() {
+    return workgroup_index() / column_groups() * NUM_ROWS * (LANE_ROWS != 0 ? gl_SubgroupSize : gl_NumSubgroups);
+}
 #else
 uint first_row() {
     return (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;

@@ -15,7 +15,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, mat_cols_columns, mat_cols_shape, paths
+from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, mat_cols_columns, mat_cols_shape, mat_cols_tile, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
 from worker.engine.weight_types import row_bytes
@@ -32,8 +32,8 @@ QUICK_WEIGHTS = (("attn_qkv", T.Q4_K, 96, 256, False, 32), ("ffn_gate+up", T.Q4_
 # Byte offsets of each block's f16 scales: random bytes there would be inf/NaN now and then,
 # which costs no time but would make the check meaningless.
 SCALE_FIELDS = {T.Q4_K: (0, 2), T.Q6_K: (208,)}
-# (subgroups, rows per subgroup) of the mat-cols workgroups --cols-shapes also times
-COLS_SHAPES = tuple((s, r) for s in (1, 2, 4, 8, 16) for r in (1, 2, 4))
+# (subgroups, rows per subgroup or lane, layout) of the mat-cols workgroups --cols-shapes also times
+COLS_SHAPES = tuple((s, r, layout) for layout in (0, 1) for s in (1, 2, 4, 8, 16) for r in (1, 2, 4))
 
 
 def parse_cols(text: str) -> list[int]:
@@ -46,7 +46,7 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
     passes = {rule: {n: 0.0 for n in counts} for rule in ("old rule", "mat_cols", "best")}
     have_coopmat = "coopmat" in paths(ctx)
     print(f"{'weight':12} {'type':5} {'rows x K':>12} {'n':>3} {'mat_vec us':>10} {'mat_cols us':>11} "
-          f"{'shape':>6} {'coopmat us':>10} {'cols/1col':>9} {'% read':>7} {'check':>8}")
+          f"{'shape':>8} {'coopmat us':>10} {'cols/1col':>9} {'% read':>7} {'check':>8}")
     for name, qtype, rows, cols, glu, per_pass in QUICK_WEIGHTS if args.quick else WEIGHTS_8B:
         if qtype.name not in args.types:
             continue
@@ -63,19 +63,21 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                 for rule, t in (("old rule", old), ("mat_cols", new), ("best", min(times.values()))):
                     passes[rule][n] += per_pass * t
                 c = mat_cols_columns(n) if n > 1 else 1
-                threads, per_sg = mat_cols_shape(ctx, c, 1 + glu)
-                shape = f"{threads // ctx.info.subgroup_size}x{per_sg}" if n > 1 else "-"
+                threads, rows_each, layout = mat_cols_shape(ctx, c, 1 + glu)
+                shape = f"{threads // ctx.info.subgroup_size}x{rows_each}/{layout}" if n > 1 else "-"
                 if n > 1:
                     checks.setdefault((name, qtype.name), {})[n] = w.check(n)
                 check = f"{checks[name, qtype.name][n]:8.1e}" if n > 1 else "       -"
                 print(f"{name:12} {qtype.name:5} {f'{rows}x{cols}':>12} {n:3d} {us(times['mat_vec'])} "
-                      f"{us(times.get('mat_cols'), 11)} {shape:>6} {us(times.get('coopmat'))} {new / one:9.2f} "
+                      f"{us(times.get('mat_cols'), 11)} {shape:>8} {us(times.get('coopmat'))} {new / one:9.2f} "
                       f"{100 * w.nbytes / new / measured:6.1f}% {check}", flush=True)
                 if args.cols_shapes and n > 1:
-                    sweep = {s: w.time(n, "mat_cols", (s[0] * ctx.info.subgroup_size, s[1]), args.runs, warmup)
-                             for s in COLS_SHAPES if s[0] * ctx.info.subgroup_size <= ctx.info.max_workgroup_size}
-                    print(f"{'':12} shapes (subgroups x rows: us): " +
-                          ", ".join(f"{s}x{r}: {t * 1e6:.0f}" for (s, r), t in sweep.items()), flush=True)
+                    shapes = [(s * ctx.info.subgroup_size, r, layout) for s, r, layout in COLS_SHAPES]
+                    sweep = {s: w.time(n, "mat_cols", s, args.runs, warmup)
+                             for s in shapes if mat_cols_tile(ctx, c, s, 1 + glu)}
+                    print(f"{'':12} shapes (subgroups x rows / layout: us): " + ", ".join(
+                        f"{t // ctx.info.subgroup_size}x{r}/{layout}: {sec * 1e6:.0f}"
+                        for (t, r, layout), sec in sweep.items()), flush=True)
     print("one 8B pass (its weights' products; ms): " + "; ".join(
         f"{rule} " + " ".join(f"n={n}: {t * 1e3:.2f}" for n, t in by_n.items()) for rule, by_n in passes.items()))
     return checks

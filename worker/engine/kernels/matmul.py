@@ -42,11 +42,13 @@ MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-v
 # `vkllm bench kernels --cols` compares the paths per column count.
 MAT_COLS_VARIANTS = (2, 4, 8, 16)
 MAT_COLS_MAX = 64
-# Its workgroup: subgroups sharing one staged tile of x (more: x read from L2 fewer times; fewer:
-# more workgroups), each over rows such that a thread's partial sums (columns x rows x weights)
-# stay within MAT_COLS_SUMS registers, up to 4 rows.
+# Its workgroup: subgroups sharing one staged tile of x, threads over rows such that a thread's
+# partial sums (columns x rows x weights) stay within MAT_COLS_SUMS registers, up to 4 rows; from
+# MAT_COLS_LANE_ROWS columns on in the layout where each lane has rows of its own (a workgroup
+# then covers a subgroup's width times more rows, and reads x once for all of them).
 MAT_COLS_SUBGROUPS = 4
 MAT_COLS_SUMS = 32
+MAT_COLS_LANE_ROWS = 8
 
 
 # Fixed mat-vec shapes in (subgroups, rows) per workgroup, for weights without a tuned one.
@@ -72,23 +74,42 @@ def mat_cols_columns(n: int) -> int:
     return next(c for c in MAT_COLS_VARIANTS if c >= share)
 
 
-def mat_cols_shape(ctx, cols: int, mats: int = 1) -> tuple[int, int]:
-    """(threads, rows per subgroup) of a mat-cols workgroup over `cols` columns of `mats` weights
-    (2: gate and up); a CPU driver's workgroup is one subgroup, as for the mat-vec kernel."""
+def mat_cols_shape(ctx, cols: int, mats: int = 1) -> tuple[int, int, int]:
+    """(threads, rows per subgroup or lane, layout: 1 where lanes have rows of their own) of a
+    mat-cols workgroup over `cols` columns of `mats` weights (2: gate and up); a CPU driver's
+    workgroup is one subgroup, as for the mat-vec kernel."""
     subgroups = 1 if ctx.info.kind == "cpu" else MAT_COLS_SUBGROUPS
-    return subgroups * ctx.info.subgroup_size, max(1, min(4, MAT_COLS_SUMS // (mats * cols)))
+    return (subgroups * ctx.info.subgroup_size, max(1, min(4, MAT_COLS_SUMS // (mats * cols))),
+            int(cols >= MAT_COLS_LANE_ROWS))
+
+
+def mat_cols_tile(ctx, cols: int, shape: tuple[int, int, int], mats: int = 1) -> int | None:
+    """16-value slices of x per tile: as many as a subgroup has lanes, fewer where shared memory
+    runs short, a multiple of the subgroups where they share it (layout 1), whose sums must then
+    fit the tile (subgroups x columns x weights x rows x lanes floats); None where the shape
+    cannot run."""
+    threads, rows, lane_rows = shape
+    lanes = ctx.info.subgroup_size
+    subgroups = threads // lanes
+    slices = min(lanes, ctx.info.max_shared_memory // (64 * cols))
+    if lane_rows:
+        slices -= slices % subgroups
+        if subgroups * cols * mats * rows * lanes > 16 * cols * slices:
+            return None
+    return slices if slices > 0 and threads <= ctx.info.max_workgroup_size else None
 
 
 def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
-              mats: int, shape: tuple[int, int] | None):
+              mats: int, shape: tuple[int, int, int] | None):
     """One mul_mat_cols dispatch per part of w (bindings[i]: part i's buffers). Column groups are
-    numbered fastest (mul_mat_vec_base.glsl with COLS); the x tile is as many 16-value slices as
-    a subgroup has lanes, fewer where shared memory runs short."""
+    numbered fastest (mul_mat_vec_base.glsl with COLS)."""
     ctx, cols = rec.ctx, mat_cols_columns(n)
-    threads, rows = shape or mat_cols_shape(ctx, cols, mats)
-    slices = max(1, min(ctx.info.subgroup_size, ctx.info.max_shared_memory // (64 * cols)))
-    kernel = ctx.kernel(f"{op}_c{cols}_{w.ggml_type.name.lower()}", {0: threads, 1: rows, 3: slices})
-    rows_per_group = rows * (threads // ctx.info.subgroup_size)
+    threads, rows, lane_rows = shape = shape or mat_cols_shape(ctx, cols, mats)
+    slices = mat_cols_tile(ctx, cols, shape, mats)
+    if slices is None:
+        raise ValueError(f"mat-cols workgroup {shape} does not fit {cols} columns on {ctx.info.name}")
+    kernel = ctx.kernel(f"{op}_c{cols}_{w.ggml_type.name.lower()}", {0: threads, 1: rows, 3: slices, 4: lane_rows})
+    rows_per_group = rows * (ctx.info.subgroup_size if lane_rows else threads // ctx.info.subgroup_size)
     for buffers, (_, first, count) in zip(bindings, w.parts):
         rec.dispatch(kernel, buffers, _groups(ctx, cdiv(count, rows_per_group) * cdiv(n, cols)),
                      push | dict(rows=count, y_offset=first))
@@ -186,12 +207,13 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
 
 
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
-           path: str | None = None, norm: FoldedNorm | None = None, cols_shape: tuple[int, int] | None = None):
+           path: str | None = None, norm: FoldedNorm | None = None,
+           cols_shape: tuple[int, int, int] | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
     kernel `_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
     prefill: mat-mat), or the one of `paths(ctx)` given (tests check each on every device). The
     mat-vec workgroup shape is the weight's tuned one, else the device kind's fixed one; the
-    mat-cols one `cols_shape` (threads, rows per subgroup), else `mat_cols_shape`'s. The
+    mat-cols one `cols_shape` (as mat_cols_shape gives it), else `mat_cols_shape`'s. The
     cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32).
     `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
@@ -265,7 +287,7 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
                   up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None, path: str | None = None,
-                  cols_shape: tuple[int, int] | None = None):
+                  cols_shape: tuple[int, int, int] | None = None):
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
     gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh
     form in place of silu). Where the mat-vec kernel would
