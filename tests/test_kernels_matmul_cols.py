@@ -23,6 +23,7 @@ from tests.test_kernels_matmul import (  # noqa: F401
 )
 from tests.test_kernels_matmul_glu import Weights, activations, reference
 from tests.test_kernels_matmul_norm import EPS, Run, rms_normed
+from worker.engine import shaderbuild
 from worker.engine.kernels.matmul import (
     MAT_COLS_VARIANTS,
     mat_cols_columns,
@@ -34,6 +35,7 @@ from worker.engine.kernels.matmul import (
     normed_input,
 )
 from worker.engine.kernels.tensor import free_tensor, upload_rows
+from worker.engine.weight_types import WEIGHT_TYPES
 
 COUNTS = (2, 3, 5, 8, 16, 33)
 
@@ -42,6 +44,16 @@ def k_for(qtype: T) -> int:
     """A row length that is a multiple of 16 and not of one x tile (16 values per lane)."""
     return 528 if qtype in FLOAT_TYPES else (800 if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4)
                                               else 768)
+
+
+def test_a_variant_per_column_count_and_type():
+    """variants.toml's `columns`: <op>_c<N>_<type>, built with COLS=N."""
+    table = shaderbuild.variants()
+    for op in ("mul_mat_cols", "mul_mat_cols_glu", "mul_mat_cols_geglu", "mul_mat_cols_qkv"):
+        assert op not in table and f"{op}_q4_k" not in table
+        for c in MAT_COLS_VARIANTS:
+            for t in WEIGHT_TYPES:
+                assert ("COLS", str(c)) in table[f"{op}_c{c}_{t.name.lower()}"].defines
 
 
 def test_columns_per_workgroup():
