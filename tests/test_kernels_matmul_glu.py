@@ -47,13 +47,14 @@ def small_shape(ctx) -> tuple[int, int]:
     return ctx.info.subgroup_size, 2
 
 
-def run_swiglu(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, x: np.ndarray, gelu=False) -> tuple[np.ndarray, int]:
+def run_swiglu(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, x: np.ndarray, gelu=False,
+               path=None) -> tuple[np.ndarray, int]:
     """(out [n, rows], dispatches recorded)."""
     n, rows = x.shape[0], w_gate.rows
     xb, out, up = ctx.alloc(x.nbytes), ctx.alloc(4 * n * rows), ctx.alloc(4 * n * rows)
     ctx.upload(xb, x.astype(np.float32))
     rec = ctx.recording()
-    matmul_swiglu(rec, w_gate, w_up, xb, out, n, up, gelu=gelu)
+    matmul_swiglu(rec, w_gate, w_up, xb, out, n, up, gelu=gelu, path=path)
     dispatches = rec.dispatches
     ctx.run(rec.finish())
     y = ctx.download(out, count=n * rows).reshape(n, rows)
@@ -130,7 +131,8 @@ def test_columns_beyond_one_group(vk_ctx):
 
 def test_tuning_candidates_across_subgroups(vk_ctx):
     """The gate's tuned shape is used: each shape the tuner may choose with several subgroups,
-    whose sums (two per row and column) meet in shared memory."""
+    whose sums (two per row and column) meet in shared memory (the mat-vec kernel, which GPUs
+    take for one column only)."""
     raw_g, w_g = random_weights(T.Q8_0, 37, 800, seed=3)
     raw_u, w_u = random_weights(T.Q8_0, 37, 800, seed=4)
     x = activations(2, w_g, seed=2)
@@ -139,7 +141,7 @@ def test_tuning_candidates_across_subgroups(vk_ctx):
     for shape in shapes:
         with Weights(vk_ctx) as w:
             gate, up = w.upload(T.Q8_0, raw_g, 800, shape), w.upload(T.Q8_0, raw_u, 800)
-            y, dispatches = run_swiglu(vk_ctx, gate, up, x)
+            y, dispatches = run_swiglu(vk_ctx, gate, up, x, path="mat_vec")
         assert dispatches == 1
         assert_close(y, reference(x, w_g, w_u))
 
