@@ -223,8 +223,8 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
             raise ValueError("the mat-cols kernel takes normalised input: a norm folds into mat-vec products only")
         if w.cols % 16:
             raise ValueError(f"the mat-cols kernel takes rows of a multiple of 16 values, not {w.cols}")
-        _mat_cols(rec, "mul_mat_cols", w, [[part, x, y] for part, _, _ in w.parts], n, _push(w, 0, 0, n, y_accumulate), 1,
-                  cols_shape)
+        _mat_cols(rec, "mul_mat_cols", w, [[part, x, y] for part, _, _ in w.parts], n,
+                  _push(w, 0, 0, n, y_accumulate), 1, cols_shape)
         return
     if path == "mat_vec":
         threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
