@@ -187,15 +187,15 @@ uint clamped_col(uint col) { return p.x_per_slot != 0 ? column_slot(col) : colum
 uint out_col(uint col) { return column_slot(col); }
 #else
 #if defined(COLS)
-// mul_mat_cols.comp's layout: 0, each subgroup over NUM_ROWS rows of its own (its lanes split K);
-// 1, each lane over NUM_ROWS rows of its own (the subgroups split K).
-layout(constant_id = 4) const uint LANE_ROWS = 0;
+// mul_mat_cols.comp's layout: ROW_LANES lanes share each row (split its K), each group of them
+// over NUM_ROWS rows: a subgroup covers NUM_ROWS x (subgroup size / ROW_LANES) rows.
+layout(constant_id = 4) const uint ROW_LANES = 32;
 uint column_groups() { return (p.n + NUM_COLS - 1) / NUM_COLS; }
 uint workgroup_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
 // The workgroup's first row.
 uint first_row() {
-    return workgroup_index() / column_groups() * NUM_ROWS * (LANE_ROWS != 0 ? gl_SubgroupSize : gl_NumSubgroups);
+    return workgroup_index() / column_groups() * NUM_ROWS * gl_NumSubgroups * (gl_SubgroupSize / ROW_LANES);
 }
 #else
 uint first_row() {

@@ -73,15 +73,16 @@ def test_every_type(vk_ctx, qtype):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4])
-@pytest.mark.parametrize("subgroups", [1, 2, 4])
-@pytest.mark.parametrize("layout", [0, 1], ids=["subgroup-rows", "lane-rows"])
-def test_workgroup_shapes(vk_ctx, layout, subgroups, rows):
-    """Several subgroups share one x tile (layout 1: they split it, and their sums meet in shared
-    memory); rows per subgroup or lane, over more and fewer rows than a workgroup covers; the
-    residual add."""
+@pytest.mark.parametrize("subgroups", [1, 4])
+@pytest.mark.parametrize("row_lanes", [1, 2, 0], ids=["lane", "pair", "subgroup"])
+def test_workgroup_shapes(vk_ctx, row_lanes, subgroups, rows):
+    """Several subgroups share one x tile; a row's K over one lane, two, the whole subgroup
+    (0); rows per lane group, over more and fewer rows than a workgroup covers; the residual
+    add."""
     cols = 800
     raw, w = random_weights(T.Q4_0, 45, cols, seed=2)
-    shape = (subgroups * vk_ctx.info.subgroup_size, rows, layout)
+    lanes = vk_ctx.info.subgroup_size
+    shape = (subgroups * lanes, rows, row_lanes or lanes)
     for n in (3, 33):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
         y0 = np.random.default_rng(0).standard_normal((n, 45)).astype(np.float32)
@@ -99,22 +100,25 @@ def run_shaped(ctx, qtype, raw, cols, x, n, y0, shape):
 
 def test_default_shapes(vk_ctx):
     """Rows per thread shrink as columns grow (partial sums kept in registers); from 8 columns on
-    lanes have rows of their own; every default fits its tile."""
-    assert [mat_cols_shape(vk_ctx, c)[1:] for c in MAT_COLS_VARIANTS] == [(4, 0), (4, 0), (4, 1), (2, 1)]
-    assert [mat_cols_shape(vk_ctx, c, 2)[1:] for c in MAT_COLS_VARIANTS] == [(4, 0), (4, 0), (2, 1), (1, 1)]
+    a row's K is split over fewer lanes than a subgroup's; every default fits its tile."""
+    lanes = vk_ctx.info.subgroup_size
+    few = min(lanes, 8)
+    assert [mat_cols_shape(vk_ctx, c)[1:] for c in MAT_COLS_VARIANTS] == [(4, lanes), (4, lanes), (4, few), (2, few)]
+    assert [mat_cols_shape(vk_ctx, c, 2)[1:] for c in MAT_COLS_VARIANTS] == [(4, lanes), (4, lanes), (2, few), (1, few)]
     for c in MAT_COLS_VARIANTS:
         for mats in (1, 2):
-            assert mat_cols_tile(vk_ctx, c, mat_cols_shape(vk_ctx, c, mats), mats)
+            assert mat_cols_tile(vk_ctx, c, mat_cols_shape(vk_ctx, c, mats))
 
 
-def test_shapes_whose_sums_overflow_the_tile_are_refused(vk_ctx):
-    """Layout 1 keeps the subgroups' sums in the x tile: 16 subgroups of 4 rows do not fit."""
+def test_shapes_that_cannot_run_are_refused(vk_ctx):
+    """Lanes per row that do not divide the subgroup (or are no power of 2), partial subgroups."""
     lanes = vk_ctx.info.subgroup_size
-    assert mat_cols_tile(vk_ctx, 2, (16 * lanes, 4, 1)) is None
+    for shape in ((lanes, 1, 3), (lanes, 1, 2 * lanes), (lanes + 1, 1, 1), (lanes, 0, 1)):
+        assert mat_cols_tile(vk_ctx, 2, shape) is None, shape
     raw, _ = random_weights(T.Q4_0, 9, 256)
     with pytest.raises(ValueError, match="does not fit"):
         run_shaped(vk_ctx, T.Q4_0, raw, 256, np.zeros((2, 256), np.float32), 2, np.zeros((2, 9), np.float32),
-                   (16 * lanes, 4, 1))
+                   (lanes, 1, 3))
 
 
 def test_rows_split_into_parts(small_binding_ctx):
@@ -150,20 +154,21 @@ def test_gate_up(vk_ctx, qtype, gelu):
             assert_close(r.get(out, (n, 19)), reference(x, w_g, w_u, gelu))
 
 
-@pytest.mark.parametrize("shape", [(4, 1, 1), (2, 2, 1), (2, 2, 0)], ids=["4x1-lane", "2x2-lane", "2x2-subgroup"])
+@pytest.mark.parametrize("shape", [(4, 1, 1), (2, 2, 2), (2, 2, 0)], ids=["4x1-lane", "2x2-pair", "2x2-subgroup"])
 def test_gate_up_across_subgroups(vk_ctx, shape):
-    """Both weights' sums across several subgroups (shared memory in layout 1, whose share of
-    the tile holds twice the sums)."""
+    """Both weights' sums over a row's lanes, in several subgroups (0 lanes per row: the whole
+    subgroup)."""
     raw_g, w_g = random_weights(T.Q4_K, 70, 768, seed=3)
     raw_u, w_u = random_weights(T.Q4_K, 70, 768, seed=4)
-    subgroups, rows, layout = shape
+    subgroups, rows, row_lanes = shape
     with Weights(vk_ctx) as w, Run(vk_ctx) as r:
         gate, up = w.upload(T.Q4_K, raw_g, 768), w.upload(T.Q4_K, raw_u, 768)
         for n in (3, 16):
             x = activations(n, w_g, seed=n)
             xb, out = r.put(x), r.empty(n * 70)
             r.run(lambda rec: matmul_swiglu(rec, gate, up, xb, out, n, None, path="mat_cols",
-                                            cols_shape=(subgroups * vk_ctx.info.subgroup_size, rows, layout)))
+                                            cols_shape=(subgroups * vk_ctx.info.subgroup_size, rows,
+                                                        row_lanes or vk_ctx.info.subgroup_size)))
             assert_close(r.get(out, (n, 70)), reference(x, w_g, w_u))
 
 

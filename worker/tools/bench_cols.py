@@ -32,8 +32,9 @@ QUICK_WEIGHTS = (("attn_qkv", T.Q4_K, 96, 256, False, 32), ("ffn_gate+up", T.Q4_
 # Byte offsets of each block's f16 scales: random bytes there would be inf/NaN now and then,
 # which costs no time but would make the check meaningless.
 SCALE_FIELDS = {T.Q4_K: (0, 2), T.Q6_K: (208,)}
-# (subgroups, rows per subgroup or lane, layout) of the mat-cols workgroups --cols-shapes also times
-COLS_SHAPES = tuple((s, r, layout) for layout in (0, 1) for s in (1, 2, 4, 8, 16) for r in (1, 2, 4))
+# (subgroups, rows per lane group, lanes per row; 0: the subgroup) of the mat-cols workgroups
+# --cols-shapes also times
+COLS_SHAPES = tuple((s, r, lanes) for lanes in (0, 8, 4, 1) for s in (1, 2, 4, 8) for r in (1, 2, 4))
 
 
 def parse_cols(text: str) -> list[int]:
@@ -63,8 +64,8 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                 for rule, t in (("old rule", old), ("mat_cols", new), ("best", min(times.values()))):
                     passes[rule][n] += per_pass * t
                 c = mat_cols_columns(n) if n > 1 else 1
-                threads, rows_each, layout = mat_cols_shape(ctx, c, 1 + glu)
-                shape = f"{threads // ctx.info.subgroup_size}x{rows_each}/{layout}" if n > 1 else "-"
+                threads, rows_each, row_lanes = mat_cols_shape(ctx, c, 1 + glu)
+                shape = f"{threads // ctx.info.subgroup_size}x{rows_each}/{row_lanes}" if n > 1 else "-"
                 if n > 1:
                     checks.setdefault((name, qtype.name), {})[n] = w.check(n)
                 check = f"{checks[name, qtype.name][n]:8.1e}" if n > 1 else "       -"
@@ -72,12 +73,13 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                       f"{us(times.get('mat_cols'), 11)} {shape:>8} {us(times.get('coopmat'))} {new / one:9.2f} "
                       f"{100 * w.nbytes / new / measured:6.1f}% {check}", flush=True)
                 if args.cols_shapes and n > 1:
-                    shapes = [(s * ctx.info.subgroup_size, r, layout) for s, r, layout in COLS_SHAPES]
-                    sweep = {s: w.time(n, "mat_cols", s, args.runs, warmup)
-                             for s in shapes if mat_cols_tile(ctx, c, s, 1 + glu)}
-                    print(f"{'':12} shapes (subgroups x rows / layout: us): " + ", ".join(
-                        f"{t // ctx.info.subgroup_size}x{r}/{layout}: {sec * 1e6:.0f}"
-                        for (t, r, layout), sec in sweep.items()), flush=True)
+                    lanes = ctx.info.subgroup_size
+                    shapes = dict.fromkeys((s * lanes, r, min(lanes, row_lanes or lanes))
+                                           for s, r, row_lanes in COLS_SHAPES)
+                    sweep = {s: w.time(n, "mat_cols", s, args.runs, warmup) for s in shapes if mat_cols_tile(ctx, c, s)}
+                    print(f"{'':12} shapes (subgroups x rows / lanes per row: us): " + ", ".join(
+                        f"{t // lanes}x{r}/{row_lanes}: {sec * 1e6:.0f}" for (t, r, row_lanes), sec in sweep.items()),
+                          flush=True)
     print("one 8B pass (its weights' products; ms): " + "; ".join(
         f"{rule} " + " ".join(f"n={n}: {t * 1e3:.2f}" for n, t in by_n.items()) for rule, by_n in passes.items()))
     return checks

@@ -43,12 +43,14 @@ MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-v
 MAT_COLS_VARIANTS = (2, 4, 8, 16)
 MAT_COLS_MAX = 64
 # Its workgroup: subgroups sharing one staged tile of x, threads over rows such that a thread's
-# partial sums (columns x rows x weights) stay within MAT_COLS_SUMS registers, up to 4 rows; from
-# MAT_COLS_LANE_ROWS columns on in the layout where each lane has rows of its own (a workgroup
-# then covers a subgroup's width times more rows, and reads x once for all of them).
+# partial sums (columns x rows x weights) stay within MAT_COLS_SUMS registers, up to 4 rows; a
+# row's K split over a whole subgroup below MAT_COLS_MANY columns, over MAT_COLS_ROW_LANES
+# lanes from there on (a workgroup then covers lanes / MAT_COLS_ROW_LANES times more rows and
+# reads x once for all of them).
 MAT_COLS_SUBGROUPS = 4
 MAT_COLS_SUMS = 32
-MAT_COLS_LANE_ROWS = 8
+MAT_COLS_MANY = 8
+MAT_COLS_ROW_LANES = 8
 
 
 # Fixed mat-vec shapes in (subgroups, rows) per workgroup, for weights without a tuned one.
@@ -75,28 +77,25 @@ def mat_cols_columns(n: int) -> int:
 
 
 def mat_cols_shape(ctx, cols: int, mats: int = 1) -> tuple[int, int, int]:
-    """(threads, rows per subgroup or lane, layout: 1 where lanes have rows of their own) of a
-    mat-cols workgroup over `cols` columns of `mats` weights (2: gate and up); a CPU driver's
-    workgroup is one subgroup, as for the mat-vec kernel."""
-    subgroups = 1 if ctx.info.kind == "cpu" else MAT_COLS_SUBGROUPS
-    return (subgroups * ctx.info.subgroup_size, max(1, min(4, MAT_COLS_SUMS // (mats * cols))),
-            int(cols >= MAT_COLS_LANE_ROWS))
-
-
-def mat_cols_tile(ctx, cols: int, shape: tuple[int, int, int], mats: int = 1) -> int | None:
-    """16-value slices of x per tile: as many as a subgroup has lanes, fewer where shared memory
-    runs short, a multiple of the subgroups where they share it (layout 1), whose sums must then
-    fit the tile (subgroups x columns x weights x rows x lanes floats); None where the shape
-    cannot run."""
-    threads, rows, lane_rows = shape
+    """(threads, rows per lane group, lanes per row) of a mat-cols workgroup over `cols` columns
+    of `mats` weights (2: gate and up); a CPU driver's workgroup is one subgroup, as for the
+    mat-vec kernel."""
     lanes = ctx.info.subgroup_size
-    subgroups = threads // lanes
+    subgroups = 1 if ctx.info.kind == "cpu" else MAT_COLS_SUBGROUPS
+    return (subgroups * lanes, max(1, min(4, MAT_COLS_SUMS // (mats * cols))),
+            lanes if cols < MAT_COLS_MANY else min(lanes, MAT_COLS_ROW_LANES))
+
+
+def mat_cols_tile(ctx, cols: int, shape: tuple[int, int, int]) -> int | None:
+    """16-value slices of x per tile: as many as a subgroup has lanes, fewer where shared memory
+    runs short; None where the shape cannot run (lanes per row must be a power of 2 dividing
+    the subgroup, threads whole subgroups within the device's limit)."""
+    threads, rows, row_lanes = shape
+    lanes = ctx.info.subgroup_size
     slices = min(lanes, ctx.info.max_shared_memory // (64 * cols))
-    if lane_rows:
-        slices -= slices % subgroups
-        if subgroups * cols * mats * rows * lanes > 16 * cols * slices:
-            return None
-    return slices if slices > 0 and threads <= ctx.info.max_workgroup_size else None
+    fits = (threads % lanes == 0 and threads <= ctx.info.max_workgroup_size and rows > 0
+            and 0 < row_lanes <= lanes and lanes % row_lanes == 0 and row_lanes & (row_lanes - 1) == 0)
+    return slices if fits and slices > 0 else None
 
 
 def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
@@ -104,12 +103,13 @@ def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buff
     """One mul_mat_cols dispatch per part of w (bindings[i]: part i's buffers). Column groups are
     numbered fastest (mul_mat_vec_base.glsl with COLS)."""
     ctx, cols = rec.ctx, mat_cols_columns(n)
-    threads, rows, lane_rows = shape = shape or mat_cols_shape(ctx, cols, mats)
-    slices = mat_cols_tile(ctx, cols, shape, mats)
+    threads, rows, row_lanes = shape = shape or mat_cols_shape(ctx, cols, mats)
+    slices = mat_cols_tile(ctx, cols, shape)
     if slices is None:
         raise ValueError(f"mat-cols workgroup {shape} does not fit {cols} columns on {ctx.info.name}")
-    kernel = ctx.kernel(f"{op}_c{cols}_{w.ggml_type.name.lower()}", {0: threads, 1: rows, 3: slices, 4: lane_rows})
-    rows_per_group = rows * (ctx.info.subgroup_size if lane_rows else threads // ctx.info.subgroup_size)
+    kernel = ctx.kernel(f"{op}_c{cols}_{w.ggml_type.name.lower()}", {0: threads, 1: rows, 3: slices, 4: row_lanes})
+    lanes = ctx.info.subgroup_size
+    rows_per_group = rows * (threads // lanes) * (lanes // row_lanes)
     for buffers, (_, first, count) in zip(bindings, w.parts):
         rec.dispatch(kernel, buffers, _groups(ctx, cdiv(count, rows_per_group) * cdiv(n, cols)),
                      push | dict(rows=count, y_offset=first))
