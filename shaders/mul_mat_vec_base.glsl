@@ -30,8 +30,13 @@
 // dispatch for the three projections.
 // Bindings: the weights (one or two), x, y (QKV: y_q, y_k, y_v), then with EXPERTS the ids and
 // the biases, with NORM the norm weight.
+// With COLS defined (mul_mat_cols.comp, several columns: batched decode) NUM_COLS is that
+// compile-time count and NUM_ROWS the rows of each subgroup; the kernel has its own loops and
+// reduction (neither the item loops nor reduce_and_store below), and workgroups are numbered
+// column group fastest: the column groups of one row block run side by side, so that the
+// weights they share come from memory once and from the L2 cache for the others.
 #include "types.glsl"
-#if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4))
+#if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4)) && !defined(COLS)
 #define MAT_VEC_ITEMS
 #endif
 
@@ -74,7 +79,11 @@ const uint NUM_MATS = 1;
 
 layout(constant_id = 0) const uint BLOCK_SIZE = 32;
 layout(constant_id = 1) const uint NUM_ROWS = 2;
+#if defined(COLS)
+const uint NUM_COLS = COLS;
+#else
 layout(constant_id = 2) const uint NUM_COLS = 1;
+#endif
 #if defined(MAT_VEC_ITEMS)
 // Items each thread loads per row and weight before any math: as many as keep the loaded words
 // of all rows and weights within RAW_WORDS registers (up to 4), so that more rows per workgroup
@@ -142,7 +151,9 @@ float sumsq[NUM_COLS];
 #else
 const uint NUM_SUMS = 0;
 #endif
+#if !defined(COLS)
 shared float partial[NUM_COLS * (NUM_MATS * NUM_ROWS + NUM_SUMS)][BLOCK_SIZE];
+#endif
 
 #if defined(EXPERT_TILES)
 uint tile_word(uint i) { return tiles[p.n + 3 * gl_WorkGroupID.z + i]; }
@@ -175,16 +186,33 @@ uint clamped_col(uint col) { return p.x_per_slot != 0 ? column_slot(col) : colum
 // The row of y that column `col` writes.
 uint out_col(uint col) { return column_slot(col); }
 #else
+#if defined(COLS)
+// mul_mat_cols.comp's layout: ROW_LANES lanes share each row (split its K), each group of them
+// over NUM_ROWS rows: a subgroup covers NUM_ROWS x (subgroup size / ROW_LANES) rows.
+layout(constant_id = 4) const uint ROW_LANES = 32;
+uint column_groups() { return (p.n + NUM_COLS - 1) / NUM_COLS; }
+uint workgroup_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
+
+// The workgroup's first row.
+uint first_row() {
+    return workgroup_index() / column_groups() * NUM_ROWS * gl_NumSubgroups * (gl_SubgroupSize / ROW_LANES);
+}
+#else
 uint first_row() {
     return (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
 }
+#endif
 
 // Rows past the end are computed on a clamped row (no branch in the loop) and never stored.
 uint clamped_row(uint row) { return min(row, p.rows - 1); }
 
+#if defined(COLS)
+uint first_col() { return workgroup_index() % column_groups() * NUM_COLS; }
+#else
 uint first_col() {
     return gl_WorkGroupID.z * NUM_COLS;
 }
+#endif
 
 // Columns past the end are computed on a clamped column and never stored.
 uint clamped_col(uint col) { return min(col, p.n - 1); }
@@ -270,6 +298,7 @@ void store(uint col, uint row, float v) {
 #endif
 }
 
+#if !defined(COLS)
 // acc[c][m][r]: column col0 + c, weight m, row row0 + r.
 void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][NUM_ROWS]) {
     for (uint c = 0; c < NUM_COLS; c++) {
@@ -328,3 +357,4 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
         }
     }
 }
+#endif

@@ -47,13 +47,14 @@ def small_shape(ctx) -> tuple[int, int]:
     return ctx.info.subgroup_size, 2
 
 
-def run_swiglu(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, x: np.ndarray, gelu=False) -> tuple[np.ndarray, int]:
+def run_swiglu(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, x: np.ndarray, gelu=False,
+               path=None) -> tuple[np.ndarray, int]:
     """(out [n, rows], dispatches recorded)."""
     n, rows = x.shape[0], w_gate.rows
     xb, out, up = ctx.alloc(x.nbytes), ctx.alloc(4 * n * rows), ctx.alloc(4 * n * rows)
     ctx.upload(xb, x.astype(np.float32))
     rec = ctx.recording()
-    matmul_swiglu(rec, w_gate, w_up, xb, out, n, up, gelu=gelu)
+    matmul_swiglu(rec, w_gate, w_up, xb, out, n, up, gelu=gelu, path=path)
     dispatches = rec.dispatches
     ctx.run(rec.finish())
     y = ctx.download(out, count=n * rows).reshape(n, rows)
@@ -109,26 +110,29 @@ def test_default_shape(vk_ctx):
 
 
 def test_columns_beyond_one_group(vk_ctx):
-    """17 columns: on a CPU driver the fused kernel in column groups (one dispatch); on a GPU
-    the mat-mat kernels and SwiGLU (three), whose products on matrix units take f16 operands."""
+    """17 columns: on a CPU driver the fused kernel in column groups, on a GPU the fused
+    mat-cols kernel (one dispatch either way); 65, past the mat-cols kernel on a GPU: the
+    mat-mat kernels and SwiGLU (three), whose products on matrix units take f16 operands."""
     raw_g, w_g = random_weights(T.Q4_0, 21, 96, seed=1)
     raw_u, w_u = random_weights(T.Q4_0, 21, 96, seed=2)
-    x = activations(17, w_g, seed=0)
-    with Weights(vk_ctx) as w:
-        gate, up = w.upload(T.Q4_0, raw_g, 96, small_shape(vk_ctx)), w.upload(T.Q4_0, raw_u, 96)
-        y, dispatches = run_swiglu(vk_ctx, gate, up, x)
     cpu = vk_ctx.info.kind == "cpu"
-    assert dispatches == (1 if cpu else 3)
-    if not cpu and "coopmat" in paths(vk_ctx):
-        f16 = [np.asarray(a, np.float16) for a in (x, w_g, w_u)]
-        assert_close(y, reference(*f16), F16_RTOL)
-    else:
-        assert_close(y, reference(x, w_g, w_u), RTOL)
+    for n in (17, 65):
+        x = activations(n, w_g, seed=0)
+        with Weights(vk_ctx) as w:
+            gate, up = w.upload(T.Q4_0, raw_g, 96, small_shape(vk_ctx)), w.upload(T.Q4_0, raw_u, 96)
+            y, dispatches = run_swiglu(vk_ctx, gate, up, x)
+        assert dispatches == (1 if cpu or n == 17 else 3)
+        if dispatches == 3 and "coopmat" in paths(vk_ctx):
+            f16 = [np.asarray(a, np.float16) for a in (x, w_g, w_u)]
+            assert_close(y, reference(*f16), F16_RTOL)
+        else:
+            assert_close(y, reference(x, w_g, w_u), RTOL)
 
 
 def test_tuning_candidates_across_subgroups(vk_ctx):
     """The gate's tuned shape is used: each shape the tuner may choose with several subgroups,
-    whose sums (two per row and column) meet in shared memory."""
+    whose sums (two per row and column) meet in shared memory (the mat-vec kernel, which GPUs
+    take for one column only)."""
     raw_g, w_g = random_weights(T.Q8_0, 37, 800, seed=3)
     raw_u, w_u = random_weights(T.Q8_0, 37, 800, seed=4)
     x = activations(2, w_g, seed=2)
@@ -137,7 +141,7 @@ def test_tuning_candidates_across_subgroups(vk_ctx):
     for shape in shapes:
         with Weights(vk_ctx) as w:
             gate, up = w.upload(T.Q8_0, raw_g, 800, shape), w.upload(T.Q8_0, raw_u, 800)
-            y, dispatches = run_swiglu(vk_ctx, gate, up, x)
+            y, dispatches = run_swiglu(vk_ctx, gate, up, x, path="mat_vec")
         assert dispatches == 1
         assert_close(y, reference(x, w_g, w_u))
 

@@ -159,18 +159,20 @@ def test_rows_that_break_the_offset_alignment_stay_apart(vk_ctx):
 def test_normed_input_folds_only_into_item_loops(vk_ctx):
     """Products whose mat-vec takes the item loops get x and the norm to fold, nothing recorded;
     with any other consumer (Q6_K; the gate+up kernel of Q4_K) the norm is recorded and its
-    output is the input, equal to the norm of x (lavapipe always takes the mat-vec kernel)."""
+    output is the input, equal to the norm of x. One column, which every device multiplies
+    with the mat-vec kernel (test_kernels_matmul_cols.py: batches through the mat-cols kernel,
+    which takes the norm's output)."""
     raw, _ = random_weights(T.Q4_K, 1, 256)
     raw6, _ = random_weights(T.Q6_K, 1, 256)
     with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
         q4, q6 = weights.upload(T.Q4_K, raw, 256), weights.upload(T.Q6_K, raw6, 256)
-        x, nw = inputs(2, 256, seed=0)
-        xb, nb, scratch = r.put(x), r.put(nw), r.empty(2 * 256)
+        x, nw = inputs(1, 256, seed=0)
+        xb, nb, scratch = r.put(x), r.put(nw), r.empty(256)
         for consumers, glu, folds in (([q4, q4], False, True), ([q4, q6], False, False), ([q4, q4], True, False)):
             result = []
-            dispatches = r.run(lambda rec: result.append(normed_input(rec, xb, nb, scratch, 2, 256, EPS, consumers, glu)))
+            dispatches = r.run(lambda rec: result.append(normed_input(rec, xb, nb, scratch, 1, 256, EPS, consumers, glu)))
             if folds:
                 assert dispatches == 0 and result[0] == (xb, FoldedNorm(nb, EPS))
             else:
                 assert dispatches == 1 and result[0] == (scratch, None)
-                np.testing.assert_allclose(r.get(scratch, (2, 256)), rms_normed(x, nw), rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(r.get(scratch, (1, 256)), rms_normed(x, nw), rtol=1e-5, atol=1e-6)

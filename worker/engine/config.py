@@ -7,6 +7,11 @@ from vkllm.errors import VkllmError
 from worker.engine.kernels.paged import KV_TYPES
 
 _TUNE = {"auto": None, "": None, "0": False, "1": True}
+# Which kernel products of 2..64 columns (batched decode) take (kernels/matmul.py `_path`): auto
+# (the mat-cols kernel on GPUs, the mat-vec kernel on CPU drivers), mat_vec (the mat-vec
+# kernel's column groups up to 8 columns, then the mat-mat kernels: the rule before mat-cols),
+# mat_cols (the mat-cols kernel on every device).
+BATCH_KERNELS = ("auto", "mat_vec", "mat_cols")
 
 
 def _default_cache() -> Path:
@@ -22,6 +27,7 @@ class Settings:
     tune: bool | None = None           # time mat-vec shapes per device at load; None: on GPUs, not CPU drivers
     max_sequences: int = 16            # sequences one Engine's Batch decodes together (capped by the memory plan)
     kv_type: str = "f16"               # KV cache values: f16, or q8_0 (8-bit, half the memory)
+    batch_kernel: str = "auto"         # products of 2..64 columns: one of BATCH_KERNELS
 
     @classmethod
     def from_env(cls, env=None) -> "Settings":
@@ -34,6 +40,7 @@ class Settings:
             tune=_tune(env.get("VKLLM_TUNE", "auto")),
             max_sequences=_positive("VKLLM_MAX_SEQUENCES", env.get("VKLLM_MAX_SEQUENCES", "16")),
             kv_type=_kv_type(env.get("VKLLM_KV_TYPE", "f16")),
+            batch_kernel=_batch_kernel(env.get("VKLLM_BATCH_KERNEL", "auto")),
         )
 
 
@@ -59,3 +66,10 @@ def _kv_type(value: str) -> str:
     if kv_type not in KV_TYPES:
         raise VkllmError(f"VKLLM_KV_TYPE must be one of {', '.join(KV_TYPES)}, not {value!r}")
     return kv_type
+
+
+def _batch_kernel(value: str) -> str:
+    kernel = value.strip().lower() or "auto"
+    if kernel not in BATCH_KERNELS:
+        raise VkllmError(f"VKLLM_BATCH_KERNEL must be one of {', '.join(BATCH_KERNELS)}, not {value!r}")
+    return kernel

@@ -36,12 +36,17 @@ class Shader:
 
 
 def _expand(op: str, entry: dict) -> list[Variant]:
-    """One entry of the table: a plain kernel, or one variant per weight type (`weight_types`)."""
+    """One entry of the table: a plain kernel, or one variant per weight type (`weight_types`),
+    each once per column count of `columns` if it has them."""
     base = tuple(sorted((k, str(v)) for k, v in entry.get("defines", {}).items()))
     requires = tuple(entry.get("requires", ()))
     unknown = set(requires) - set(compilers.FEATURES)
     if unknown:
         raise ShaderBuildError(f"variants.toml: {op} requires unknown features {sorted(unknown)}")
+    if "columns" in entry:   # one entry per column count: <op>_c<N>, define COLS=N
+        rest = {k: v for k, v in entry.items() if k != "columns"}
+        return [v for n in entry["columns"]
+                for v in _expand(f"{op}_c{n}", rest | {"defines": entry.get("defines", {}) | {"COLS": n}})]
     if not entry.get("weight_types"):
         return [Variant(op, entry["source"], base, entry["bindings"], requires)]
     return [Variant(f"{op}_{t.name.lower()}", entry["source"], base + ((f"DATA_A_{t.name}", "1"),),

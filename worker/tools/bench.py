@@ -18,7 +18,8 @@ def register(sub):
     p.add_argument("-r", "--repetitions", type=int, default=3)
     p.add_argument("--peer", choices=["llama.cpp"], help="also time llama.cpp's Vulkan backend (cyllama)")
     p.add_argument("--profile", action="store_true",
-                   help="also print GPU time per kernel of one decode step and one prefill chunk")
+                   help="also print GPU time per kernel of one decode step and one prefill chunk "
+                        "(with --batch: of one pass over N tokens each)")
     p.add_argument("--batch", type=lambda text: [int(n) for n in text.split(",")], metavar="N,N,...",
                    help="instead: aggregate decode tokens/s of N sequences decoded together "
                         "(prompts of -p tokens, -n tokens each)")
@@ -75,6 +76,8 @@ def run(args):
             try:
                 print(f"{path}: {args.n_prompt}-token prompts, {args.n_gen} tokens each", flush=True)
                 bench_batch.run(engine, args.batch, args.n_prompt, args.n_gen, args.repetitions)
+                if args.profile:
+                    bench_batch.print_pass_profiles(engine, args.batch, args.n_prompt)
             finally:
                 engine.close()
         return

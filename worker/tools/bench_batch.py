@@ -58,3 +58,15 @@ def run(engine, sizes: list[int], n_prompt: int, n_gen: int, reps: int):
         print(f"{n:9d} {r['tok_s']:12.1f} {ratio} {r['tpot_ms']:11.2f} {r['blocks']:5.0f}/{r['total_blocks']:.0f}",
               flush=True)
     return rows
+
+
+def print_pass_profiles(engine, sizes: list[int], pos: int, top: int = 6):
+    """GPU time of one forward pass over n tokens (a batched decode step's shape) for each n, and
+    its costliest kernels (Settings.batch_kernel picks the products' kernel)."""
+    print(f"one pass over n tokens at position {pos} (batch kernel: {engine.ctx.settings.batch_kernel}):")
+    for n in sizes:
+        table = engine.runner.profile(n, pos)
+        total = sum(ns for _, ns in table.values())
+        costliest = sorted(table.items(), key=lambda item: -item[1][1])[:top]
+        print(f"  n={n:3d}: {total / 1e6:8.2f} ms GPU in {sum(c for c, _ in table.values())} dispatches | " +
+              ", ".join(f"{name} {ns / 1e6:.2f}" for name, (_, ns) in costliest), flush=True)

@@ -23,6 +23,8 @@ from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_products, replay_for
 from worker.engine.kernels.tuning import MatVecTuner
 from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
+from worker.tools import bench_cols
+from worker.tools.bench_cols import parse_cols
 from worker.tools.roofline import WARMUP_SECONDS, read_bandwidth
 
 # rows x K: attention projection, FFN up/gate, FFN down, the Llama-3 output head.
@@ -41,6 +43,12 @@ def add_arguments(parser):
     parser.add_argument("--runs", type=int, default=5, help="timed submissions after the warm-up")
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
                         help="also time the mat-mat kernel on N token columns (TFLOP/s)")
+    parser.add_argument("--cols", type=parse_cols, metavar="N,N,...",
+                        help="instead: batched-decode products of N columns on Llama-3.1-8B's Q4_K_M weights "
+                             "through each kernel (mat-vec, mat-cols, cooperative matrices) and one 8B pass "
+                             "per rule (worker/tools/bench_cols.py); --types filters its weights")
+    parser.add_argument("--cols-shapes", action="store_true",
+                        help="with --cols: also time each mat-cols workgroup shape (subgroups x rows)")
     parser.add_argument("--tuned", action="store_true",
                         help="time each weight with the workgroup shape the tuner picks for it (as a model "
                              "runs; measured now or read from the tuning cache), not the fixed default")
@@ -81,6 +89,9 @@ def run(args):
     try:
         measured = read_bandwidth(ctx, rotation, warmup=warmup)
         print(f"device: {ctx.info.describe()}; plain read of {rotation >> 20} MiB: {measured / 1e9:.1f} GB/s")
+        if args.cols:
+            bench_cols.run(ctx, args, rotation, warmup, measured)
+            return
         tuner = MatVecTuner(ctx, ctx.settings.cache_dir) if args.tuned else None
         print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'shape':>7} {'us':>9} {'GB/s':>8} {'% read':>7}")
         for name in args.types:

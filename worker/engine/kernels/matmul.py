@@ -34,6 +34,23 @@ COOPMAT_TILES = tuple((*t, stages) for t in ((64, 64, 32, 32, 32), (64, 64, 32, 
                       for stages in (1, 2))
 GET_ROWS_THREADS = 64
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
+# mul_mat_cols.comp (batched decode, "mat_cols"): the column counts it is built for (variants.toml
+# `columns`); on GPUs products of 2 .. MAT_COLS_MAX columns take it (more than 16 in column
+# groups side by side, which share the weights through the L2 cache). The mat-vec kernel's
+# columns fell off a cliff on an H200 (8B pass: 5.9 ms at 1 column, 9.5 at 2, 89 at 4, 224 at 8)
+# and the cooperative-matrix tiles cost 43-50 ms a pass at 2-32 columns. Not yet timed on a GPU:
+# `vkllm bench kernels --cols` compares the paths per column count.
+MAT_COLS_VARIANTS = (2, 4, 8, 16)
+MAT_COLS_MAX = 64
+# Its workgroup: subgroups sharing one staged tile of x, threads over rows such that a thread's
+# partial sums (columns x rows x weights) stay within MAT_COLS_SUMS registers, up to 4 rows; a
+# row's K split over a whole subgroup below MAT_COLS_MANY columns, over MAT_COLS_ROW_LANES
+# lanes from there on (a workgroup then covers lanes / MAT_COLS_ROW_LANES times more rows and
+# reads x once for all of them).
+MAT_COLS_SUBGROUPS = 4
+MAT_COLS_SUMS = 32
+MAT_COLS_MANY = 8
+MAT_COLS_ROW_LANES = 8
 
 
 # Fixed mat-vec shapes in (subgroups, rows) per workgroup, for weights without a tuned one.
@@ -50,6 +67,52 @@ def mat_vec_shape(ctx) -> tuple[int, int]:
     maxComputeWorkGroupCount spill into the y dimension."""
     subgroups, rows = CPU_MAT_VEC_SHAPE if ctx.info.kind == "cpu" else GPU_MAT_VEC_SHAPE
     return subgroups * ctx.info.subgroup_size, rows
+
+
+def mat_cols_columns(n: int) -> int:
+    """Columns per mat-cols workgroup for n columns: the smallest variant that holds them, or
+    that holds an even share of them over the fewest groups of the largest."""
+    share = cdiv(n, cdiv(n, MAT_COLS_VARIANTS[-1]))
+    return next(c for c in MAT_COLS_VARIANTS if c >= share)
+
+
+def mat_cols_shape(ctx, cols: int, mats: int = 1) -> tuple[int, int, int]:
+    """(threads, rows per lane group, lanes per row) of a mat-cols workgroup over `cols` columns
+    of `mats` weights (2: gate and up); a CPU driver's workgroup is one subgroup, as for the
+    mat-vec kernel."""
+    lanes = ctx.info.subgroup_size
+    subgroups = 1 if ctx.info.kind == "cpu" else MAT_COLS_SUBGROUPS
+    return (subgroups * lanes, max(1, min(4, MAT_COLS_SUMS // (mats * cols))),
+            lanes if cols < MAT_COLS_MANY else min(lanes, MAT_COLS_ROW_LANES))
+
+
+def mat_cols_tile(ctx, cols: int, shape: tuple[int, int, int]) -> int | None:
+    """16-value slices of x per tile: as many as a subgroup has lanes, fewer where shared memory
+    runs short; None where the shape cannot run (lanes per row must be a power of 2 dividing
+    the subgroup, threads whole subgroups within the device's limit)."""
+    threads, rows, row_lanes = shape
+    lanes = ctx.info.subgroup_size
+    slices = min(lanes, ctx.info.max_shared_memory // (64 * cols))
+    fits = (threads % lanes == 0 and threads <= ctx.info.max_workgroup_size and rows > 0
+            and 0 < row_lanes <= lanes and lanes % row_lanes == 0 and row_lanes & (row_lanes - 1) == 0)
+    return slices if fits and slices > 0 else None
+
+
+def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
+              mats: int, shape: tuple[int, int, int] | None):
+    """One mul_mat_cols dispatch per part of w (bindings[i]: part i's buffers). Column groups are
+    numbered fastest (mul_mat_vec_base.glsl with COLS)."""
+    ctx, cols = rec.ctx, mat_cols_columns(n)
+    threads, rows, row_lanes = shape = shape or mat_cols_shape(ctx, cols, mats)
+    slices = mat_cols_tile(ctx, cols, shape)
+    if slices is None:
+        raise ValueError(f"mat-cols workgroup {shape} does not fit {cols} columns on {ctx.info.name}")
+    kernel = ctx.kernel(f"{op}_c{cols}_{w.ggml_type.name.lower()}", {0: threads, 1: rows, 3: slices, 4: row_lanes})
+    lanes = ctx.info.subgroup_size
+    rows_per_group = rows * (threads // lanes) * (lanes // row_lanes)
+    for buffers, (_, first, count) in zip(bindings, w.parts):
+        rec.dispatch(kernel, buffers, _groups(ctx, cdiv(count, rows_per_group) * cdiv(n, cols)),
+                     push | dict(rows=count, y_offset=first))
 
 
 def _groups(ctx, count: int) -> tuple[int, int, int]:
@@ -77,18 +140,28 @@ def coopmat_shape(info) -> tuple[int, int, int] | None:
 
 def paths(ctx) -> tuple[str, ...]:
     """The kernels a product can take on this device: "mat_vec" (groups of up to
-    MAT_VEC_MAX_COLS columns), "tiled" (mul_mat.comp) and, with cooperative matrices,
-    "coopmat" (mul_mat_coopmat.comp), which also needs a compiler for it (glslang >= 13)."""
+    MAT_VEC_MAX_COLS columns), "mat_cols" (mul_mat_cols.comp, any number of columns, K a
+    multiple of 16), "tiled" (mul_mat.comp) and, with cooperative matrices, "coopmat"
+    (mul_mat_coopmat.comp), which also needs a compiler for it (glslang >= 13)."""
     coopmat = (COOPMAT in ctx.extensions and coopmat_shape(ctx.info) is not None
                and compilers.supported("cooperative_matrix"))
-    return ("mat_vec", "tiled") + (("coopmat",) if coopmat else ())
+    return ("mat_vec", "mat_cols", "tiled") + (("coopmat",) if coopmat else ())
 
 
-def _path(ctx, n: int) -> str:
-    """Up to MAT_VEC_MAX_COLS columns take the mat-vec kernel, which reads the weights once for
-    all of them; on a CPU driver more do too (in groups), being much faster there than tiles;
-    otherwise matrix units where the device has them, else the tiled kernel."""
-    if n <= MAT_VEC_MAX_COLS or ctx.info.kind == "cpu":
+def _path(ctx, n: int, k: int = 0, folded: bool = False) -> str:
+    """One column takes the mat-vec kernel, and so do products with a `folded` norm (only it
+    applies one). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
+    the caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols":
+    on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
+    on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
+    tiles; on a GPU up to MAT_VEC_MAX_COLS do, more matrix units where the device has them,
+    else the tiled kernel."""
+    if n == 1 or folded:
+        return "mat_vec"
+    choice, cpu = ctx.settings.batch_kernel, ctx.info.kind == "cpu"
+    if n <= MAT_COLS_MAX and k % 16 == 0 and (choice == "mat_cols" or (choice == "auto" and not cpu)):
+        return "mat_cols"
+    if n <= MAT_VEC_MAX_COLS or cpu:
         return "mat_vec"
     return paths(ctx)[-1]
 
@@ -134,15 +207,25 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
 
 
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
-           path: str | None = None, norm: FoldedNorm | None = None):
+           path: str | None = None, norm: FoldedNorm | None = None,
+           cols_shape: tuple[int, int, int] | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
-    kernel `_path` picks for the device and n (decode: mat-vec; prefill: mat-mat), or the one of
-    `paths(ctx)` given (tests check each on every device). The mat-vec workgroup shape is the
-    weight's tuned one, else the device kind's fixed one. The cooperative-matrix kernel rounds
-    weights and activations to f16 (accumulating in f32). `norm` (mat-vec only): the products
-    are of rms_norm(x[t]) * norm.weight."""
+    kernel `_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
+    prefill: mat-mat), or the one of `paths(ctx)` given (tests check each on every device). The
+    mat-vec workgroup shape is the weight's tuned one, else the device kind's fixed one; the
+    mat-cols one `cols_shape` (as mat_cols_shape gives it), else `mat_cols_shape`'s. The
+    cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32).
+    `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
-    path = path or _path(ctx, n)
+    path = path or _path(ctx, n, w.cols, norm is not None)
+    if path == "mat_cols":
+        if norm is not None:
+            raise ValueError("the mat-cols kernel takes normalised input: a norm folds into mat-vec products only")
+        if w.cols % 16:
+            raise ValueError(f"the mat-cols kernel takes rows of a multiple of 16 values, not {w.cols}")
+        _mat_cols(rec, "mul_mat_cols", w, [[part, x, y] for part, _, _ in w.parts], n,
+                  _push(w, 0, 0, n, y_accumulate), 1, cols_shape)
+        return
     if path == "mat_vec":
         threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
         cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
@@ -171,13 +254,20 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
 
 
 def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceTensor], x: Buffer,
-               outs: list[Buffer], n: int, norm: FoldedNorm | None = None):
+               outs: list[Buffer], n: int, norm: FoldedNorm | None = None, path: str | None = None):
     """outs[i] = weights[i] x for the Q, K and V projections (matmul for each). `fused`: the
     weights of its `sections` (Q and K, or all three; tensor.upload_rows) as one tensor, which
-    the mat-vec kernel takes in one dispatch writing each section's rows to its output; the
+    the mat-vec and mat-cols kernels take in one dispatch writing each section's rows to its output; the
     weights it lacks, and all of them where a mat-mat kernel applies, take their own products."""
     rest = list(zip(weights, outs))
-    if fused is not None and _path(rec.ctx, n) == "mat_vec":
+    path = path or _path(rec.ctx, n, weights[0].cols, norm is not None)
+    if fused is not None and path == "mat_cols" and norm is None:
+        k_first, v_first = fused.sections[0], sum(fused.sections[:2])
+        y_v = outs[2] if len(fused.sections) == 3 else outs[1]   # as below
+        _mat_cols(rec, "mul_mat_cols_qkv", fused, [[part, x, outs[0], outs[1], y_v] for part, _, _ in fused.parts], n,
+                  _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first), 1, None)
+        rest = rest[len(fused.sections):]
+    elif fused is not None and path == "mat_vec":
         ctx, members = rec.ctx, len(fused.sections)
         threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
         cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
@@ -192,11 +282,12 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
                          _push(fused, first, count, n, False, norm) | dict(k_first=k_first, v_first=v_first))
         rest = rest[members:]
     for w, y in rest:
-        matmul(rec, w, x, y, n, norm=norm)
+        matmul(rec, w, x, y, n, norm=norm, path=path)
 
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
-                  up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None):
+                  up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None, path: str | None = None,
+                  cols_shape: tuple[int, int, int] | None = None):
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
     gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh
     form in place of silu). Where the mat-vec kernel would
@@ -205,17 +296,24 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     workgroup's partial sums (two per row and column) within shared memory. Otherwise two matmul
     calls write out and `up` (f32 [n, rows], scratch used only then), a barrier, elementwise
     swiglu into out. Either way the caller orders only x before and out after, as for matmul.
-    `norm`: as matmul's, for both products."""
+    `norm`: as matmul's, for both products. Where the mat-cols kernel takes them (matmul's rule,
+    or `path`), its fused variant does the same (`cols_shape` as matmul's)."""
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
+    path = path or _path(ctx, n, w_gate.cols, norm is not None)
+    same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
+    if path == "mat_cols" and norm is None and w_gate.ggml_type == w_up.ggml_type and same_parts:
+        bindings = [[gate, up_part, x, out] for (gate, _, _), (up_part, _, _) in zip(w_gate.parts, w_up.parts)]
+        _mat_cols(rec, f"mul_mat_cols_{'geglu' if gelu else 'glu'}", w_gate, bindings, n,
+                  _push(w_gate, 0, 0, n, False), 2, cols_shape)
+        return
     threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
     sums = 2 * rows_per_group + (norm is not None)   # partial sums per column in shared memory
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
-    same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
-    if _path(ctx, n) != "mat_vec" or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
-        matmul(rec, w_gate, x, out, n, norm=norm)
-        matmul(rec, w_up, x, up, n, norm=norm)
+    if path != "mat_vec" or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
+        matmul(rec, w_gate, x, out, n, norm=norm, path=path, cols_shape=cols_shape)
+        matmul(rec, w_up, x, up, n, norm=norm, path=path, cols_shape=cols_shape)
         rec.barrier()
         (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)
         return

@@ -21,26 +21,28 @@ def random_weights(qtype: GGMLQuantizationType, nbytes: int) -> np.ndarray:
     return np.resize(pattern.view(np.uint8), nbytes)
 
 
-def record_products(ctx, weights, x, y, n: int = 1):
+def record_products(ctx, weights, x, y, n: int = 1, **options):
     """One product per weight copy, each followed by a barrier and a timestamp: rotating over
-    copies whose total is well past the L2 cache times reads from memory, as a real step does."""
+    copies whose total is well past the L2 cache times reads from memory, as a real step does.
+    `options`: matmul's (path, cols_shape)."""
     rec = ctx.recording(max_sets=len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
     rec.timestamp("start")
     for i, w in enumerate(weights):
-        matmul(rec, w, x, y, n)
+        matmul(rec, w, x, y, n, **options)
         rec.barrier()
         rec.timestamp(f"copy{i}")
     return rec.finish()
 
 
-def record_glu_products(ctx, weights, x, y, n: int = 1):
+def record_glu_products(ctx, weights, x, y, n: int = 1, up=None, **options):
     """As record_products, through the fused gate+up kernel: copy i is the gate and copy i + 1
-    the up weight of product i (y holds the SwiGLU output; the unfused path's `up` is x-sized
-    scratch it never takes here, since both weights share one type and shape)."""
+    the up weight of product i (y holds the SwiGLU output; `up`, y-sized scratch, is taken only
+    where the path is unfused: the mat-mat kernels). `options`: matmul_swiglu's (path,
+    cols_shape)."""
     rec = ctx.recording(max_sets=2 * len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
     rec.timestamp("start")
     for i, gate in enumerate(weights):
-        matmul_swiglu(rec, gate, weights[(i + 1) % len(weights)], x, y, n, up=y)
+        matmul_swiglu(rec, gate, weights[(i + 1) % len(weights)], x, y, n, up=y if up is None else up, **options)
         rec.barrier()
         rec.timestamp(f"copy{i}")
     return rec.finish()

@@ -1,0 +1,99 @@
+"""Batched decode through the mat-cols kernel (Settings.batch_kernel "mat_cols", which GPUs take
+by default and lavapipe only when asked): tiny Q4_K_M models' batched passes take it, and
+sequences decoded together give the tokens each gives alone (one column: the mat-vec kernel)
+and the numpy reference's greedy continuation; Gemma 3's GeGLU and Qwen2's Q/K/V biases too."""
+import dataclasses
+
+import pytest
+from refmodel import RefModel
+
+from tests.kernel_io import own_context
+from tests.test_batch import GREEDY, alone, prompt, run, tokens
+from vkllm.errors import VkllmError
+from worker.engine.batch import Request
+from worker.engine.config import Settings
+from worker.engine.engine import Engine
+from worker.engine.modelfile import ModelFile
+from worker.engine.sampling import SamplingParams
+from worker.tools.synth import write_model
+
+
+@pytest.fixture(scope="module")
+def cols_ctx(vk_settings):
+    with own_context(dataclasses.replace(vk_settings, batch_kernel="mat_cols")) as ctx:
+        yield ctx
+
+
+def load(ctx, settings, path):
+    return Engine.load(path, dataclasses.replace(settings, max_sequences=5), n_ctx=96, ctx=ctx, max_batch=8)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return write_model("tiny-llama", tmp_path_factory.mktemp("cols") / "tiny-llama-Q4_K_M.gguf", seed=2)
+
+
+@pytest.fixture(scope="module")
+def engine(cols_ctx, vk_settings, model_path):
+    engine = load(cols_ctx, vk_settings, model_path)
+    yield engine
+    engine.close()
+
+
+def test_batched_passes_take_the_mat_cols_kernel(engine):
+    for n in (1, 5):
+        kernels = engine.runner.profile(n)
+        cols = [k for k in kernels if k.startswith("mul_mat_cols")]
+        assert bool(cols) == (n > 1), kernels
+        if n > 1:   # Q/K/V as one product, gate+up fused, the rest plain (Q4_K and Q6_K)
+            assert {"mul_mat_cols_qkv_c8_q4_k", "mul_mat_cols_glu_c8_q4_k"} <= set(cols), cols
+
+
+def check_together_and_alone(engine, path):
+    def ids(length, seed):
+        return [t % engine.config.vocab_size for t in prompt(length, seed)]
+    requests = {f"greedy{i}": Request(ids(3 + 4 * i, 10 + i), dataclasses.replace(GREEDY, max_tokens=8))
+                for i in range(4)}
+    requests["topk"] = Request(ids(9, 20), SamplingParams(temperature=0.9, top_k=20, seed=3, max_tokens=8))
+    expected = {name: alone(engine, r) for name, r in requests.items()}
+    ref = RefModel(ModelFile.open(path))
+    assert tokens(expected["greedy3"]) == ref.greedy(requests["greedy3"].ids, 8)
+    events, _ = run(engine.batch, {0: list(requests.items())})
+    for name, want in expected.items():
+        assert tokens(events[name]) == tokens(want), name
+
+
+def test_sequences_decoded_together_give_what_each_gives_alone(engine, model_path):
+    check_together_and_alone(engine, model_path)
+
+
+@pytest.mark.parametrize("preset, kernel", [("tiny-gemma3", "mul_mat_cols_geglu_c8_"),
+                                            ("tiny-qwen2", "mul_mat_cols_qkv_c8_")])
+def test_other_families(cols_ctx, vk_settings, tmp_path, preset, kernel):
+    path = write_model(preset, tmp_path / f"{preset}-Q4_K_M.gguf", seed=4)
+    engine = load(cols_ctx, vk_settings, path)
+    try:
+        assert any(k.startswith(kernel) for k in engine.runner.profile(5))
+        check_together_and_alone(engine, path)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("value, expected", [("", "auto"), ("MAT_COLS", "mat_cols"), ("mat_vec", "mat_vec")])
+def test_batch_kernel_from_the_environment(value, expected):
+    assert Settings.from_env({"VKLLM_BATCH_KERNEL": value}).batch_kernel == expected
+
+
+def test_bad_batch_kernel_is_refused():
+    with pytest.raises(VkllmError, match="VKLLM_BATCH_KERNEL must be one of auto, mat_vec, mat_cols"):
+        Settings.from_env({"VKLLM_BATCH_KERNEL": "coopmat"})
+
+
+def test_bench_prints_each_pass_and_its_kernels(engine, capsys):
+    """`vkllm bench --batch 1,5 --profile`'s pass table."""
+    from worker.tools.bench_batch import print_pass_profiles
+    print_pass_profiles(engine, [1, 5], 10)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "one pass over n tokens at position 10 (batch kernel: mat_cols):"
+    assert lines[1].startswith("  n=  1:") and "mul_mat_cols" not in lines[1]
+    assert lines[2].startswith("  n=  5:") and "mul_mat_cols_glu_c8_q4_k" in lines[2]

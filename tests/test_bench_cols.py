@@ -1,0 +1,18 @@
+"""`vkllm bench kernels --cols` on lavapipe (--quick weights): every column count times each
+kernel and the mat-cols products agree with the mat-vec kernel's on the same input."""
+import argparse
+
+from worker.tools import bench_cols, bench_kernels
+
+
+def test_bench_cols_times_each_kernel_and_checks_mat_cols(vk_ctx, capsys):
+    parser = argparse.ArgumentParser()
+    bench_kernels.add_arguments(parser)
+    args = parser.parse_args(["--quick", "--cols", "1,3,17", "--runs", "1", "--types", "Q4_K", "Q6_K"])
+    checks = bench_cols.run(vk_ctx, args, 1 << 20, 0.0, 1e9)
+    assert set(checks) == {(name, t.name) for name, t, *_ in bench_cols.QUICK_WEIGHTS}
+    for by_n in checks.values():
+        assert set(by_n) == {3, 17} and max(by_n.values()) < 1e-5
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 + 3 * len(bench_cols.QUICK_WEIGHTS) + 1
+    assert "one 8B pass" in out and "mat_cols n=1" in out
