@@ -9,8 +9,9 @@ from worker.engine.kernels.paged import KV_TYPES
 _TUNE = {"auto": None, "": None, "0": False, "1": True}
 # Which kernel products of 2..64 columns (batched decode) take (kernels/matmul.py `_path`): auto
 # (the mat-cols kernel on GPUs, the mat-vec kernel on CPU drivers), mat_vec (the mat-vec
-# kernel's column groups up to 8 columns, then the mat-mat kernels: the rule before mat-cols),
-# mat_cols (the mat-cols kernel on every device).
+# kernel's column groups up to 8 columns, then the mat-mat kernels), mat_cols (the mat-cols
+# kernel on every device). The default stays mat_vec, the rule measured on a GPU, until the
+# mat-cols kernel has been timed on one (`vkllm bench kernels --cols`).
 BATCH_KERNELS = ("auto", "mat_vec", "mat_cols")
 
 
@@ -27,7 +28,7 @@ class Settings:
     tune: bool | None = None           # time mat-vec shapes per device at load; None: on GPUs, not CPU drivers
     max_sequences: int = 16            # sequences one Engine's Batch decodes together (capped by the memory plan)
     kv_type: str = "f16"               # KV cache values: f16, or q8_0 (8-bit, half the memory)
-    batch_kernel: str = "auto"         # products of 2..64 columns: one of BATCH_KERNELS
+    batch_kernel: str = "mat_vec"      # products of 2..64 columns: one of BATCH_KERNELS
 
     @classmethod
     def from_env(cls, env=None) -> "Settings":
@@ -40,7 +41,7 @@ class Settings:
             tune=_tune(env.get("VKLLM_TUNE", "auto")),
             max_sequences=_positive("VKLLM_MAX_SEQUENCES", env.get("VKLLM_MAX_SEQUENCES", "16")),
             kv_type=_kv_type(env.get("VKLLM_KV_TYPE", "f16")),
-            batch_kernel=_batch_kernel(env.get("VKLLM_BATCH_KERNEL", "auto")),
+            batch_kernel=_batch_kernel(env.get("VKLLM_BATCH_KERNEL", "mat_vec")),
         )
 
 
@@ -69,7 +70,7 @@ def _kv_type(value: str) -> str:
 
 
 def _batch_kernel(value: str) -> str:
-    kernel = value.strip().lower() or "auto"
+    kernel = value.strip().lower() or "mat_vec"
     if kernel not in BATCH_KERNELS:
         raise VkllmError(f"VKLLM_BATCH_KERNEL must be one of {', '.join(BATCH_KERNELS)}, not {value!r}")
     return kernel

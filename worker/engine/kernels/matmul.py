@@ -35,8 +35,9 @@ COOPMAT_TILES = tuple((*t, stages) for t in ((64, 64, 32, 32, 32), (64, 64, 32, 
 GET_ROWS_THREADS = 64
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 # mul_mat_cols.comp (batched decode, "mat_cols"): the column counts it is built for (variants.toml
-# `columns`); on GPUs products of 2 .. MAT_COLS_MAX columns take it (more than 16 in column
-# groups side by side, which share the weights through the L2 cache). The mat-vec kernel's
+# `columns`); with Settings.batch_kernel "auto", products of 2 .. MAT_COLS_MAX columns take it on
+# GPUs (more than 16 in column groups side by side, which share the weights through the L2
+# cache). The mat-vec kernel's
 # columns fell off a cliff on an H200 (8B pass: 5.9 ms at 1 column, 9.5 at 2, 89 at 4, 224 at 8)
 # and the cooperative-matrix tiles cost 43-50 ms a pass at 2-32 columns. Not yet timed on a GPU:
 # `vkllm bench kernels --cols` compares the paths per column count.
