@@ -27,6 +27,12 @@ MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
 # A weight's tuned tile replaces the default: on an H200 the best single tile for a Llama-8B
 # layer's products at 512 columns (each weight's own best makes the layer ~1.25x faster).
 COOPMAT_TILE = (128, 128, 64, 64, 32, 1)
+# Up to COOPMAT_FEW_COLS columns (batched decode past the mat-vec groups, short prompts) a tile
+# of 128 columns is mostly empty and 128 rows leave too few workgroups: on an H200 a Llama-8B
+# pass of 2-32 columns took 43-50 ms through this tile against 77-83 ms through COOPMAT_TILE
+# (tune off; tiles tuned at the prefill chunk do not apply below it either).
+COOPMAT_FEW_COLS_TILE = (64, 64, 32, 32, 32, 1)
+COOPMAT_FEW_COLS = 64
 # The tuner's candidates (kernels/tile_tuning.py), sides that 16x16 and 8x8 shapes divide.
 COOPMAT_TILES = tuple((*t, stages) for t in ((64, 64, 32, 32, 32), (64, 64, 32, 32, 64), (128, 64, 64, 32, 32),
                                               (64, 128, 32, 64, 32), (128, 128, 64, 64, 32), (128, 128, 64, 32, 32),
@@ -239,7 +245,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     if norm is not None:
         raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
     if path == "coopmat":
-        bm, bn, wm, wn, bk, stages = w.coopmat_tile or COOPMAT_TILE
+        bm, bn, wm, wn, bk, stages = COOPMAT_FEW_COLS_TILE if n <= COOPMAT_FEW_COLS else w.coopmat_tile or COOPMAT_TILE
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
