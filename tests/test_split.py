@@ -1,0 +1,118 @@
+"""A model's layers split across several Vulkan contexts (worker/engine/placement.py,
+staged.py): two or three contexts on the one device lavapipe offers, each a VkDevice of its own
+(nothing assumes the devices differ). The same kernels run the same layers, so logits, greedy
+tokens and a batch's tokens equal the unsplit run's, for every family."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from worker.engine.batch import Request
+from worker.engine.engine import Engine
+from worker.engine.modelfile import ModelFile
+from worker.engine.placement import split_layers
+from worker.engine.sampling import SamplingParams
+from worker.tools.synth import write_model
+
+PRESETS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-gpt-oss"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("split")
+
+
+def _model(synth_dir, preset, mix="Q4_K_M"):
+    path = synth_dir / f"{preset}-{mix}.gguf"
+    if not path.exists():
+        write_model(preset, path, mix=mix, seed=1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def extra_ctxs(vk_session, vk_settings):
+    """Two more contexts on the session's device."""
+    from worker.engine.vk.context import Context
+    ctxs = [Context(vk_settings, block_size=64 << 20) for _ in range(2)]
+    yield ctxs
+    for ctx in ctxs:
+        ctx.close()
+
+
+@pytest.fixture
+def ctxs(vk_ctx, extra_ctxs):
+    """The session's context and the two others; fails the test on validation errors in any."""
+    logs = [ctx.validation for ctx in extra_ctxs if ctx.validation is not None]
+    before = [len(log.errors) for log in logs]
+    yield [vk_ctx, *extra_ctxs]
+    assert all(log.errors[n:] == [] for log, n in zip(logs, before)), "Vulkan validation errors"
+
+
+def test_split_layers_is_contiguous_and_proportional():
+    assert split_layers(10, [40, 60]) == [range(0, 4), range(4, 10)]
+    assert split_layers(32, [1, 1, 1]) == [range(0, 11), range(11, 22), range(22, 32)]
+    assert split_layers(2, [1, 1, 1]) == [range(0, 1), range(1, 2), range(2, 2)]
+    assert split_layers(6, [0, 1]) == [range(0, 0), range(0, 6)]
+
+
+def _on(ctx, buffer) -> bool:
+    return buffer.block in ctx.device_pool.blocks or buffer.block in ctx.host_pool.blocks
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_split_logits_equal_the_unsplit_run(ctxs, synth_dir, preset):
+    path = _model(synth_dir, preset)
+    ids = np.random.default_rng(2).integers(0, ModelFile.open(path).config.vocab_size, 11).tolist()
+    results = {}
+    for n in (1, 2, 3):
+        engine = Engine.load(path, n_ctx=64, ctx=ctxs[:n], max_batch=16)
+        try:
+            # each layer's weights and KV cache are on its stage's context
+            for stage in engine.placement:
+                for i in stage.layers:
+                    assert _on(stage.ctx, engine.kv.layers[i].k)
+                    assert _on(stage.ctx, engine.model.layers[i]["attn_norm"])
+            assert _on(ctxs[n - 1], engine.model.globals["output_norm"])
+            results[n] = engine.logits(ids), list(engine.generate_ids(ids, GREEDY))
+        finally:
+            engine.close()
+    logits, events = results[1]
+    for n in (2, 3):
+        np.testing.assert_allclose(results[n][0], logits, rtol=0, atol=1e-5 * np.abs(logits).max())
+        assert [e.token_id for e in results[n][1]] == [e.token_id for e in events]
+
+
+def _batch_tokens(engine, requests) -> dict:
+    seqs = {name: engine.batch.add(request, tag=name) for name, request in requests.items()}
+    out = {name: [] for name in seqs}
+    for _ in range(200):
+        if not len(engine.batch):
+            return out
+        for seq, event in engine.batch.step():
+            if event.token_id is not None:
+                out[seq.tag].append(event.token_id)
+    raise AssertionError("the batch did not finish")
+
+
+def test_split_batch_gives_the_unsplit_tokens(ctxs, vk_settings, synth_dir):
+    """Several sequences, prefilled over several passes (chunks of 8), greedy ones fed on the GPU
+    between steps, a sampled one with logprobs: the same tokens split 2 and 3 ways."""
+    path = _model(synth_dir, "tiny-gemma3")
+    rng = np.random.default_rng(4)
+    requests = {"a": Request(rng.integers(3, 380, 3).tolist(), GREEDY),
+                "b": Request(rng.integers(3, 380, 19).tolist(), dataclasses.replace(GREEDY, max_tokens=9)),
+                "c": Request(rng.integers(3, 380, 7).tolist(),
+                             SamplingParams(temperature=0.9, top_k=20, seed=5, max_tokens=5, ignore_eos=True),
+                             logprobs=2)}
+    settings = dataclasses.replace(vk_settings, max_sequences=4)
+    results = {}
+    for n in (1, 2, 3):
+        engine = Engine.load(path, settings, n_ctx=64, ctx=ctxs[:n], max_batch=8)
+        try:
+            results[n] = _batch_tokens(engine, requests)
+            assert n == 1 or engine.batch.fed_passes > 0
+        finally:
+            engine.close()
+    assert results[2] == results[1] and results[3] == results[1]
+    assert all(len(tokens) == requests[name].params.max_tokens for name, tokens in results[1].items())
