@@ -130,7 +130,8 @@ def run(args, api_key: str | None) -> int:
         env = {k: v for k, v in os.environ.items() if k not in _WEB_ONLY} | {"VKLLM_MODELS_DIR": str(models_dir)}
         worker_log = open(data_dir / "worker.log", "ab")
         command = [sys.executable, "-m", "vkllm.cli", "worker", "--redis-url", redis_url, "--metrics-port", "0",
-                   "--metrics-host", args.host, *[a for m in models for a in ("-m", m)]]
+                   "--metrics-host", args.host, *[a for m in models for a in ("-m", m)],
+                   *[a for name in ("devices", "split") if getattr(args, name) for a in (f"--{name}", getattr(args, name))]]
         worker = _Supervised("worker", lambda: subprocess.Popen(
             command, stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True),
             data_dir / "worker.log")

@@ -116,3 +116,33 @@ def test_split_batch_gives_the_unsplit_tokens(ctxs, vk_settings, synth_dir):
             engine.close()
     assert results[2] == results[1] and results[3] == results[1]
     assert all(len(tokens) == requests[name].params.max_tokens for name, tokens in results[1].items())
+
+
+def test_devices_and_split_from_the_environment_and_the_commands(monkeypatch):
+    from vkllm.cli import build_parser
+    from worker.engine.config import Settings
+    from worker.tools.devices import settings
+    env = Settings.from_env({"VKLLM_DEVICES": "0, 1", "VKLLM_SPLIT": "40,60"})
+    assert (env.devices, env.split) == (("0", "1"), (40.0, 60.0))
+    assert (Settings.from_env({}).devices, Settings.from_env({}).split) == (None, None)
+    monkeypatch.setenv("VKLLM_DEVICES", "0,0,0")
+    parser = build_parser()
+    for command in (["worker", "-m", "x.gguf"], ["generate", "-m", "x.gguf", "-p", "hi"], ["bench", "-m", "x.gguf"]):
+        assert settings(parser.parse_args(command)).devices == ("0", "0", "0")   # the environment's
+        args = parser.parse_args([*command, "--devices", "1,0", "--split", "1,3"])
+        assert (settings(args).devices, settings(args).split) == (("1", "0"), (1.0, 3.0))
+    up = parser.parse_args(["up", "--devices", "0,1", "--split", "40,60"])
+    assert (up.devices, up.split) == ("0,1", "40,60")   # handed to the worker it starts, as typed
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"VKLLM_DEVICES": "0,,1"}, "comma-separated list of indices"),
+    ({"VKLLM_SPLIT": "40,x"}, "comma-separated non-negative shares"),
+    ({"VKLLM_SPLIT": "0,0"}, "comma-separated non-negative shares"),
+    ({"VKLLM_DEVICES": "0,1", "VKLLM_SPLIT": "1,2,3"}, "a split of 3 shares needs as many devices, not 2"),
+    ({"VKLLM_SPLIT": "1,2"}, "a split of 2 shares needs as many devices, not 1")])
+def test_bad_devices_or_split_are_refused(env, message):
+    from vkllm.errors import VkllmError
+    from worker.engine.config import Settings
+    with pytest.raises(VkllmError, match=message):
+        Settings.from_env(env)

@@ -48,6 +48,13 @@ class Settings:
         )
 
 
+def placed(settings: Settings, devices: str | None, split: str | None) -> Settings:
+    """The settings with a command's --devices and --split (as typed; None: the environment's)."""
+    from dataclasses import replace
+    devices = settings.devices if devices is None else devices_list(devices)
+    return replace(settings, devices=devices, split=settings.split if split is None else split_shares(split))
+
+
 def _tune(value: str) -> bool | None:
     try:
         return _TUNE[value.strip().lower()]

@@ -92,6 +92,8 @@ class Engine:
         ctx = ctxs[0]
         settings = settings or ctx.settings
         try:
+            if settings.split is not None and len(settings.split) != len(ctxs):
+                raise VkllmError(f"a split of {len(settings.split)} shares needs as many devices, not {len(ctxs)}")
             budgets = [total - used for used, total in (c.memory_budget() for c in ctxs)]
             placement = stages(ctxs, split_layers(config.n_layer, settings.split or budgets))
             if max_batch is not None:
