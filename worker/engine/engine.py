@@ -25,7 +25,7 @@ from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tile_tuning import model_tiles
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.kvcache import KVCache
-from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, MemoryPlan, plan_load
+from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, MemoryPlan, plan_split
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, glu_keys, mat_vec_keys
 from worker.engine.placement import split_layers, stages
@@ -39,11 +39,13 @@ DEFAULT_CONTEXT = 4096
 
 
 class Engine:
-    def __init__(self, placement, model_file, config, tokenizer, plan: MemoryPlan, owns_ctx: bool,
+    def __init__(self, placement, model_file, config, tokenizer, plans: list[MemoryPlan], owns_ctx: bool,
                  progress: bool = False, mat_vec_shapes: tuple[dict, dict] | None = None,
                  coopmat_tiles: dict | None = None):
         """`placement`: the Stages (worker/engine/placement.py), one per context, whose layers
-        each runs; one for a model on one device."""
+        each runs (one for a model on one device); `plans`: each one's memory plan."""
+        plan = plans[0]   # context, chunk and pool are the same on every device
+        self.plans = plans
         n_ctx, max_batch = plan.n_ctx, plan.chunk
         self.placement, self.ctx = placement, placement[0].ctx
         self.config, self.tokenizer, self.n_ctx = config, tokenizer, n_ctx
@@ -101,15 +103,17 @@ class Engine:
             else:
                 chunks = MATRIX_UNIT_CHUNKS if "coopmat" in paths(ctx) else (PREFILL_CHUNK,)
             sequences = settings.max_sequences
-            plan = plan_load(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, sum(budgets),
-                             lambda chunk, n: sum(Workspace.kernel_sizes(ctx, config, chunk,
-                                                                         AttentionShape.from_config(config, n),
-                                                                         sequences).values()),
-                             sequences, settings.kv_type,
-                             ctx.max_binding_range // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim))
+            plans = plan_split(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, budgets,
+                               [stage.layers for stage in placement],
+                               lambda chunk, n: max(sum(Workspace.kernel_sizes(c, config, chunk,
+                                                                               AttentionShape.from_config(config, n),
+                                                                               sequences).values()) for c in ctxs),
+                               sequences, settings.kv_type,
+                               min(c.max_binding_range for c in ctxs)
+                               // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim))
             shapes = model_shapes(ctx, settings, mat_vec_keys(model_file), glu_keys(model_file))
-            tiles = model_tiles(ctx, settings, mat_vec_keys(model_file), plan.chunk)
-            return cls(placement, model_file, config, tokenizer, plan, owns_ctx, progress, shapes, tiles)
+            tiles = model_tiles(ctx, settings, mat_vec_keys(model_file), plans[0].chunk)
+            return cls(placement, model_file, config, tokenizer, plans, owns_ctx, progress, shapes, tiles)
         except BaseException:
             if owns_ctx:
                 for c in ctxs:

@@ -22,9 +22,10 @@ def _host_writable(ctx, nbytes: int):
     return ctx.alloc_host(nbytes)
 
 
-def block_bytes(config, kv_type: str) -> int:
-    """Device bytes of one block across all layers, K and V."""
-    return 2 * config.n_layer * BLOCK_TOKENS * row_bytes(kv_type, config.n_head_kv * config.head_dim)
+def block_bytes(config, kv_type: str, n_layers: int | None = None) -> int:
+    """Device bytes of one block across all layers (or n_layers of them), K and V."""
+    layers = config.n_layer if n_layers is None else n_layers
+    return 2 * layers * BLOCK_TOKENS * row_bytes(kv_type, config.n_head_kv * config.head_dim)
 
 
 class KVCache:
@@ -41,18 +42,20 @@ class KVCache:
         self.kv_type, self.n_slots = kv_type, n_slots
         self.stride = cdiv(n_ctx, BLOCK_TOKENS)
         rows = n_blocks * BLOCK_TOKENS
-        self._buffers = []   # (context, buffer)
+        self._buffers = []   # the K/V pools' buffers
+        self._owned = []     # (context, buffer) of those and of the tables
         self._tables = []    # each stage's table, uint32 [n_slots, stride] views
         self.layers = []
         for stage in placement:
             ctx = stage.ctx
 
             def alloc(nbytes, ctx=ctx):
-                self._buffers.append((ctx, ctx.alloc(nbytes)))
-                return self._buffers[-1][1]
+                self._buffers.append(ctx.alloc(nbytes))
+                self._owned.append((ctx, self._buffers[-1]))
+                return self._buffers[-1]
 
             table = _host_writable(ctx, 4 * n_slots * self.stride)
-            self._buffers.append((ctx, table))
+            self._owned.append((ctx, table))
             self._tables.append(table.view(np.uint32)[:n_slots * self.stride].reshape(n_slots, self.stride))
             self._tables[-1][:] = 0
             for _ in stage.layers:
@@ -89,6 +92,6 @@ class KVCache:
                 "kv_blocks_cached": self.pool.cached, "prefix_hit_tokens": self.pool.hit_tokens}
 
     def free(self):
-        for ctx, buffer in self._buffers:
+        for ctx, buffer in self._owned:
             ctx.free(buffer)
-        self._buffers = []
+        self._buffers, self._owned = [], []

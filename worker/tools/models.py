@@ -4,6 +4,7 @@ from collections import defaultdict
 
 from worker.engine.config import Settings
 from worker.engine.memplan import human_bytes as _size
+from worker.tools.devices import add_device_arguments
 
 
 def register(sub):
@@ -14,6 +15,7 @@ def register(sub):
     inspect.add_argument("file")
     inspect.add_argument("-c", "--ctx", type=int, help="context for the memory plan "
                          "(default: the model's context length)")
+    add_device_arguments(inspect)
     inspect.set_defaults(func=_inspect)
 
     fetch = cmds.add_parser("fetch-demo", help="put SmolLM2-135M-Instruct into the models folder")
@@ -91,7 +93,11 @@ def _inspect(args):
     print("quant mix")
     for name, (count, n_bytes) in sorted(mix.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:7} {count:5} tensors  {_size(n_bytes):>12}")
-    settings = Settings.from_env()
+    from worker.tools.devices import settings as command_settings
+    settings = command_settings(args)
+    if settings.devices is not None:
+        _inspect_split(model, n_ctx, settings)
+        return
     budget, device, kernel_scratch = _device(settings, c, n_ctx)
     plan = MemoryPlan.compute(model, c, n_ctx, kernel_scratch=kernel_scratch)
     print(f"memory plan     n_ctx {n_ctx}: weights {_size(plan.weights_bytes)} + KV cache "
@@ -108,6 +114,43 @@ def _inspect(args):
                             settings.max_sequences, settings.kv_type)
         print(f"batching        {pool.sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
               f"{settings.kv_type} KV pool of {pool.kv_tokens} tokens = {_size(pool.kv_bytes)}")
+
+
+def _inspect_split(model, n_ctx: int, settings):
+    """The plan of each device of settings.devices: the layers it takes (by settings.split, else
+    in proportion to free memory) and what it holds; refused, naming the largest context that
+    fits them all, when the model cannot be placed."""
+    from dataclasses import replace
+
+    from vkllm.errors import VkllmError
+    from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan, check_split, layer_range, plan_split
+    from worker.engine.placement import split_layers
+    c = model.config
+    devices = [_device(replace(settings, device=d), c, n_ctx) for d in settings.devices]
+    known = all(budget is not None for budget, _, _ in devices)
+    budgets = [budget for budget, _, _ in devices] if known else [1 << 62] * len(devices)
+    ranges = split_layers(c.n_layer, settings.split or (budgets if known else [1] * len(devices)))
+    scratch = max(kernel_scratch for _, _, kernel_scratch in devices)
+    plans = [MemoryPlan.compute(model, c, n_ctx, kernel_scratch=scratch, layers=layers, first=i == 0,
+                                last=i == len(ranges) - 1) for i, layers in enumerate(ranges)]
+    print(f"memory plan     n_ctx {n_ctx}, layers split across {len(ranges)} devices")
+    for i, (plan, (_, device, _)) in enumerate(zip(plans, devices)):
+        print(f"  device {i} ({settings.devices[i]}): {layer_range(ranges[i])}{' + embeddings' if i == 0 else ''}"
+              f"{' + output' if i == len(ranges) - 1 else ''}: weights {_size(plan.weights_bytes)} + KV cache "
+              f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}; "
+              f"budget {device}")
+    if not known:
+        return
+    try:
+        check_split(plans, budgets)
+    except VkllmError as e:
+        print(f"fits            no: {e}")
+        return
+    print("fits            yes")
+    pool = plan_split(model, c, n_ctx, n_ctx, (PREFILL_CHUNK,), budgets, ranges, lambda chunk, n: scratch,
+                      settings.max_sequences, settings.kv_type)[0]
+    print(f"batching        {pool.sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
+          f"{settings.kv_type} KV pool of {pool.kv_tokens} tokens on every device")
 
 
 def _sampling(metadata: dict, n_ctx: int) -> str:
