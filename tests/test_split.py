@@ -131,8 +131,10 @@ def test_devices_and_split_from_the_environment_and_the_commands(monkeypatch):
         assert settings(parser.parse_args(command)).devices == ("0", "0", "0")   # the environment's
         args = parser.parse_args([*command, "--devices", "1,0", "--split", "1,3"])
         assert (settings(args).devices, settings(args).split) == (("1", "0"), (1.0, 3.0))
+    from appliance.embedded import worker_command
     up = parser.parse_args(["up", "--devices", "0,1", "--split", "40,60"])
-    assert (up.devices, up.split) == ("0,1", "40,60")   # handed to the worker it starts, as typed
+    assert worker_command(up, "redis://r", ["m.gguf"])[-4:] == ["--devices", "0,1", "--split", "40,60"]
+    assert "--devices" not in worker_command(parser.parse_args(["up"]), "redis://r", ["m.gguf"])
 
 
 @pytest.mark.parametrize("env, message", [

@@ -265,9 +265,15 @@ class Engine:
 
     # -- accounting --------------------------------------------------------------------------------
     def stats(self) -> dict:
-        used, total = self.ctx.memory_budget()
+        """Memory and KV cache figures; `devices`: each context's, in split order (one unsplit),
+        with the layers it runs; the VRAM figures outside it are their sums."""
+        devices = [{"device": stage.ctx.info.index, "name": stage.ctx.info.name,
+                    "layers": [stage.layers.start, stage.layers.stop],
+                    **dict(zip(("vram_used_bytes", "vram_total_bytes"), stage.ctx.memory_budget()))}
+                   for stage in self.placement]
         kv = self.kv.stats()
-        return {"vram_used_bytes": used, "vram_total_bytes": total,
+        return {"vram_used_bytes": sum(d["vram_used_bytes"] for d in devices),
+                "vram_total_bytes": sum(d["vram_total_bytes"] for d in devices), "devices": devices,
                 "kv_cache_usage_ratio": kv["kv_blocks_used"] / kv["kv_blocks_total"], **kv,
                 "sequences": len(self.batch)}
 

@@ -52,8 +52,8 @@ class Workspace:
     # state a stage hands to the next, copied by the host (None with one context)
     handoff: Buffer | None
 
-    HOST_VISIBLE = frozenset({"step", "ids", "rows", "logits", "best", "top_ids", "top_values", "step_alt", "best_alt", "mask",
-                              "handoff"})
+    HOST_VISIBLE = frozenset({"step", "ids", "rows", "logits", "best", "top_ids", "top_values", "step_alt",
+                              "best_alt", "mask", "handoff"})
 
     @staticmethod
     def sizes(config, n: int, sequences: int = 1, staged: bool = False) -> dict[str, int]:

@@ -13,7 +13,10 @@ model holds the weights and reads and writes the paged KV cache it is given
 (worker/engine/kvcache.py); everything else a pass writes is in the Workspace the caller passes
 (worker/engine/workspace.py). A pass's tokens may belong to several sequences: each token's
 sequence slot and position are in the step buffer, and the logits are computed for the last
-token, or, in a batched pass, for the rows the workspace's `rows` names.
+token, or, in a batched pass, for the rows the workspace's `rows` names. Split across contexts
+(worker/engine/placement.py), each layer's tensors are on its stage's context and a pass is
+recorded stage by stage (`record_forward(..., stage)`), the hidden state handed between them
+through the workspaces' `handoff` (worker/engine/staged.py).
 """
 import re
 from math import prod
