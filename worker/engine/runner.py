@@ -42,7 +42,7 @@ class Runner:
         self._greedy_fences = (self._new_fences(), self._new_fences())
         self._batch_fence = self._new_fences()
         self._recordings: OrderedDict[tuple, object] = OrderedDict()
-        self._last = None
+        self._last = self._fed = None   # the pass that ran last; the fed batch pass queued last
         self.slot, self.own = self.kv.take_slot(), self.kv.sequence()
 
     # -- the runner's own sequence --------------------------------------------------------------
@@ -171,10 +171,10 @@ class Runner:
         rec = self._recording(n, "argmax_fed", rows=n,
                               record=lambda: self._record(n, "argmax", rows=n, ids="best"))
         rec.submit(self._batch_fence)
-        self._last = rec
+        self._last = self._fed = rec
 
     def wait_batch(self):
-        self._last.wait(self._batch_fence)
+        self._fed.wait(self._batch_fence)
 
     def prefill(self, ids, pos0: int, chunk: int, select: str = "argmax"):
         """Runs ids (at positions pos0.. of its own sequence) through the model; the last one's
