@@ -81,7 +81,7 @@ class Engine:
         first context's. Mat-vec shapes and cooperative-matrix tiles are tuned
         (worker/engine/kernels/tuning.py, tile_tuning.py) before the weights are uploaded, while
         the memory they will take is free for the timing copies. `max_batch` is the prefill
-        chunk; without it the memory plan picks one for the device (memplan.plan_load: bigger on
+        chunk; without it the memory plan picks one for the device (memplan.plan_split: bigger on
         matrix units)."""
         model_file = ModelFile.open(path)
         config = model_file.config
