@@ -54,6 +54,25 @@ def vk_ctx(vk_session):
     assert log is None or log.errors[before:] == [], "Vulkan validation errors"
 
 
+@pytest.fixture(scope="session")
+def vk_extra_contexts(vk_session, vk_settings):
+    """Two more contexts on the session's device (a model split across contexts, placement.py)."""
+    from worker.engine.vk.context import Context
+    ctxs = [Context(vk_settings, block_size=64 << 20) for _ in range(2)]
+    yield ctxs
+    for ctx in ctxs:
+        ctx.close()
+
+
+@pytest.fixture
+def vk_ctxs(vk_ctx, vk_extra_contexts):
+    """The session's context and two more on its device; fails the test on validation errors in any."""
+    logs = [ctx.validation for ctx in vk_extra_contexts if ctx.validation is not None]
+    before = [len(log.errors) for log in logs]
+    yield [vk_ctx, *vk_extra_contexts]
+    assert all(log.errors[n:] == [] for log, n in zip(logs, before)), "Vulkan validation errors"
+
+
 @pytest.fixture
 def dev(vk_ctx):
     """Kernel-test helper over the Vulkan context: buffers it makes are freed after the test."""

@@ -30,25 +30,6 @@ def _model(synth_dir, preset, mix="Q4_K_M"):
     return path
 
 
-@pytest.fixture(scope="module")
-def extra_ctxs(vk_session, vk_settings):
-    """Two more contexts on the session's device."""
-    from worker.engine.vk.context import Context
-    ctxs = [Context(vk_settings, block_size=64 << 20) for _ in range(2)]
-    yield ctxs
-    for ctx in ctxs:
-        ctx.close()
-
-
-@pytest.fixture
-def ctxs(vk_ctx, extra_ctxs):
-    """The session's context and the two others; fails the test on validation errors in any."""
-    logs = [ctx.validation for ctx in extra_ctxs if ctx.validation is not None]
-    before = [len(log.errors) for log in logs]
-    yield [vk_ctx, *extra_ctxs]
-    assert all(log.errors[n:] == [] for log, n in zip(logs, before)), "Vulkan validation errors"
-
-
 def test_split_layers_is_contiguous_and_proportional():
     assert split_layers(10, [40, 60]) == [range(0, 4), range(4, 10)]
     assert split_layers(32, [1, 1, 1]) == [range(0, 11), range(11, 22), range(22, 32)]
@@ -61,19 +42,19 @@ def _on(ctx, buffer) -> bool:
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_split_logits_equal_the_unsplit_run(ctxs, synth_dir, preset):
+def test_split_logits_equal_the_unsplit_run(vk_ctxs, synth_dir, preset):
     path = _model(synth_dir, preset)
     ids = np.random.default_rng(2).integers(0, ModelFile.open(path).config.vocab_size, 11).tolist()
     results = {}
     for n in (1, 2, 3):
-        engine = Engine.load(path, n_ctx=64, ctx=ctxs[:n], max_batch=16)
+        engine = Engine.load(path, n_ctx=64, ctx=vk_ctxs[:n], max_batch=16)
         try:
             # each layer's weights and KV cache are on its stage's context
             for stage in engine.placement:
                 for i in stage.layers:
                     assert _on(stage.ctx, engine.kv.layers[i].k)
                     assert _on(stage.ctx, engine.model.layers[i]["attn_norm"])
-            assert _on(ctxs[n - 1], engine.model.globals["output_norm"])
+            assert _on(vk_ctxs[n - 1], engine.model.globals["output_norm"])
             results[n] = engine.logits(ids), list(engine.generate_ids(ids, GREEDY))
         finally:
             engine.close()
@@ -95,7 +76,7 @@ def _batch_tokens(engine, requests) -> dict:
     raise AssertionError("the batch did not finish")
 
 
-def test_split_batch_gives_the_unsplit_tokens(ctxs, vk_settings, synth_dir):
+def test_split_batch_gives_the_unsplit_tokens(vk_ctxs, vk_settings, synth_dir):
     """Several sequences, prefilled over several passes (chunks of 8), greedy ones fed on the GPU
     between steps, a sampled one with logprobs: the same tokens split 2 and 3 ways."""
     path = _model(synth_dir, "tiny-gemma3")
@@ -108,7 +89,7 @@ def test_split_batch_gives_the_unsplit_tokens(ctxs, vk_settings, synth_dir):
     settings = dataclasses.replace(vk_settings, max_sequences=4)
     results = {}
     for n in (1, 2, 3):
-        engine = Engine.load(path, settings, n_ctx=64, ctx=ctxs[:n], max_batch=8)
+        engine = Engine.load(path, settings, n_ctx=64, ctx=vk_ctxs[:n], max_batch=8)
         try:
             results[n] = _batch_tokens(engine, requests)
             assert n == 1 or engine.batch.fed_passes > 0

@@ -10,8 +10,8 @@ the host handles the current one (`greedy`).
 
 A model split across contexts (worker/engine/placement.py) has a workspace and a command buffer
 per stage (worker/engine/staged.py): the host writes a pass's inputs into the first stage's
-workspace (`workspace`) and reads its outputs from the last one's; a split greedy decode keeps
-one step in flight, the host handing each step's argmax to the first stage."""
+workspace (`workspace`) and reads its outputs from the last one's; in split greedy decode the
+host hands each step's argmax to the first stage of the next."""
 from collections import OrderedDict, deque
 from typing import Iterator
 
@@ -192,37 +192,44 @@ class Runner:
         at position pos + k and yields its argmax, at most `steps` steps. While the caller handles
         one token the next step runs, queued before it was needed: a caller that stops early
         leaves one step done for nothing, whose KV row lies past what it keeps. Split across
-        contexts, each step's token goes through the host to the first stage, so one step is in
-        flight at a time."""
+        contexts, a step's token goes through the host to the first stage: the step after waits
+        for it when it is queued, and then runs while the caller handles that token."""
         recordings = [self._recording(1, f"greedy{slot}", lambda slot=slot: self._record_greedy(slot))
                       for slot in (0, 1)]
         in_flight: deque[int] = deque()
-        depth = 2 if len(self.stages) == 1 else 1
+        unfinished: set[int] = set()   # slots in flight not yet waited on
         self.hold(pos + steps)   # every step in flight finds its block in the table
+
+        def finish(slot: int):
+            if slot in unfinished:
+                recordings[slot].wait(self._greedy_fences[slot])
+                unfinished.discard(slot)
 
         def launch(k: int):
             slot = (k + 1) % 2
             step, ids, _ = self._greedy_slot(slot)
             getattr(self.workspace, step).view(np.uint32)[:2] = (self.slot, pos + k)
-            if depth == 1:   # the token of the step before, done, from the last stage to the first
+            if self._out is not self.workspace:   # split: the token of step k - 1, last stage to first
+                finish(1 - slot)
                 getattr(self.workspace, ids).view(np.uint32)[0] = getattr(self._out, ids).view(np.uint32)[0]
             recordings[slot].submit(self._greedy_fences[slot])
             in_flight.append(slot)
+            unfinished.add(slot)
 
         try:
-            for k in range(min(depth, steps)):
+            for k in range(min(2, steps)):
                 launch(k)
             for k in range(steps):
                 slot = in_flight.popleft()
-                recordings[slot].wait(self._greedy_fences[slot])
+                finish(slot)
                 self._last = recordings[slot]
                 token = int(getattr(self._out, self._greedy_slot(slot)[2]).view(np.uint32)[0])
                 yield token
-                if k + depth < steps:
-                    launch(k + depth)
+                if k + 2 < steps:
+                    launch(k + 2)
         finally:
             for slot in in_flight:
-                recordings[slot].wait(self._greedy_fences[slot])
+                finish(slot)
 
     def mask_words(self, row: int = 0) -> np.ndarray:
         """The token mask the next "_masked" pass applies to logits row `row`, uint32
