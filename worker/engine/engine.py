@@ -40,8 +40,8 @@ DEFAULT_CONTEXT = 4096
 
 class Engine:
     def __init__(self, placement, model_file, config, tokenizer, plans: list[MemoryPlan], owns_ctx: bool,
-                 progress: bool = False, mat_vec_shapes: tuple[dict, dict] | None = None,
-                 coopmat_tiles: dict | None = None):
+                 progress: bool = False, mat_vec_shapes: list[tuple[dict, dict]] | None = None,
+                 coopmat_tiles: list[dict] | None = None):
         """`placement`: the Stages (worker/engine/placement.py), one per context, whose layers
         each runs (one for a model on one device); `plans`: each one's memory plan."""
         plan = plans[0]   # context, chunk and pool are the same on every device
@@ -111,8 +111,9 @@ class Engine:
                                sequences, settings.kv_type,
                                min(c.max_binding_range for c in ctxs)
                                // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim))
-            shapes = model_shapes(ctx, settings, mat_vec_keys(model_file), glu_keys(model_file))
-            tiles = model_tiles(ctx, settings, mat_vec_keys(model_file), plans[0].chunk)
+            # per context: kernels' shapes fit its device (two on one device share its cached timings)
+            shapes = [model_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file)) for c in ctxs]
+            tiles = [model_tiles(c, settings, mat_vec_keys(model_file), plans[0].chunk) for c in ctxs]
             return cls(placement, model_file, config, tokenizer, plans, owns_ctx, progress, shapes, tiles)
         except BaseException:
             if owns_ctx:

@@ -1,8 +1,9 @@
-"""The paged KV cache of one model on its device (or devices: each layer's on its stage's): for every layer a K pool and a V pool of
+"""The paged KV cache of one model on the device: for every layer a K pool and a V pool of
 n_blocks blocks (f16, or q8_0-like 8-bit values with their f16 scales), the block table the
 kernels read (uint32 [slots, blocks per sequence], written by the host before each pass), the
 sequence slots, and the BlockPool (kvblocks.py) that says which blocks are free, held or cached
-for prefix reuse."""
+for prefix reuse. Split across contexts (worker/engine/placement.py), each layer's pools are on
+its stage's context, with a copy of the table there; the BlockPool and the slots are shared."""
 import numpy as np
 
 from vkllm.errors import VkllmError

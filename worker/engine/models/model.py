@@ -82,18 +82,21 @@ def mat_vec_keys(model_file) -> set:
 
 class Model:
     def __init__(self, placement, model_file, config, n_ctx: int, kv, progress=None,
-                 mat_vec_shapes: tuple[dict, dict] | None = None, coopmat_tiles: dict | None = None):
+                 mat_vec_shapes: list[tuple[dict, dict]] | None = None, coopmat_tiles: list[dict] | None = None):
         """`placement`: the Stages (worker/engine/placement.py) whose contexts hold each layer's
         tensors; the embedding table goes to the first, the other global tensors (output norm
-        and head) to the last, and a tied embedding table to both. `mat_vec_shapes`: (type,
-        rows, K) -> tuned mat-vec shape (worker/engine/kernels/tuning.py) of the weights in
-        `mat_vec_keys`, and of the gates in `glu_keys` through the fused gate+up kernel; the
-        others keep the fixed shape. `coopmat_tiles`: the same keys -> tuned cooperative-matrix
-        mat-mat tile (worker/engine/kernels/tile_tuning.py)."""
+        and head) to the last, and a tied embedding table to both. `mat_vec_shapes`, one per
+        stage (tuned on its device): (type, rows, K) -> tuned mat-vec shape
+        (worker/engine/kernels/tuning.py) of the weights in `mat_vec_keys`, and of the gates in
+        `glu_keys` through the fused gate+up kernel; the others keep the fixed shape.
+        `coopmat_tiles`, one per stage: the same keys -> tuned cooperative-matrix mat-mat tile
+        (worker/engine/kernels/tile_tuning.py)."""
         self.stages, self.config, self.n_ctx, self.kv = placement, config, n_ctx, kv
         first, last = placement[0].ctx, placement[-1].ctx
-        self.mat_vec_shapes, self.glu_shapes = mat_vec_shapes or ({}, {})
-        self.coopmat_tiles = coopmat_tiles or {}
+        # context -> (mat-vec shapes, gate+up shapes, coopmat tiles) its tensors run with
+        self._tuned = {id(stage.ctx): (*(mat_vec_shapes[stage.index] if mat_vec_shapes else ({}, {})),
+                                       coopmat_tiles[stage.index] if coopmat_tiles else {})
+                       for stage in placement}
         self._owned: list[tuple[object, object]] = []   # (context, buffer or DeviceTensor)
         self.layers = [dict() for _ in range(config.n_layer)]
         layer_ctx = [stage.ctx for stage in placement for _ in stage.layers]
@@ -139,8 +142,9 @@ class Model:
         tensor = upload_tensor(ctx, info.name, info.ggml_type, info.shape, info.data)
         self._owned.append((ctx, tensor))
         key = (tensor.ggml_type, tensor.rows, tensor.cols)
-        tensor.mat_vec_shape, tensor.glu_shape = self.mat_vec_shapes.get(key), self.glu_shapes.get(key)
-        tensor.coopmat_tile = self.coopmat_tiles.get(key)
+        shapes, glu_shapes, tiles = self._tuned[id(ctx)]
+        tensor.mat_vec_shape, tensor.glu_shape = shapes.get(key), glu_shapes.get(key)
+        tensor.coopmat_tile = tiles.get(key)
         return tensor
 
     def _upload_qkv(self, ctx, layer: dict, infos):
@@ -153,10 +157,11 @@ class Model:
             return
         fused, views = joined
         self._owned.append((ctx, fused))
-        fused.mat_vec_shape = self.mat_vec_shapes.get((fused.ggml_type, fused.rows, fused.cols))
+        shapes, _, tiles = self._tuned[id(ctx)]
+        fused.mat_vec_shape = shapes.get((fused.ggml_type, fused.rows, fused.cols))
         for view in views:   # alone they serve prefill's mat-mat products
             key = (view.ggml_type, view.rows, view.cols)
-            view.mat_vec_shape, view.coopmat_tile = self.mat_vec_shapes.get(key), self.coopmat_tiles.get(key)
+            view.mat_vec_shape, view.coopmat_tile = shapes.get(key), tiles.get(key)
         layer["attn_qkv"] = fused
         layer.update(zip(names, views))
 
