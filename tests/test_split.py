@@ -10,7 +10,7 @@ import pytest
 from worker.engine.batch import Request
 from worker.engine.engine import Engine
 from worker.engine.modelfile import ModelFile
-from worker.engine.placement import split_layers
+from worker.engine.placement import shared_budgets, split_layers
 from worker.engine.sampling import SamplingParams
 from worker.tools.synth import write_model
 
@@ -35,6 +35,8 @@ def test_split_layers_is_contiguous_and_proportional():
     assert split_layers(32, [1, 1, 1]) == [range(0, 11), range(11, 22), range(22, 32)]
     assert split_layers(2, [1, 1, 1]) == [range(0, 1), range(1, 2), range(2, 2)]
     assert split_layers(6, [0, 1]) == [range(0, 0), range(0, 6)]
+    # contexts on one device share its free memory
+    assert shared_budgets([900, 900, 500, 900], [0, 0, 1, 0]) == [300, 300, 500, 300]
 
 
 def _on(ctx, buffer) -> bool:

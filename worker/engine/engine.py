@@ -28,7 +28,7 @@ from worker.engine.kvcache import KVCache
 from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, MemoryPlan, plan_split
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, glu_keys, mat_vec_keys
-from worker.engine.placement import split_layers, stages
+from worker.engine.placement import shared_budgets, split_layers, stages
 from worker.engine.runner import Runner
 from worker.engine.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
 from worker.engine.tokenizer import StreamDecoder, Tokenizer
@@ -96,7 +96,8 @@ class Engine:
         try:
             if settings.split is not None and len(settings.split) != len(ctxs):
                 raise VkllmError(f"a split of {len(settings.split)} shares needs as many devices, not {len(ctxs)}")
-            budgets = [total - used for used, total in (c.memory_budget() for c in ctxs)]
+            budgets = shared_budgets([total - used for used, total in (c.memory_budget() for c in ctxs)],
+                                     [c.info.index for c in ctxs])
             placement = stages(ctxs, split_layers(config.n_layer, settings.split or budgets))
             if max_batch is not None:
                 chunks = (max_batch,)

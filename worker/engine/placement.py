@@ -43,6 +43,12 @@ def split_layers(n_layer: int, weights: Sequence[float]) -> list[range]:
     return ranges
 
 
+def shared_budgets(free: Sequence[int], devices: Sequence) -> list[int]:
+    """Each context's budget: contexts on one physical device (equal entries of `devices`)
+    share its free memory evenly, as they share the memory itself."""
+    return [f // list(devices).count(d) for f, d in zip(free, devices)]
+
+
 def stages(ctxs: Sequence, ranges: Sequence[range]) -> list[Stage]:
     assert len(ctxs) == len(ranges)
     return [Stage(ctx, layers, i, len(ctxs)) for i, (ctx, layers) in enumerate(zip(ctxs, ranges))]

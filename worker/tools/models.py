@@ -33,8 +33,8 @@ def register(sub):
 
 
 def _device(settings, config, n_ctx: int):
-    """(free bytes, device description, bytes of the kernels' scratch on it), or (None, why not,
-    0): without a device the plan leaves out the kernels' scratch, which depends on it."""
+    """(free bytes, device description, bytes of the kernels' scratch on it, its index), or (None,
+    why not, 0, None): without a device the plan leaves out the kernels' scratch, which depends on it."""
     try:
         from worker.engine.kernels.shapes import AttentionShape
         from worker.engine.memplan import PREFILL_CHUNK
@@ -43,15 +43,16 @@ def _device(settings, config, n_ctx: int):
         ctx = Context(settings)
         try:
             used, total = ctx.memory_budget()
+            index = ctx.info.index
             shape = AttentionShape.from_config(config, n_ctx)
             scratch = sum(Workspace.kernel_sizes(ctx, config, PREFILL_CHUNK, shape).values())
         finally:
             ctx.close()
     except ImportError as e:
-        return None, f"unavailable ({e})", 0
+        return None, f"unavailable ({e})", 0, None
     except Exception as e:   # no driver, no device: inspect still shows the plan
-        return None, f"unavailable ({type(e).__name__}: {e})", 0
-    return total - used, f"{_size(total - used)} free of {_size(total)}", scratch
+        return None, f"unavailable ({type(e).__name__}: {e})", 0, None
+    return total - used, f"{_size(total - used)} free of {_size(total)}", scratch, index
 
 
 def _inspect(args):
@@ -98,7 +99,7 @@ def _inspect(args):
     if settings.devices is not None:
         _inspect_split(model, n_ctx, settings)
         return
-    budget, device, kernel_scratch = _device(settings, c, n_ctx)
+    budget, device, kernel_scratch, _ = _device(settings, c, n_ctx)
     plan = MemoryPlan.compute(model, c, n_ctx, kernel_scratch=kernel_scratch)
     print(f"memory plan     n_ctx {n_ctx}: weights {_size(plan.weights_bytes)} + KV cache "
           f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}")
@@ -124,21 +125,23 @@ def _inspect_split(model, n_ctx: int, settings):
 
     from vkllm.errors import VkllmError
     from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan, check_split, layer_range, plan_split
-    from worker.engine.placement import split_layers
+    from worker.engine.placement import shared_budgets, split_layers
     c = model.config
     devices = [_device(replace(settings, device=d), c, n_ctx) for d in settings.devices]
-    known = all(budget is not None for budget, _, _ in devices)
-    budgets = [budget for budget, _, _ in devices] if known else [1 << 62] * len(devices)
+    known = all(budget is not None for budget, *_ in devices)
+    budgets = shared_budgets([budget for budget, *_ in devices], [index for *_, index in devices]) if known \
+        else [1 << 62] * len(devices)
     ranges = split_layers(c.n_layer, settings.split or (budgets if known else [1] * len(devices)))
-    scratch = max(kernel_scratch for _, _, kernel_scratch in devices)
+    scratch = max(kernel_scratch for _, _, kernel_scratch, _ in devices)
     plans = [MemoryPlan.compute(model, c, n_ctx, kernel_scratch=scratch, layers=layers, first=i == 0,
                                 last=i == len(ranges) - 1) for i, layers in enumerate(ranges)]
     print(f"memory plan     n_ctx {n_ctx}, layers split across {len(ranges)} devices")
-    for i, (plan, (_, device, _)) in enumerate(zip(plans, devices)):
+    for i, (plan, budget, (_, device, _, _)) in enumerate(zip(plans, budgets, devices)):
+        share = f"{_size(budget)} of the device's " if known else ""
         print(f"  device {i} ({settings.devices[i]}): {layer_range(ranges[i])}{' + embeddings' if i == 0 else ''}"
               f"{' + output' if i == len(ranges) - 1 else ''}: weights {_size(plan.weights_bytes)} + KV cache "
               f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}; "
-              f"budget {device}")
+              f"budget {share}{device}")
     if not known:
         return
     try:
