@@ -3,6 +3,7 @@ staged.py): two or three contexts on the one device lavapipe offers, each a VkDe
 (nothing assumes the devices differ). The same kernels run the same layers, so logits, greedy
 tokens and a batch's tokens equal the unsplit run's, for every family."""
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -131,3 +132,30 @@ def test_bad_devices_or_split_are_refused(env, message):
     from worker.engine.config import Settings
     with pytest.raises(VkllmError, match=message):
         Settings.from_env(env)
+
+
+def test_split_with_an_8bit_kv_cache_and_a_grammar_equals_the_unsplit_run(vk_ctxs, vk_settings, tiny_model):
+    """The q8_0 cache's scales live with each layer's pools; a grammar's mask is applied on the
+    last stage, before its selection: constrained greedy text (alone, and two in a batch) and
+    8-bit-cache logits are the unsplit run's."""
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                               "size": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["color", "size"], "additionalProperties": False}
+    constraint = {"type": "json_schema", "schema": schema}
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    ids = np.random.default_rng(7).integers(3, 380, 9).tolist()
+    settings = dataclasses.replace(vk_settings, kv_type="q8_0", max_sequences=2)
+    results = {}
+    for n in (1, 2):
+        engine = Engine.load(tiny_model, settings, n_ctx=128, ctx=vk_ctxs[:n], max_batch=16)
+        try:
+            alone = [e.text for e in engine.generate("Describe a ball as JSON:", params, constraint=constraint)]
+            batched = _batch_tokens(engine, {name: Request(engine.tokenizer.encode(prompt), params,
+                                                           constraint=constraint)
+                                             for name, prompt in (("a", "A ball:"), ("b", "Another ball, as JSON:"))})
+            results[n] = engine.logits(ids), alone, batched
+        finally:
+            engine.close()
+    assert set(json.loads("".join(results[1][1]))) == {"color", "size"}   # the grammar held
+    np.testing.assert_allclose(results[2][0], results[1][0], rtol=0, atol=1e-5 * np.abs(results[1][0]).max())
+    assert results[2][1:] == results[1][1:]
