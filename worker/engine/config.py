@@ -1,6 +1,6 @@
 """Settings read once from the environment (VKLLM_*), then passed down explicitly."""
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vkllm.errors import VkllmError
@@ -50,7 +50,6 @@ class Settings:
 
 def placed(settings: Settings, devices: str | None, split: str | None) -> Settings:
     """The settings with a command's --devices and --split (as typed; None: the environment's)."""
-    from dataclasses import replace
     devices = settings.devices if devices is None else devices_list(devices)
     return replace(settings, devices=devices, split=settings.split if split is None else split_shares(split))
 

@@ -1,7 +1,7 @@
 """`vkllm devices` and `vkllm shaders build`; the --devices/--split arguments of the commands that load models."""
 from pathlib import Path
 
-from worker.engine.config import Settings
+from worker.engine.config import Settings, placed
 
 
 def register(sub):
@@ -24,7 +24,6 @@ def add_device_arguments(p):
 
 def settings(args) -> Settings:
     """The environment's settings with the command's --devices and --split."""
-    from worker.engine.config import placed
     return placed(Settings.from_env(), args.devices, args.split)
 
 
