@@ -127,6 +127,9 @@ def test_split_plans_hold_each_devices_layers(smollm2, smollm2_path):
     assert [p.kv_bytes for p in plans] == [2 * n * plans[0].kv_tokens * 3 * 64 * 2 for n in (10, 20)]
     assert all(p.scratch_bytes == whole.scratch_bytes + 4 * 512 * 576 for p in plans)
     assert [p.describe()["layers"] for p in plans] == [[0, 10], [10, 30]]
+    # unasked, layers go in proportion to what each budget leaves besides embeddings and output
+    from worker.engine.memplan import layer_shares
+    assert layer_shares(smollm2, [10**9, 10**9, 10**9]) == [10**9 - embd, 10**9, 10**9 - embd - out_norm]
 
 
 def test_split_refusal_names_the_device_and_the_largest_context_all_fit(smollm2):

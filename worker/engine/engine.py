@@ -25,7 +25,7 @@ from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tile_tuning import model_tiles
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.kvcache import KVCache
-from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, MemoryPlan, plan_split
+from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, MemoryPlan, layer_shares, plan_split
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, glu_keys, mat_vec_keys
 from worker.engine.placement import shared_budgets, split_layers, stages
@@ -98,7 +98,7 @@ class Engine:
                 raise VkllmError(f"a split of {len(settings.split)} shares needs as many devices, not {len(ctxs)}")
             budgets = shared_budgets([total - used for used, total in (c.memory_budget() for c in ctxs)],
                                      [c.info.index for c in ctxs])
-            placement = stages(ctxs, split_layers(config.n_layer, settings.split or budgets))
+            placement = stages(ctxs, split_layers(config.n_layer, settings.split or layer_shares(model_file, budgets)))
             if max_batch is not None:
                 chunks = (max_batch,)
             else:

@@ -120,6 +120,15 @@ class MemoryPlan:
 NO_LIMIT = 1 << 62
 
 
+def layer_shares(model_file, budgets: list[int]) -> list[int]:
+    """What each device of a split has for layers, in proportion to which they are placed when no
+    split is asked for: its budget less the tensors outside the layers that it holds (the
+    embeddings on the first, the output on the last)."""
+    n = len(budgets)
+    return [max(0, budget - stage_weight_bytes(model_file, range(0), i == 0, i == n - 1))
+            for i, budget in enumerate(budgets)]
+
+
 def layer_range(layers: range) -> str:
     return f"layers {layers.start}-{layers.stop - 1}" if layers else "no layers"
 _LAYER = re.compile(r"blk\.(\d+)\.")

@@ -124,14 +124,14 @@ def _inspect_split(model, n_ctx: int, settings):
     from dataclasses import replace
 
     from vkllm.errors import VkllmError
-    from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan, check_split, layer_range, plan_split
+    from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan, check_split, layer_range, layer_shares, plan_split
     from worker.engine.placement import shared_budgets, split_layers
     c = model.config
     devices = [_device(replace(settings, device=d), c, n_ctx) for d in settings.devices]
     known = all(budget is not None for budget, *_ in devices)
     budgets = shared_budgets([budget for budget, *_ in devices], [index for *_, index in devices]) if known \
         else [1 << 62] * len(devices)
-    ranges = split_layers(c.n_layer, settings.split or (budgets if known else [1] * len(devices)))
+    ranges = split_layers(c.n_layer, settings.split or (layer_shares(model, budgets) if known else [1] * len(devices)))
     scratch = max(kernel_scratch for _, _, kernel_scratch, _ in devices)
     plans = [MemoryPlan.compute(model, c, n_ctx, kernel_scratch=scratch, layers=layers, first=i == 0,
                                 last=i == len(ranges) - 1) for i, layers in enumerate(ranges)]
