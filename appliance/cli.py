@@ -15,6 +15,8 @@ def register(sub) -> None:
     p.add_argument("--data-dir", default=None, help="redis data and logs (default: ~/.local/share/vkllm)")
     p.add_argument("--models-dir", default=env.models_dir, help="GGUF folder (default: VKLLM_MODELS_DIR or ./models)")
     p.add_argument("-m", "--model", action="append", help="model(s) to serve (default: the demo model)")
+    p.add_argument("--devices", help="the worker's Vulkan devices, its models' layers split across them (0,1)")
+    p.add_argument("--split", help="each device's share of the layers (40,60; default: by free memory)")
     p.set_defaults(func=_up, api_key=env.api_key)
 
     for name, text in (("submit", "submit a job over the REST API"), ("jobs", "list jobs"),

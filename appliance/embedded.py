@@ -103,6 +103,13 @@ class _Supervised:
               file=sys.stderr, flush=True)
 
 
+def worker_command(args, redis_url: str, models: list[str]) -> list[str]:
+    """The `vkllm worker` that `up` supervises, with its --devices and --split as typed."""
+    return [sys.executable, "-m", "vkllm.cli", "worker", "--redis-url", redis_url, "--metrics-port", "0",
+            "--metrics-host", args.host, *[a for m in models for a in ("-m", m)],
+            *[a for name in ("devices", "split") if getattr(args, name) for a in (f"--{name}", getattr(args, name))]]
+
+
 def run(args, api_key: str | None) -> int:
     from appliance.app import create_app
 
@@ -129,8 +136,7 @@ def run(args, api_key: str | None) -> int:
         server = make_server(args.host, args.port, app, threaded=True)
         env = {k: v for k, v in os.environ.items() if k not in _WEB_ONLY} | {"VKLLM_MODELS_DIR": str(models_dir)}
         worker_log = open(data_dir / "worker.log", "ab")
-        command = [sys.executable, "-m", "vkllm.cli", "worker", "--redis-url", redis_url, "--metrics-port", "0",
-                   "--metrics-host", args.host, *[a for m in models for a in ("-m", m)]]
+        command = worker_command(args, redis_url, models)
         worker = _Supervised("worker", lambda: subprocess.Popen(
             command, stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True),
             data_dir / "worker.log")

@@ -54,6 +54,25 @@ def vk_ctx(vk_session):
     assert log is None or log.errors[before:] == [], "Vulkan validation errors"
 
 
+@pytest.fixture(scope="session")
+def vk_extra_contexts(vk_session, vk_settings):
+    """Two more contexts on the session's device (a model split across contexts, placement.py)."""
+    from worker.engine.vk.context import Context
+    ctxs = [Context(vk_settings, block_size=64 << 20) for _ in range(2)]
+    yield ctxs
+    for ctx in ctxs:
+        ctx.close()
+
+
+@pytest.fixture
+def vk_ctxs(vk_ctx, vk_extra_contexts):
+    """The session's context and two more on its device; fails the test on validation errors in any."""
+    logs = [ctx.validation for ctx in vk_extra_contexts if ctx.validation is not None]
+    before = [len(log.errors) for log in logs]
+    yield [vk_ctx, *vk_extra_contexts]
+    assert all(log.errors[n:] == [] for log, n in zip(logs, before)), "Vulkan validation errors"
+
+
 @pytest.fixture
 def dev(vk_ctx):
     """Kernel-test helper over the Vulkan context: buffers it makes are freed after the test."""
@@ -113,13 +132,13 @@ VKLLM = "import sys; from vkllm.cli import main; sys.exit(main())"   # what the 
 class WorkerProcess:
     """`vkllm worker` as a real subprocess; its metrics port is read from its Redis registration."""
 
-    def __init__(self, redis_url, model, name, cache_dir, log_dir, n_ctx=256):
+    def __init__(self, redis_url, model, name, cache_dir, log_dir, n_ctx=256, args=()):
         self.redis_url, self.name = redis_url, name
         self.log = open(log_dir / f"{name}.log", "w+")
         env = os.environ | {"VKLLM_CACHE_DIR": str(cache_dir)}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", VKLLM, "worker", "-m", str(model), "--redis-url", redis_url,
-             "--name", name, "--metrics-port", "0", "--heartbeat-interval", "1", "-c", str(n_ctx)],
+             "--name", name, "--metrics-port", "0", "--heartbeat-interval", "1", "-c", str(n_ctx), *args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def registration(self, timeout=120) -> dict:
@@ -146,12 +165,12 @@ class WorkerProcess:
 
 @contextmanager
 def worker_starter(redis_url, model, tmp_path_factory, logs):
-    """start(name, model=model, n_ctx=256) -> a running, registered WorkerProcess; all are
-    stopped on leaving."""
+    """start(name, model=model, n_ctx=256, args=()) -> a running, registered WorkerProcess (args:
+    more `vkllm worker` arguments); all are stopped on leaving."""
     started, cache = [], tmp_path_factory.getbasetemp() / "vkcache-workers"
 
-    def start(name, model=model, n_ctx=256):
-        w = WorkerProcess(redis_url, model, name, cache, logs, n_ctx)
+    def start(name, model=model, n_ctx=256, args=()):
+        w = WorkerProcess(redis_url, model, name, cache, logs, n_ctx, args)
         started.append(w)
         w.registration()
         return w

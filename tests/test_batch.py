@@ -25,10 +25,12 @@ def model_path(tmp_path_factory):
 
 
 @pytest.fixture
-def engine(vk_ctx, vk_settings, model_path):
-    """Passes of up to 8 tokens, so prompts past that are prefilled over several steps."""
-    engine = Engine.load(model_path, dataclasses.replace(vk_settings, max_sequences=4), n_ctx=96, ctx=vk_ctx,
-                         max_batch=8)
+def engine(request, vk_ctxs, vk_settings, model_path):
+    """Passes of up to 8 tokens, so prompts past that are prefilled over several steps; on one
+    context, or split across the number of them a test's indirect parameter says."""
+    contexts = getattr(request, "param", 1)
+    engine = Engine.load(model_path, dataclasses.replace(vk_settings, max_sequences=4), n_ctx=96,
+                         ctx=vk_ctxs[:contexts], max_batch=8)
     yield engine
     engine.close()
 
@@ -219,6 +221,7 @@ def test_bad_batch_settings_are_refused(env, message):
         Settings.from_env(env)
 
 
+@pytest.mark.parametrize("engine", [1, 2], indirect=True)
 def test_random_joins_under_memory_pressure_give_what_each_gives_alone(engine):
     """Seven sequences joining at random steps, three slots, passes of 8 tokens and a pool cut to
     6 free blocks: joins wait, prefill chunks shrink, sequences are preempted and recomputed,
@@ -243,6 +246,7 @@ def test_random_joins_under_memory_pressure_give_what_each_gives_alone(engine):
     assert pool.used == 0
 
 
+@pytest.mark.parametrize("engine", [1, 2], indirect=True)
 def test_a_generation_between_two_steps_leaves_the_batch_right(engine):
     """Engine.generate may run between two batch steps, even with a fed pass in flight: it waits
     for the pass, whose tokens the batch has taken, and the batch goes on as if alone."""

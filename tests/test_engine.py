@@ -83,15 +83,17 @@ def test_generate_greedy_matches_reference_argmax(vk_ctx, synth_dir):
         engine.close()
 
 
-def test_greedy_steps_ahead_of_the_caller_leave_the_cache_right(vk_ctx, synth_dir):
+@pytest.mark.parametrize("contexts", [1, 2])
+def test_greedy_steps_ahead_of_the_caller_leave_the_cache_right(vk_ctxs, synth_dir, contexts):
     """Greedy decode queues each step before the caller has taken the previous token, so a caller
     that stops early (max_tokens, a stop string, cancellation) leaves a step done for nothing.
     What later prompts reuse of the cache must still be exact: the numpy reference's greedy
-    continuation, after an early stop, a cancellation and a prompt extending a cut generation."""
+    continuation, after an early stop, a cancellation and a prompt extending a cut generation;
+    unsplit, and split across two contexts (the host handing each token to the first stage)."""
     from refmodel import RefModel
     path = _model(synth_dir, "tiny-llama", "Q8_0")
     model_file = ModelFile.open(path)
-    engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=16)
+    engine = Engine.load(path, n_ctx=64, ctx=vk_ctxs[:contexts], max_batch=16)
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
     try:
         prompt = engine.tokenizer.encode("the cache after an early stop")

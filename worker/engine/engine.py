@@ -25,9 +25,10 @@ from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tile_tuning import model_tiles
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.kvcache import KVCache
-from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, MemoryPlan, plan_load
+from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, MemoryPlan, layer_shares, plan_split
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, glu_keys, mat_vec_keys
+from worker.engine.placement import shared_budgets, split_layers, stages
 from worker.engine.runner import Runner
 from worker.engine.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
 from worker.engine.tokenizer import StreamDecoder, Tokenizer
@@ -38,11 +39,16 @@ DEFAULT_CONTEXT = 4096
 
 
 class Engine:
-    def __init__(self, ctx, model_file, config, tokenizer, plan: MemoryPlan, owns_ctx: bool,
-                 progress: bool = False, mat_vec_shapes: tuple[dict, dict] | None = None,
-                 coopmat_tiles: dict | None = None):
+    def __init__(self, placement, model_file, config, tokenizer, plans: list[MemoryPlan], owns_ctx: bool,
+                 progress: bool = False, mat_vec_shapes: list[tuple[dict, dict]] | None = None,
+                 coopmat_tiles: list[dict] | None = None):
+        """`placement`: the Stages (worker/engine/placement.py), one per context, whose layers
+        each runs (one for a model on one device); `plans`: each one's memory plan."""
+        plan = plans[0]   # context, chunk and pool are the same on every device
+        self.plans = plans
         n_ctx, max_batch = plan.n_ctx, plan.chunk
-        self.ctx, self.config, self.tokenizer, self.n_ctx = ctx, config, tokenizer, n_ctx
+        self.placement, self.ctx = placement, placement[0].ctx
+        self.config, self.tokenizer, self.n_ctx = config, tokenizer, n_ctx
         self.name = Path(model_file.path).stem
         self.chat_template = model_file.metadata.get("tokenizer.chat_template")
         self.info = {"architecture": config.arch, "context_length": config.context_length,
@@ -53,8 +59,8 @@ class Engine:
         self._owns_ctx = owns_ctx
         bar = _progress_bar(sum(t.n_bytes for t in model_file.tensors.values()), self.name) if progress else None
         # a slot per batched sequence and one for the runner's own (generate's)
-        self.kv = KVCache(ctx, config, n_ctx, plan.kv_blocks, plan.sequences + 1, plan.kv_type)
-        self.model = Model(ctx, model_file, config, n_ctx, self.kv, progress=bar.update if bar else None,
+        self.kv = KVCache(placement, config, n_ctx, plan.kv_blocks, plan.sequences + 1, plan.kv_type)
+        self.model = Model(placement, model_file, config, n_ctx, self.kv, progress=bar.update if bar else None,
                            mat_vec_shapes=mat_vec_shapes, coopmat_tiles=coopmat_tiles)
         if bar:
             bar.close()
@@ -68,39 +74,52 @@ class Engine:
              max_batch: int | None = None, progress: bool = False) -> "Engine":
         """Opens, checks against the device's memory budget, and uploads a GGUF model. Without
         `n_ctx` the context is DEFAULT_CONTEXT, capped by the model's and by what fits. `ctx`
-        shares an existing Vulkan context (tests, several models in one worker); `settings`
-        default to the context's. Mat-vec shapes and cooperative-matrix tiles are tuned
+        shares an existing Vulkan context (tests, several models in one worker), or a list of
+        them, across which the layers are split (in proportion to settings.split, else to each
+        one's free memory); without it the engine opens one context per entry of
+        settings.devices (one, settings.device, when that is unset). `settings` default to the
+        first context's. Mat-vec shapes and cooperative-matrix tiles are tuned
         (worker/engine/kernels/tuning.py, tile_tuning.py) before the weights are uploaded, while
         the memory they will take is free for the timing copies. `max_batch` is the prefill
-        chunk; without it the memory plan picks one for the device (memplan.plan_load: bigger on
+        chunk; without it the memory plan picks one for the device (memplan.plan_split: bigger on
         matrix units)."""
         model_file = ModelFile.open(path)
         config = model_file.config
         tokenizer = Tokenizer.from_metadata(model_file.metadata)
         owns_ctx = ctx is None
         if owns_ctx:
-            from worker.engine.vk.context import Context
-            ctx = Context(settings or Settings())
+            ctxs = open_contexts(settings or Settings())
+        else:
+            ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
+        ctx = ctxs[0]
         settings = settings or ctx.settings
         try:
-            used, total = ctx.memory_budget()
+            if settings.split is not None and len(settings.split) != len(ctxs):
+                raise VkllmError(f"a split of {len(settings.split)} shares needs as many devices, not {len(ctxs)}")
+            budgets = shared_budgets([total - used for used, total in (c.memory_budget() for c in ctxs)],
+                                     [c.info.index for c in ctxs])
+            placement = stages(ctxs, split_layers(config.n_layer, settings.split or layer_shares(model_file, budgets)))
             if max_batch is not None:
                 chunks = (max_batch,)
             else:
                 chunks = MATRIX_UNIT_CHUNKS if "coopmat" in paths(ctx) else (PREFILL_CHUNK,)
             sequences = settings.max_sequences
-            plan = plan_load(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, total - used,
-                             lambda chunk, n: sum(Workspace.kernel_sizes(ctx, config, chunk,
-                                                                         AttentionShape.from_config(config, n),
-                                                                         sequences).values()),
-                             sequences, settings.kv_type,
-                             ctx.max_binding_range // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim))
-            shapes = model_shapes(ctx, settings, mat_vec_keys(model_file), glu_keys(model_file))
-            tiles = model_tiles(ctx, settings, mat_vec_keys(model_file), plan.chunk)
-            return cls(ctx, model_file, config, tokenizer, plan, owns_ctx, progress, shapes, tiles)
+            plans = plan_split(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, budgets,
+                               [stage.layers for stage in placement],
+                               lambda chunk, n: max(sum(Workspace.kernel_sizes(c, config, chunk,
+                                                                               AttentionShape.from_config(config, n),
+                                                                               sequences).values()) for c in ctxs),
+                               sequences, settings.kv_type,
+                               min(c.max_binding_range for c in ctxs)
+                               // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim))
+            # per context: kernels' shapes fit its device (two on one device share its cached timings)
+            shapes = [model_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file)) for c in ctxs]
+            tiles = [model_tiles(c, settings, mat_vec_keys(model_file), plans[0].chunk) for c in ctxs]
+            return cls(placement, model_file, config, tokenizer, plans, owns_ctx, progress, shapes, tiles)
         except BaseException:
             if owns_ctx:
-                ctx.close()
+                for c in ctxs:
+                    c.close()
             raise
 
     # -- text in, events out ---------------------------------------------------------------------
@@ -248,9 +267,15 @@ class Engine:
 
     # -- accounting --------------------------------------------------------------------------------
     def stats(self) -> dict:
-        used, total = self.ctx.memory_budget()
+        """Memory and KV cache figures; `devices`: each context's, in split order (one unsplit),
+        with the layers it runs; the VRAM figures outside it are their sums."""
+        devices = [{"device": stage.ctx.info.index, "name": stage.ctx.info.name,
+                    "layers": [stage.layers.start, stage.layers.stop],
+                    **dict(zip(("vram_used_bytes", "vram_total_bytes"), stage.ctx.memory_budget()))}
+                   for stage in self.placement]
         kv = self.kv.stats()
-        return {"vram_used_bytes": used, "vram_total_bytes": total,
+        return {"vram_used_bytes": sum(d["vram_used_bytes"] for d in devices),
+                "vram_total_bytes": sum(d["vram_total_bytes"] for d in devices), "devices": devices,
                 "kv_cache_usage_ratio": kv["kv_blocks_used"] / kv["kv_blocks_total"], **kv,
                 "sequences": len(self.batch)}
 
@@ -260,7 +285,25 @@ class Engine:
         self.model.free()
         self.kv.free()
         if self._owns_ctx:
-            self.ctx.close()
+            for stage in self.placement:
+                stage.ctx.close()
+
+
+def open_contexts(settings: Settings) -> list:
+    """A context per entry of settings.devices (the same device may repeat: several contexts
+    on it), or the one of settings.device."""
+    from dataclasses import replace
+
+    from worker.engine.vk.context import Context
+    ctxs = []
+    try:
+        for device in settings.devices or (settings.device,):
+            ctxs.append(Context(replace(settings, device=device)))
+    except BaseException:
+        for ctx in ctxs:
+            ctx.close()
+        raise
+    return ctxs
 
 
 def _quant_name(model_file) -> str:

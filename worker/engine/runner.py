@@ -6,7 +6,12 @@ Per token the host writes the step values and token id into it, submits, waits, 
 what the sampler needs: the GPU argmax (4 bytes), the GPU top-k candidates, or, when penalties
 must see every logit, the logits themselves. Greedy decode does not wait between tokens: the GPU
 takes each step's input token from the previous step's argmax, so the next step is queued while
-the host handles the current one (`greedy`)."""
+the host handles the current one (`greedy`).
+
+A model split across contexts (worker/engine/placement.py) has a workspace and a command buffer
+per stage (worker/engine/staged.py): the host writes a pass's inputs into the first stage's
+workspace (`workspace`) and reads its outputs from the last one's; in split greedy decode the
+host hands each step's argmax to the first stage of the next."""
 from collections import OrderedDict, deque
 from typing import Iterator
 
@@ -17,6 +22,7 @@ from worker.engine.errors import KVCacheFull
 from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
+from worker.engine.staged import StagedPass
 from worker.engine.workspace import Workspace
 
 _MAX_RECORDINGS = 32  # recordings kept per model, by (tokens per pass, selection, logits rows)
@@ -26,12 +32,17 @@ class Runner:
     def __init__(self, model, max_batch: int, sequences: int = 1):
         """`max_batch`: the most tokens one pass takes (the prefill chunk); `sequences`: the most
         logits rows of a batched pass."""
-        self.model, self.ctx, self.kv = model, model.ctx, model.kv
-        self.workspace = Workspace.allocate(self.ctx, model.config, max_batch, model.attention_shape, sequences)
-        self._greedy_fences = (self.ctx.new_fence(), self.ctx.new_fence())
-        self._batch_fence = self.ctx.new_fence()
+        self.model, self.kv, self.stages = model, model.kv, model.stages
+        staged = len(self.stages) > 1
+        self.workspaces = [Workspace.allocate(stage.ctx, model.config, max_batch, model.attention_shape, sequences,
+                                              staged) for stage in self.stages]
+        # the host writes a pass's inputs into the first stage's and reads its outputs from the last one's
+        self.workspace, self._out = self.workspaces[0], self.workspaces[-1]
+        self._fences = self._new_fences()
+        self._greedy_fences = (self._new_fences(), self._new_fences())
+        self._batch_fence = self._new_fences()
         self._recordings: OrderedDict[tuple, object] = OrderedDict()
-        self._last = None
+        self._last = self._fed = None   # the pass that ran last; the fed batch pass queued last
         self.slot, self.own = self.kv.take_slot(), self.kv.sequence()
 
     # -- the runner's own sequence --------------------------------------------------------------
@@ -52,19 +63,39 @@ class Runner:
             raise KVCacheFull(f"the KV cache has no room for {n_positions} positions of one more sequence")
         self.kv.write_table(self.slot, self.own)
 
+    def _new_fences(self) -> list:
+        return [stage.ctx.new_fence() for stage in self.stages]
+
     # -- recordings -------------------------------------------------------------------------------
+    def _staged(self, n: int, record_stage, inputs: dict[str, int], profile: bool = False) -> StagedPass:
+        """A pass over n tokens: record_stage(rec, stage, ws) records each stage's part."""
+        recordings = []
+        for stage, ws in zip(self.stages, self.workspaces):
+            rec = stage.ctx.recording(max_timestamps=2, profile=profile)
+            if not profile:
+                rec.timestamp("start")
+            record_stage(rec, stage, ws)
+            if not profile:
+                rec.timestamp("forward")
+            recordings.append(rec.finish())
+        return StagedPass(recordings, self.workspaces, 4 * n * self.model.config.n_embd, inputs)
+
     def _record(self, n: int, select: str, logits=None, profile: bool = False, rows: int | None = None,
-                ids=None):
+                ids: str = "ids") -> StagedPass:
         """`rows`: a batched pass's logits rows (ws.rows names them), None for the last token's.
         A batched pass keeps its rows in device memory (ws.batch_logits) and copies them to the
         host-visible ws.logits only with the HOST suffix (a sequence reads whole rows). `ids`:
-        where the token ids are (default ws.ids)."""
-        rec = self.ctx.recording(max_timestamps=2, profile=profile)
-        if not profile:
-            rec.timestamp("start")
-        ws = self.workspace
+        the workspace buffer holding the token ids."""
+        inputs = {"step": 8 * n, **({"rows": 4 * rows} if rows else {})}
+        return self._staged(n, lambda rec, stage, ws: self._record_stage(rec, stage, ws, n, select, logits, rows,
+                                                                         ids), inputs, profile)
+
+    def _record_stage(self, rec, stage, ws, n: int, select: str, logits, rows: int | None, ids: str):
         row_logits = ws.logits if rows is None else ws.batch_logits
-        self.model.record_forward(rec, ws, n, logits or row_logits, all_logits=logits is not None, rows=rows, ids=ids)
+        self.model.record_forward(rec, ws, stage, n, logits or row_logits, all_logits=logits is not None, rows=rows,
+                                  ids=ids)
+        if not stage.last:
+            return
         vocab = self.model.config.vocab_size
         n_rows = 1 if rows is None else rows
         # "<selection>[_masked][_host]": the grammar's mask in ws.mask first, so the selection
@@ -86,28 +117,24 @@ class Runner:
         if host and rows is not None:
             rec.barrier()
             rec.copy(ws.batch_logits, ws.logits, 4 * vocab * n_rows)
-        if not profile:
-            rec.timestamp("forward")
-        return rec.finish()
 
     def _greedy_slot(self, slot: int):
         """Buffers of the two greedy recordings: slot s reads its token from the other slot's
         argmax and its position from its own step values. Slot 0's argmax is ws.best, where the
         prefill's argmax lands, so slot 1 takes the first decode step."""
-        ws = self.workspace
-        steps, bests = (ws.step, ws.step_alt), (ws.best, ws.best_alt)
+        steps, bests = ("step", "step_alt"), ("best", "best_alt")
         return steps[slot], bests[1 - slot], bests[slot]
 
-    def _record_greedy(self, slot: int):
+    def _record_greedy(self, slot: int) -> StagedPass:
         step, ids, best = self._greedy_slot(slot)
-        rec = self.ctx.recording(max_timestamps=2)
-        rec.timestamp("start")
-        rec.barrier()   # the token comes from the argmax of the step submitted before this one
-        self.model.record_forward(rec, self.workspace, 1, self.workspace.logits, ids=ids, step=step)
-        rec.barrier()
-        argmax(rec, self.workspace.logits, best, 1, self.model.config.vocab_size, self.workspace.select)
-        rec.timestamp("forward")
-        return rec.finish()
+
+        def record_stage(rec, stage, ws):
+            rec.barrier()   # the token comes from the argmax of the step submitted before this one
+            self.model.record_forward(rec, ws, stage, 1, ws.logits, ids=ids, step=step)
+            if stage.last:
+                rec.barrier()
+                argmax(rec, ws.logits, getattr(ws, best), 1, self.model.config.vocab_size, ws.select)
+        return self._staged(1, record_stage, {step: 8})
 
     def _recording(self, n: int, select: str, record=None, rows: int | None = None):
         key = (n, select, rows)
@@ -125,7 +152,7 @@ class Runner:
         self.workspace.ids.view(np.uint32)[:n] = ids
         step = self.workspace.step.view(np.uint32)[:2 * n].reshape(n, 2)
         step[:, 0], step[:, 1] = self.slot, np.arange(pos0, pos0 + n)
-        self.ctx.run(rec)
+        rec.run(self._fences)
         self._last = rec
 
     def run_batch(self, n: int, rows: int, select: str):
@@ -133,7 +160,7 @@ class Runner:
         the caller wrote into the workspace (ids, step, rows) and whose sequences' block table
         rows it wrote; `select` applies to each of the `rows` logits rows."""
         rec = self._recording(n, select, rows=rows)
-        self.ctx.run(rec)
+        rec.run(self._fences)
         self._last = rec
 
     def queue_fed_batch(self, n: int):
@@ -142,12 +169,12 @@ class Runner:
         while the host handles them), each token its own logits row; the caller wrote the step
         values and block table rows, and ws.rows as the pass before had them (0..n-1)."""
         rec = self._recording(n, "argmax_fed", rows=n,
-                              record=lambda: self._record(n, "argmax", rows=n, ids=self.workspace.best))
-        self.ctx.submit(rec, self._batch_fence)
-        self._last = rec
+                              record=lambda: self._record(n, "argmax", rows=n, ids="best"))
+        rec.submit(self._batch_fence)
+        self._last = self._fed = rec
 
     def wait_batch(self):
-        self.ctx.wait(self._batch_fence)
+        self._fed.wait(self._batch_fence)
 
     def prefill(self, ids, pos0: int, chunk: int, select: str = "argmax"):
         """Runs ids (at positions pos0.. of its own sequence) through the model; the last one's
@@ -164,64 +191,82 @@ class Runner:
         """Greedy decode after a prefill that selected "argmax": step k runs the previous token
         at position pos + k and yields its argmax, at most `steps` steps. While the caller handles
         one token the next step runs, queued before it was needed: a caller that stops early
-        leaves one step done for nothing, whose KV row lies past what it keeps."""
+        leaves one step done for nothing, whose KV row lies past what it keeps. Split across
+        contexts, a step's token goes through the host to the first stage: the step after waits
+        for it when it is queued, and then runs while the caller handles that token."""
         recordings = [self._recording(1, f"greedy{slot}", lambda slot=slot: self._record_greedy(slot))
                       for slot in (0, 1)]
         in_flight: deque[int] = deque()
+        unfinished: set[int] = set()   # slots in flight not yet waited on
         self.hold(pos + steps)   # every step in flight finds its block in the table
+
+        def finish(slot: int):
+            if slot in unfinished:
+                recordings[slot].wait(self._greedy_fences[slot])
+                unfinished.discard(slot)
 
         def launch(k: int):
             slot = (k + 1) % 2
-            self._greedy_slot(slot)[0].view(np.uint32)[:2] = (self.slot, pos + k)
-            self.ctx.submit(recordings[slot], self._greedy_fences[slot])
+            step, ids, _ = self._greedy_slot(slot)
+            getattr(self.workspace, step).view(np.uint32)[:2] = (self.slot, pos + k)
+            if self._out is not self.workspace:   # split: the token of step k - 1, last stage to first
+                finish(1 - slot)
+                getattr(self.workspace, ids).view(np.uint32)[0] = getattr(self._out, ids).view(np.uint32)[0]
+            recordings[slot].submit(self._greedy_fences[slot])
             in_flight.append(slot)
+            unfinished.add(slot)
 
         try:
             for k in range(min(2, steps)):
                 launch(k)
             for k in range(steps):
                 slot = in_flight.popleft()
-                self.ctx.wait(self._greedy_fences[slot])
+                finish(slot)
                 self._last = recordings[slot]
-                token = int(self._greedy_slot(slot)[2].view(np.uint32)[0])
+                token = int(getattr(self._out, self._greedy_slot(slot)[2]).view(np.uint32)[0])
                 yield token
                 if k + 2 < steps:
                     launch(k + 2)
         finally:
             for slot in in_flight:
-                self.ctx.wait(self._greedy_fences[slot])
+                finish(slot)
 
     def mask_words(self, row: int = 0) -> np.ndarray:
         """The token mask the next "_masked" pass applies to logits row `row`, uint32
         [vocab / 32], in host-visible memory: write it before the pass (a set bit allows its token)."""
         words = mask_words(self.model.config.vocab_size)
-        return self.workspace.mask.view(np.uint32)[row * words:(row + 1) * words]
+        return self._out.mask.view(np.uint32)[row * words:(row + 1) * words]
 
     def last_gpu_seconds(self) -> float:
-        return self._last.timings_ns()[0][1] * 1e-9
+        return self._last.gpu_seconds()
 
     def read_logits(self, row: int = 0) -> np.ndarray:
         vocab = self.model.config.vocab_size
-        return self.workspace.logits.view(np.float32)[row * vocab:(row + 1) * vocab]
+        return self._out.logits.view(np.float32)[row * vocab:(row + 1) * vocab]
 
     def read_argmax(self, row: int = 0) -> int:
-        return int(self.workspace.best.view(np.uint32)[row])
+        return int(self._out.best.view(np.uint32)[row])
+
+    def read_best(self, n: int) -> list[int]:
+        """The GPU argmax of the first n logits rows of the last pass."""
+        return self._out.best.view(np.uint32)[:n].tolist()
 
     def read_topk(self, row: int = 0) -> tuple[np.ndarray, np.ndarray]:
         k = min(MAX_K, self.model.config.vocab_size)
-        ws = self.workspace
+        ws = self._out
         return (ws.top_ids.view(np.uint32)[row * k:(row + 1) * k].copy(),
                 ws.top_values.view(np.float32)[row * k:(row + 1) * k].copy())
 
     def all_logits(self, ids, pos0: int = 0) -> np.ndarray:
         """Logits for every position of one chunk (tests compare them with a reference)."""
         n, vocab = len(ids), self.model.config.vocab_size
-        out = self.ctx.alloc_host(4 * n * vocab)
+        ctx = self.stages[-1].ctx
+        out = ctx.alloc_host(4 * n * vocab)
         rec = self._record(n, "logits", logits=out)
         self._run(rec, ids, pos0)
         result = out.view(np.float32)[:n * vocab].reshape(n, vocab).copy()
         rec.destroy()
-        self.ctx.free(out)
+        ctx.free(out)
         return result
 
     def profile(self, n: int, pos0: int = 0) -> dict[str, tuple[int, float]]:
@@ -241,4 +286,5 @@ class Runner:
         self._recordings.clear()
         self.own.release()
         self.kv.give_slot(self.slot)
-        self.workspace.free(self.ctx)
+        for stage, ws in zip(self.stages, self.workspaces):
+            ws.free(stage.ctx)

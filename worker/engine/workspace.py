@@ -48,13 +48,18 @@ class Workspace:
     mask: Buffer        # uint32 [sequences, vocab / 32]: grammars' token masks, host-written per step (kernels/mask.py)
     attention: Buffer | None   # split attention's partials (None: attention never splits)
     select: Buffer             # argmax's and top-k's survivors over the logits
+    # A model split across contexts (worker/engine/placement.py): f32 [n, n_embd], the hidden
+    # state a stage hands to the next, copied by the host (None with one context)
+    handoff: Buffer | None
 
-    HOST_VISIBLE = frozenset({"step", "ids", "rows", "logits", "best", "top_ids", "top_values", "step_alt", "best_alt", "mask"})
+    HOST_VISIBLE = frozenset({"step", "ids", "rows", "logits", "best", "top_ids", "top_values", "step_alt",
+                              "best_alt", "mask", "handoff"})
 
     @staticmethod
-    def sizes(config, n: int, sequences: int = 1) -> dict[str, int]:
+    def sizes(config, n: int, sequences: int = 1, staged: bool = False) -> dict[str, int]:
         """Bytes of each buffer for passes of up to n tokens of a model of `config`, with logits
-        for up to `sequences` rows."""
+        for up to `sequences` rows; `staged`: the model is split across contexts (each stage
+        has a workspace of these sizes)."""
         c = config
         q_width, kv_width = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         slots = c.n_expert_used
@@ -65,7 +70,8 @@ class Workspace:
         s = sequences
         return {"step": 8 * n, "ids": 4 * n, "rows": 4 * s, **{name: 4 * n * width for name, width in rows.items()},
                 "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,
-                "top_values": 4 * MAX_K * s, "step_alt": 8, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32) * s}
+                "top_values": 4 * MAX_K * s, "step_alt": 8, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32) * s,
+                "handoff": 4 * n * c.n_embd if staged else 0}
 
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape, sequences: int = 1) -> dict[str, int]:
@@ -83,8 +89,8 @@ class Workspace:
                 if grouped else 0}
 
     @classmethod
-    def allocate(cls, ctx, config, n: int, shape, sequences: int = 1) -> Workspace:
-        sizes = cls.sizes(config, n, sequences) | cls.kernel_sizes(ctx, config, n, shape, sequences)
+    def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, staged: bool = False) -> Workspace:
+        sizes = cls.sizes(config, n, sequences, staged) | cls.kernel_sizes(ctx, config, n, shape, sequences)
         buffers = {name: (ctx.alloc_host if name in cls.HOST_VISIBLE else ctx.alloc)(nbytes) if nbytes else None
                    for name, nbytes in sizes.items()}
         workspace = cls(**buffers)

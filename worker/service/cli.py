@@ -2,6 +2,7 @@
 
 Imports stay inside the command function: `vkllm --help` loads neither RQ nor the engine."""
 from vkllm.config import CommandDefaults
+from worker.tools.devices import add_device_arguments
 
 
 def register(sub) -> None:
@@ -19,10 +20,11 @@ def register(sub) -> None:
                    help="address /metrics listens on (default: VKLLM_METRICS_HOST or 0.0.0.0)")
     p.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between heartbeats")
     p.add_argument("--burst", action="store_true", help="quit when the queues are empty")
+    add_device_arguments(p)
     p.set_defaults(func=_worker)
 
 
 def _worker(args):
-    from worker.engine.config import Settings
     from worker.service.worker import serve
-    return serve(args, Settings.from_env())
+    from worker.tools.devices import settings
+    return serve(args, settings(args))

@@ -14,6 +14,8 @@ from prometheus_client import (
 from worker.engine.generation import Timings
 
 LABELS = ("model", "worker")
+# a device's place in its model's layer split ("0" unsplit): two contexts may share one GPU
+DEVICE_LABELS = (*LABELS, "device")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 JOB_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
@@ -34,8 +36,10 @@ class WorkerMetrics:
                               LABELS, buckets=TOKEN_BUCKETS, registry=r)
         self.job_duration = Histogram("vkllm_job_duration_seconds", "Wall time of a job on the worker.",
                                       LABELS, buckets=JOB_BUCKETS, registry=r)
-        self.vram_used = Gauge("vkllm_vram_used_bytes", "Device memory used.", LABELS, registry=r)
-        self.vram_total = Gauge("vkllm_vram_total_bytes", "Device memory budget.", LABELS, registry=r)
+        self.vram_used = Gauge("vkllm_vram_used_bytes", "Device memory used, per device of the model's split.",
+                               DEVICE_LABELS, registry=r)
+        self.vram_total = Gauge("vkllm_vram_total_bytes", "Device memory budget, per device of the model's "
+                                "split.", DEVICE_LABELS, registry=r)
         self.kv_usage = Gauge("vkllm_kv_cache_usage_ratio", "Share of the KV cache in use (0-1).",
                               LABELS, registry=r)
         self.model_loaded = Gauge("vkllm_model_loaded", "1 while the model is resident.", LABELS, registry=r)
@@ -53,13 +57,15 @@ class WorkerMetrics:
 
     def loaded(self, model: str, stats: dict) -> None:
         for metric in self._all:
-            metric.labels(model, self.worker)
+            if metric not in (self.vram_used, self.vram_total):
+                metric.labels(model, self.worker)
         self.model_loaded.labels(model, self.worker).set(1)
         self.device_stats(model, stats)
 
     def device_stats(self, model: str, stats: dict) -> None:
-        self.vram_used.labels(model, self.worker).set(stats["vram_used_bytes"])
-        self.vram_total.labels(model, self.worker).set(stats["vram_total_bytes"])
+        for i, device in enumerate(stats["devices"]):
+            self.vram_used.labels(model, self.worker, str(i)).set(device["vram_used_bytes"])
+            self.vram_total.labels(model, self.worker, str(i)).set(device["vram_total_bytes"])
         self.kv_usage.labels(model, self.worker).set(stats["kv_cache_usage_ratio"])
 
     def batch(self, model: str, stats: dict) -> None:

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from worker.engine.config import Settings
+from worker.tools.devices import add_device_arguments, settings
 
 
 def register(sub):
@@ -23,6 +23,7 @@ def register(sub):
     p.add_argument("--batch", type=lambda text: [int(n) for n in text.split(",")], metavar="N,N,...",
                    help="instead: aggregate decode tokens/s of N sequences decoded together "
                         "(prompts of -p tokens, -n tokens each)")
+    add_device_arguments(p)
     p.set_defaults(func=run)
     kinds = p.add_subparsers(dest="bench_command")
     from worker.tools import bench_kernels
@@ -72,7 +73,7 @@ def run(args):
     if args.batch:
         from worker.tools import bench_batch
         for path in args.model:
-            engine = bench_batch.load(path, Settings.from_env(), args.batch, args.n_prompt, args.n_gen)
+            engine = bench_batch.load(path, settings(args), args.batch, args.n_prompt, args.n_gen)
             try:
                 print(f"{path}: {args.n_prompt}-token prompts, {args.n_gen} tokens each", flush=True)
                 bench_batch.run(engine, args.batch, args.n_prompt, args.n_gen, args.repetitions)
@@ -102,7 +103,7 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
     from worker.engine.engine import Engine
     from worker.engine.modelfile import ModelFile
     from worker.tools.roofline import read_bandwidth
-    engine = Engine.load(path, Settings.from_env(), n_ctx=args.n_prompt + args.n_gen + 16,
+    engine = Engine.load(path, settings(args), n_ctx=args.n_prompt + args.n_gen + 16,
                          max_batch=min(512, args.n_prompt))
     try:
         per_token = weight_bytes_per_token(ModelFile.open(path))

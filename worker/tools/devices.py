@@ -1,15 +1,30 @@
-"""`vkllm devices` and `vkllm shaders build`."""
+"""`vkllm devices` and `vkllm shaders build`; the --devices/--split arguments of the commands that load models."""
 from pathlib import Path
 
-from worker.engine.config import Settings
+from worker.engine.config import Settings, placed
 
 
 def register(sub):
-    devices = sub.add_parser("devices", help="list Vulkan devices and the one vkllm would use")
+    devices = sub.add_parser("devices", help="list Vulkan devices and the ones vkllm would use")
     devices.set_defaults(func=_devices)
     shaders = sub.add_parser("shaders", help="shader cache").add_subparsers(dest="shaders_command", required=True)
     build = shaders.add_parser("build", help="compile every shader variant into the cache")
     build.set_defaults(func=_build)
+
+
+def add_device_arguments(p):
+    """--devices and --split, for the commands that load models (`worker`, `generate`, `bench`,
+    `models inspect`); read with `settings(args)`."""
+    p.add_argument("--devices", default=None, metavar="I,J,...",
+                   help="split the layers across these Vulkan devices (indices or names, in order; one may "
+                        "repeat for several contexts on it; default: VKLLM_DEVICES, else one device)")
+    p.add_argument("--split", default=None, metavar="A,B,...",
+                   help="each device's share of the layers (default: VKLLM_SPLIT, else by free memory)")
+
+
+def settings(args) -> Settings:
+    """The environment's settings with the command's --devices and --split."""
+    return placed(Settings.from_env(), args.devices, args.split)
 
 
 def _devices(args):
@@ -17,9 +32,10 @@ def _devices(args):
     settings = Settings.from_env()
     instance = vkdevice.create_instance(validation=False)
     candidates = vkdevice.list_devices(instance)
-    chosen, _ = vkdevice.choose_device(candidates, settings.device)
+    chosen = {vkdevice.choose_device(candidates, wanted)[0].index
+              for wanted in settings.devices or (settings.device,)}
     for info, _ in candidates:
-        print(("* " if info is chosen else "  ") + info.describe())
+        print(("* " if info.index in chosen else "  ") + info.describe())
 
 
 def _build(args):

@@ -2,7 +2,7 @@
 import sys
 
 from vkllm.sampling_defaults import SERVER, describe
-from worker.engine.config import Settings
+from worker.tools.devices import add_device_arguments, settings
 
 
 def register(sub):
@@ -17,6 +17,7 @@ def register(sub):
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=None, help=describe(name))
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_device_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -24,7 +25,7 @@ def run(args):
     from vkllm.sampling_defaults import fill
     from worker.engine.engine import Engine
     from worker.engine.sampling import SamplingParams
-    engine = Engine.load(args.model, Settings.from_env(), n_ctx=args.ctx_size, progress=sys.stderr.isatty())
+    engine = Engine.load(args.model, settings(args), n_ctx=args.ctx_size, progress=sys.stderr.isatty())
     try:
         chosen = {name: getattr(args, name) for name in SERVER}
         params = SamplingParams(**fill(chosen, engine.sampling_defaults), seed=args.seed,

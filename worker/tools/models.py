@@ -4,6 +4,7 @@ from collections import defaultdict
 
 from worker.engine.config import Settings
 from worker.engine.memplan import human_bytes as _size
+from worker.tools.devices import add_device_arguments
 
 
 def register(sub):
@@ -14,6 +15,7 @@ def register(sub):
     inspect.add_argument("file")
     inspect.add_argument("-c", "--ctx", type=int, help="context for the memory plan "
                          "(default: the model's context length)")
+    add_device_arguments(inspect)
     inspect.set_defaults(func=_inspect)
 
     fetch = cmds.add_parser("fetch-demo", help="put SmolLM2-135M-Instruct into the models folder")
@@ -31,8 +33,8 @@ def register(sub):
 
 
 def _device(settings, config, n_ctx: int):
-    """(free bytes, device description, bytes of the kernels' scratch on it), or (None, why not,
-    0): without a device the plan leaves out the kernels' scratch, which depends on it."""
+    """(free bytes, device description, bytes of the kernels' scratch on it, its index), or (None,
+    why not, 0, None): without a device the plan leaves out the kernels' scratch, which depends on it."""
     try:
         from worker.engine.kernels.shapes import AttentionShape
         from worker.engine.memplan import PREFILL_CHUNK
@@ -41,15 +43,16 @@ def _device(settings, config, n_ctx: int):
         ctx = Context(settings)
         try:
             used, total = ctx.memory_budget()
+            index = ctx.info.index
             shape = AttentionShape.from_config(config, n_ctx)
             scratch = sum(Workspace.kernel_sizes(ctx, config, PREFILL_CHUNK, shape).values())
         finally:
             ctx.close()
     except ImportError as e:
-        return None, f"unavailable ({e})", 0
+        return None, f"unavailable ({e})", 0, None
     except Exception as e:   # no driver, no device: inspect still shows the plan
-        return None, f"unavailable ({type(e).__name__}: {e})", 0
-    return total - used, f"{_size(total - used)} free of {_size(total)}", scratch
+        return None, f"unavailable ({type(e).__name__}: {e})", 0, None
+    return total - used, f"{_size(total - used)} free of {_size(total)}", scratch, index
 
 
 def _inspect(args):
@@ -94,8 +97,12 @@ def _inspect(args):
     print("quant mix")
     for name, (count, n_bytes) in sorted(mix.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:7} {count:5} tensors  {_size(n_bytes):>12}")
-    settings = Settings.from_env()
-    budget, device, kernel_scratch = _device(settings, c, n_ctx)
+    from worker.tools.devices import settings as command_settings
+    settings = command_settings(args)
+    if settings.devices is not None:
+        _inspect_split(model, n_ctx, settings)
+        return
+    budget, device, kernel_scratch, _ = _device(settings, c, n_ctx)
     plan = MemoryPlan.compute(model, c, n_ctx, kernel_scratch=kernel_scratch)
     print(f"memory plan     n_ctx {n_ctx}: weights {_size(plan.weights_bytes)} + KV cache "
           f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}")
@@ -111,6 +118,45 @@ def _inspect(args):
                             settings.max_sequences, settings.kv_type)
         print(f"batching        {pool.sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
               f"{settings.kv_type} KV pool of {pool.kv_tokens} tokens = {_size(pool.kv_bytes)}")
+
+
+def _inspect_split(model, n_ctx: int, settings):
+    """The plan of each device of settings.devices: the layers it takes (by settings.split, else
+    in proportion to free memory) and what it holds; refused, naming the largest context that
+    fits them all, when the model cannot be placed."""
+    from dataclasses import replace
+
+    from vkllm.errors import VkllmError
+    from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan, check_split, layer_range, layer_shares, plan_split
+    from worker.engine.placement import shared_budgets, split_layers
+    c = model.config
+    devices = [_device(replace(settings, device=d), c, n_ctx) for d in settings.devices]
+    known = all(budget is not None for budget, *_ in devices)
+    budgets = shared_budgets([budget for budget, *_ in devices], [index for *_, index in devices]) if known \
+        else [1 << 62] * len(devices)
+    ranges = split_layers(c.n_layer, settings.split or (layer_shares(model, budgets) if known else [1] * len(devices)))
+    scratch = max(kernel_scratch for _, _, kernel_scratch, _ in devices)
+    plans = [MemoryPlan.compute(model, c, n_ctx, kernel_scratch=scratch, layers=layers, first=i == 0,
+                                last=i == len(ranges) - 1) for i, layers in enumerate(ranges)]
+    print(f"memory plan     n_ctx {n_ctx}, layers split across {len(ranges)} devices")
+    for i, (plan, budget, (_, device, _, _)) in enumerate(zip(plans, budgets, devices)):
+        share = f"{_size(budget)} of the device's " if known else ""
+        print(f"  device {i} ({settings.devices[i]}): {layer_range(ranges[i])}{' + embeddings' if i == 0 else ''}"
+              f"{' + output' if i == len(ranges) - 1 else ''}: weights {_size(plan.weights_bytes)} + KV cache "
+              f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}; "
+              f"budget {share}{device}")
+    if not known:
+        return
+    try:
+        check_split(plans, budgets)
+    except VkllmError as e:
+        print(f"fits            no: {e}")
+        return
+    print("fits            yes")
+    pool = plan_split(model, c, n_ctx, n_ctx, (PREFILL_CHUNK,), budgets, ranges, lambda chunk, n: scratch,
+                      settings.max_sequences, settings.kv_type)[0]
+    print(f"batching        {pool.sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
+          f"{settings.kv_type} KV pool of {pool.kv_tokens} tokens on every device")
 
 
 def _sampling(model, n_ctx: int) -> str:

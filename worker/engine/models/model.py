@@ -13,7 +13,10 @@ model holds the weights and reads and writes the paged KV cache it is given
 (worker/engine/kvcache.py); everything else a pass writes is in the Workspace the caller passes
 (worker/engine/workspace.py). A pass's tokens may belong to several sequences: each token's
 sequence slot and position are in the step buffer, and the logits are computed for the last
-token, or, in a batched pass, for the rows the workspace's `rows` names.
+token, or, in a batched pass, for the rows the workspace's `rows` names. Split across contexts
+(worker/engine/placement.py), each layer's tensors are on its stage's context and a pass is
+recorded stage by stage (`record_forward(..., stage)`), the hidden state handed between them
+through the workspaces' `handoff` (worker/engine/staged.py).
 """
 import re
 from math import prod
@@ -78,100 +81,129 @@ def mat_vec_keys(model_file) -> set:
 
 
 class Model:
-    def __init__(self, ctx, model_file, config, n_ctx: int, kv, progress=None,
-                 mat_vec_shapes: tuple[dict, dict] | None = None, coopmat_tiles: dict | None = None):
-        """`mat_vec_shapes`: (type, rows, K) -> tuned mat-vec shape (worker/engine/kernels/tuning.py)
-        of the weights in `mat_vec_keys`, and of the gates in `glu_keys` through the fused gate+up
-        kernel; the others keep the fixed shape. `coopmat_tiles`: the same keys -> tuned
-        cooperative-matrix mat-mat tile (worker/engine/kernels/tile_tuning.py)."""
-        self.ctx, self.config, self.n_ctx, self.kv = ctx, config, n_ctx, kv
-        self.mat_vec_shapes, self.glu_shapes = mat_vec_shapes or ({}, {})
-        self.coopmat_tiles = coopmat_tiles or {}
+    def __init__(self, placement, model_file, config, n_ctx: int, kv, progress=None,
+                 mat_vec_shapes: list[tuple[dict, dict]] | None = None, coopmat_tiles: list[dict] | None = None):
+        """`placement`: the Stages (worker/engine/placement.py) whose contexts hold each layer's
+        tensors; the embedding table goes to the first, the other global tensors (output norm
+        and head) to the last, and a tied embedding table to both. `mat_vec_shapes`, one per
+        stage (tuned on its device): (type, rows, K) -> tuned mat-vec shape
+        (worker/engine/kernels/tuning.py) of the weights in `mat_vec_keys`, and of the gates in
+        `glu_keys` through the fused gate+up kernel; the others keep the fixed shape.
+        `coopmat_tiles`, one per stage: the same keys -> tuned cooperative-matrix mat-mat tile
+        (worker/engine/kernels/tile_tuning.py)."""
+        self.stages, self.config, self.n_ctx, self.kv = placement, config, n_ctx, kv
+        first, last = placement[0].ctx, placement[-1].ctx
+        # context -> (mat-vec shapes, gate+up shapes, coopmat tiles) its tensors run with
+        self._tuned = {id(stage.ctx): (*(mat_vec_shapes[stage.index] if mat_vec_shapes else ({}, {})),
+                                       coopmat_tiles[stage.index] if coopmat_tiles else {})
+                       for stage in placement}
+        self._owned: list[tuple[object, object]] = []   # (context, buffer or DeviceTensor)
         self.layers = [dict() for _ in range(config.n_layer)]
+        layer_ctx = [stage.ctx for stage in placement for _ in stage.layers]
         self.globals = {}
         tensors = model_file.tensors
         fused = {name: i for i in range(config.n_layer) for name in qkv_members(tensors, i)}
         for name, info in tensors.items():
             if name == "rope_freqs.weight" or name in fused:  # config.rope_freq_factors; _upload_qkv
                 continue
-            tensor = self._upload(info)
             match = _LAYER_TENSOR.match(name)
             if match:
                 layer, base, kind = match.groups()
-                self.layers[int(layer)][base if kind == "weight" else f"{base}.bias"] = tensor
+                self.layers[int(layer)][base if kind == "weight" else f"{base}.bias"] = \
+                    self._upload(layer_ctx[int(layer)], info)
             else:
-                self.globals[name.removesuffix(".weight")] = tensor
+                self.globals[name.removesuffix(".weight")] = self._upload(
+                    first if name == "token_embd.weight" else last, info)
             if progress is not None:
                 progress(info.n_bytes)
         for i in sorted(set(fused.values())):
             infos = [tensors[name] for name in qkv_members(tensors, i)]
-            self._upload_qkv(self.layers[i], infos)
+            self._upload_qkv(layer_ctx[i], self.layers[i], infos)
             if progress is not None:
                 progress(sum(info.n_bytes for info in infos))
-        self.output = self.globals.get("output", self.globals["token_embd"])
-        # one buffer per distinct set of rope factors (local and global layers may differ)
-        factors = {config.layer_rope_freq_factors(i) for i in range(config.n_layer)} - {None}
-        self.freq_buffers = {f: self._upload_f32(np.asarray(f, np.float32)) for f in factors}
-        self.freq_factors = [self.freq_buffers.get(config.layer_rope_freq_factors(i))
-                             for i in range(config.n_layer)]
+        self.output = self.globals["output"] if "output" in self.globals else (
+            self.globals["token_embd"] if first is last else self._upload(last, tensors["token_embd.weight"]))
+        # one buffer per distinct set of rope factors (local and global layers may differ) per context
+        self.freq_factors = [None] * config.n_layer
+        buffers = {}
+        for i in range(config.n_layer):
+            factors = config.layer_rope_freq_factors(i)
+            if factors is not None:
+                key = (id(layer_ctx[i]), factors)
+                if key not in buffers:
+                    buffers[key] = self._upload_f32(layer_ctx[i], np.asarray(factors, np.float32))
+                self.freq_factors[i] = buffers[key]
         self.attention_shape = AttentionShape.from_config(config, n_ctx)
         self.layer_shapes = [AttentionShape.from_config(config, n_ctx, i) for i in range(config.n_layer)]
 
-    def _upload(self, info):
+    def _upload(self, ctx, info):
         if not _is_matrix(info):
-            return self._upload_f32(info.data.view(np.float32))
-        tensor = upload_tensor(self.ctx, info.name, info.ggml_type, info.shape, info.data)
+            return self._upload_f32(ctx, info.data.view(np.float32))
+        tensor = upload_tensor(ctx, info.name, info.ggml_type, info.shape, info.data)
+        self._owned.append((ctx, tensor))
         key = (tensor.ggml_type, tensor.rows, tensor.cols)
-        tensor.mat_vec_shape, tensor.glu_shape = self.mat_vec_shapes.get(key), self.glu_shapes.get(key)
-        tensor.coopmat_tile = self.coopmat_tiles.get(key)
+        shapes, glu_shapes, tiles = self._tuned[id(ctx)]
+        tensor.mat_vec_shape, tensor.glu_shape = shapes.get(key), glu_shapes.get(key)
+        tensor.coopmat_tile = tiles.get(key)
         return tensor
 
-    def _upload_qkv(self, layer: dict, infos):
+    def _upload_qkv(self, ctx, layer: dict, infos):
         """Q and K (and V) as one tensor and its views, or one by one where they cannot be."""
         names = [_LAYER_TENSOR.match(info.name).group(2) for info in infos]
-        joined = upload_rows(self.ctx, f"{infos[0].name} and its K/V", infos[0].ggml_type,
+        joined = upload_rows(ctx, f"{infos[0].name} and its K/V", infos[0].ggml_type,
                              [info.shape for info in infos], [info.data for info in infos])
         if joined is None:
-            layer.update({name: self._upload(info) for name, info in zip(names, infos)})
+            layer.update({name: self._upload(ctx, info) for name, info in zip(names, infos)})
             return
         fused, views = joined
-        fused.mat_vec_shape = self.mat_vec_shapes.get((fused.ggml_type, fused.rows, fused.cols))
+        self._owned.append((ctx, fused))
+        shapes, _, tiles = self._tuned[id(ctx)]
+        fused.mat_vec_shape = shapes.get((fused.ggml_type, fused.rows, fused.cols))
         for view in views:   # alone they serve prefill's mat-mat products
             key = (view.ggml_type, view.rows, view.cols)
-            view.mat_vec_shape, view.coopmat_tile = self.mat_vec_shapes.get(key), self.coopmat_tiles.get(key)
+            view.mat_vec_shape, view.coopmat_tile = shapes.get(key), tiles.get(key)
         layer["attn_qkv"] = fused
         layer.update(zip(names, views))
 
-    def _upload_f32(self, array):
-        buffer = self.ctx.alloc(array.nbytes)
-        self.ctx.upload(buffer, array)
+    def _upload_f32(self, ctx, array):
+        buffer = ctx.alloc(array.nbytes)
+        ctx.upload(buffer, array)
+        self._owned.append((ctx, buffer))
         return buffer
 
     def free(self):
-        """Returns every buffer of this model to the context (which may serve other models); the
+        """Returns every buffer of this model to its context (which may serve other models); the
         KV cache is its owner's."""
-        tensors = [*self.globals.values(), *(t for layer in self.layers for t in layer.values())]
-        for t in tensors:
+        for ctx, t in self._owned:
             if isinstance(t, DeviceTensor):
-                free_tensor(self.ctx, t)
+                free_tensor(ctx, t)
             else:
-                self.ctx.free(t)
-        for buffer in self.freq_buffers.values():
-            self.ctx.free(buffer)
+                ctx.free(t)
+        self._owned = []
 
     # -- the forward pass ------------------------------------------------------------------------
-    def record_forward(self, rec, ws, n: int, logits, all_logits: bool = False, ids=None, step=None,
-                       rows: int | None = None):
-        """Tokens in `ids` (default ws.ids) with the (slot, position) pairs of `step` (default
-        ws.step) -> logits of the last token, of all (all_logits), or of the `rows` tokens that
-        ws.rows names (a batched pass; 0: no logits)."""
+    def record_forward(self, rec, ws, stage, n: int, logits=None, all_logits: bool = False, ids: str = "ids",
+                       step: str = "step", rows: int | None = None):
+        """Stage `stage`'s part of the pass, into its recording `rec` over its workspace `ws`:
+        tokens in the workspace's buffer named `ids` (the first stage's) with the (slot, position)
+        pairs of the one named `step` -> logits of the last token, of all (all_logits), or of the
+        `rows` tokens that ws.rows names (a batched pass; 0: no logits), into `logits` (the last
+        stage's). A stage after the first starts from the hidden state in ws.handoff, one before
+        the last leaves its own there; the host copies it across (Runner)."""
         assert n <= ws.n and (rows is None or rows <= ws.sequences)
         c = self.config
-        get_rows(rec, self.globals["token_embd"], ws.ids if ids is None else ids, ws.x, n, c.embedding_scale)
+        if stage.first:
+            get_rows(rec, self.globals["token_embd"], getattr(ws, ids), ws.x, n, c.embedding_scale)
+        else:
+            rec.copy(ws.handoff, ws.x, 4 * n * c.n_embd)
         rec.barrier()
-        for i, layer in enumerate(self.layers):
-            self.record_attention(rec, ws, ws.step if step is None else step, i, layer, n)
+        for i in stage.layers:
+            layer = self.layers[i]
+            self.record_attention(rec, ws, getattr(ws, step), i, layer, n)
             self.record_ffn(rec, ws, layer, n)
+        if not stage.last:
+            rec.copy(ws.x, ws.handoff, 4 * n * c.n_embd)
+            return
         if rows == 0:
             return
         if rows is not None:

@@ -1,0 +1,49 @@
+"""A recorded forward pass as one command buffer per stage (worker/engine/placement.py),
+submitted in stage order. Between two stages the host waits on the earlier one's fence and
+copies the hidden state from its workspace's host-visible `handoff` into the next one's: each
+stage's context is its own VkDevice (even two on one physical device), and a Vulkan semaphore
+or buffer belongs to one device (external semaphores and memory could lift that; not used).
+Before the first submission the host-written inputs of the first stage's workspace that later
+stages read (step values, logits rows) are copied to theirs. With one stage a pass is one
+submission and nothing is copied: the unsplit path."""
+
+
+class StagedPass:
+    def __init__(self, recordings: list, workspaces: list, handoff_bytes: int, inputs: dict[str, int]):
+        """`recordings`: one finished Recording per stage; `inputs`: workspace buffer name ->
+        bytes that the host writes into the first stage's and the later stages read too."""
+        self.recordings, self._workspaces = recordings, workspaces
+        self._handoff_bytes, self._inputs = handoff_bytes, inputs
+
+    def submit(self, fences: list):
+        """Queues the pass (`fences`: one per stage); returns once its last stage is queued."""
+        first = self._workspaces[0]
+        for ws in self._workspaces[1:]:
+            for name, nbytes in self._inputs.items():
+                getattr(ws, name).view()[:nbytes] = getattr(first, name).view()[:nbytes]
+        for s, rec in enumerate(self.recordings):
+            if s:
+                self.recordings[s - 1].ctx.wait(fences[s - 1])
+                n = self._handoff_bytes
+                self._workspaces[s].handoff.view()[:n] = self._workspaces[s - 1].handoff.view()[:n]
+            rec.ctx.submit(rec, fences[s])
+
+    def wait(self, fences: list):
+        """Waits for the last stage (the earlier ones were waited on by `submit`)."""
+        self.recordings[-1].ctx.wait(fences[-1])
+
+    def run(self, fences: list):
+        self.submit(fences)
+        self.wait(fences)
+
+    def timings_ns(self) -> list[tuple[str, float]]:
+        """Every stage's (label, ns) in order (Recording.timings_ns)."""
+        return [timing for rec in self.recordings for timing in rec.timings_ns()]
+
+    def gpu_seconds(self) -> float:
+        """GPU time of the stages' forward passes (each stage's first timing), host hand-offs excluded."""
+        return sum(rec.timings_ns()[0][1] for rec in self.recordings) * 1e-9
+
+    def destroy(self):
+        for rec in self.recordings:
+            rec.destroy()
