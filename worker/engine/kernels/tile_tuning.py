@@ -12,11 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from worker.engine.kernels.matmul import COOPMAT_TILES, coopmat_shape, paths
-from worker.engine.kernels.tensor import free_tensor, upload_tensor
-from worker.engine.kernels.timing import random_weights, record_products
-from worker.engine.kernels.tunecache import TuneCache, time_candidates
+from worker.engine.kernels.timing import record_products
+from worker.engine.kernels.tunecache import TuneCache, time_on_copies
 from worker.engine.kernels.tuning import Key, wanted
-from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +75,13 @@ class TileTuner:
     def measure(self, key: Key) -> dict[Tile, float]:
         """Median seconds of one product at n columns with each candidate tile."""
         ctx, n = self.ctx, self.n
-        qtype, rows, cols = key
-        data = random_weights(qtype, rows * row_bytes(qtype, cols))
-        x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
-        ctx.upload(x, np.random.default_rng(0).standard_normal(cols * n).astype(np.float32))
-        weights, recordings = [], {}
-        try:
-            for i in range(COPIES):
-                weights.append(upload_tensor(ctx, f"tile{i}", qtype, (cols, rows), data))
+        _, rows, cols = key
+        x_values = np.random.default_rng(0).standard_normal(cols * n).astype(np.float32)
+
+        def records(weights, x, y):
             for tile in candidates(ctx.info):
-                recordings[tile] = record_products(ctx, [replace(w, coopmat_tile=tile) for w in weights], x, y, n)
-            medians = time_candidates(ctx, recordings, WARMUP_SECONDS, RUNS)
-        finally:
-            for rec in recordings.values():
-                rec.destroy()
-            for w in weights:
-                free_tensor(ctx, w)
-            ctx.free(x)
-            ctx.free(y)
+                yield tile, record_products(ctx, [replace(w, coopmat_tile=tile) for w in weights], x, y, n)
+        medians = time_on_copies(ctx, key, COPIES, x_values, 4 * rows * n, records, WARMUP_SECONDS, RUNS)
         self.measured += 1
         return medians
 

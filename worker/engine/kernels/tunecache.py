@@ -9,8 +9,12 @@ import os
 import statistics
 from pathlib import Path
 
-from worker.engine.kernels.timing import replay_for
+import numpy as np
+
+from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.kernels.timing import random_weights, replay_for
 from worker.engine.shaderbuild import load_spirv
+from worker.engine.weight_types import row_bytes
 
 
 class TuneCache:
@@ -37,6 +41,31 @@ class TuneCache:
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
         tmp.replace(self.path)
+
+
+def time_on_copies(ctx, key, copies: int, x_values: np.ndarray, y_bytes: int, records,
+                   warmup_seconds: float, runs: int) -> dict:
+    """candidate -> median seconds (time_candidates) of the products that records(weights, x, y)
+    yields as (candidate, Recording) pairs, over `copies` uploads of one random weight of `key`
+    (type, rows, K), x holding x_values and y of y_bytes; everything is freed after."""
+    qtype, rows, cols = key
+    data = random_weights(qtype, rows * row_bytes(qtype, cols))
+    x, y = ctx.alloc(x_values.nbytes), ctx.alloc(y_bytes)
+    ctx.upload(x, x_values)
+    weights, recordings = [], {}
+    try:
+        for i in range(copies):
+            weights.append(upload_tensor(ctx, f"tune{i}", qtype, (cols, rows), data))
+        for candidate, rec in records(weights, x, y):
+            recordings[candidate] = rec
+        return time_candidates(ctx, recordings, warmup_seconds, runs)
+    finally:
+        for rec in recordings.values():
+            rec.destroy()
+        for w in weights:
+            free_tensor(ctx, w)
+        ctx.free(x)
+        ctx.free(y)
 
 
 def time_candidates(ctx, recordings: dict, warmup_seconds: float, runs: int) -> dict:

@@ -27,9 +27,8 @@ from worker.engine.kernels.matmul import (
     GPU_MAT_VEC_SHAPE,
     MAT_VEC_MAX_COLS,
 )
-from worker.engine.kernels.tensor import free_tensor, upload_tensor
-from worker.engine.kernels.timing import random_weights, record_glu_products, record_products
-from worker.engine.kernels.tunecache import TuneCache, time_candidates
+from worker.engine.kernels.timing import record_glu_products, record_products
+from worker.engine.kernels.tunecache import TuneCache, time_on_copies
 from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)
@@ -118,29 +117,16 @@ class MatVecTuner:
         candidate shape."""
         ctx, budget = self.ctx, self.budget
         qtype, rows, cols = key
-        nbytes = rows * row_bytes(qtype, cols)
         used, total = ctx.memory_budget()
         rotation = min(budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
-        copies = min(MAX_COPIES, max(2, cdiv(rotation, nbytes)))
-        data = random_weights(qtype, nbytes)
-        x, y = ctx.alloc(4 * cols), ctx.alloc(4 * rows)
-        ctx.upload(x, np.ones(cols, np.float32))
-        weights, recordings = [], {}
-        try:
-            for i in range(copies):
-                weights.append(upload_tensor(ctx, f"tune{i}", qtype, (cols, rows), data))
-            record = record_glu_products if glu else record_products
+        copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, cols))))
+        record = record_glu_products if glu else record_products
+
+        def records(weights, x, y):
             for shape in candidates(ctx.info):
-                recordings[shape] = record(ctx, [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights],
-                                           x, y)
-            medians = time_candidates(ctx, recordings, budget.warmup_seconds, budget.runs)
-        finally:
-            for rec in recordings.values():
-                rec.destroy()
-            for w in weights:
-                free_tensor(ctx, w)
-            ctx.free(x)
-            ctx.free(y)
+                yield shape, record(ctx, [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights], x, y)
+        medians = time_on_copies(ctx, key, copies, np.ones(cols, np.float32), 4 * rows, records,
+                                 budget.warmup_seconds, budget.runs)
         self.measured += 1
         return medians
 
