@@ -37,15 +37,23 @@ def run_attention(dev, rng, tokens, lengths, n_head, n_head_kv, head_dim, n_ctx,
     n_tokens = len(tokens)
     q = f32(rng, n_tokens, n_head, head_dim)
     shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, window=window)
+    got = attention_out(dev, paged, q, shape, tokens, splits)
+    expected = np.stack([attention_reference(q[t], *seqs[s], pos, head_dim ** -0.5, window)
+                         for t, (s, pos) in enumerate(tokens)])
+    return got, expected
+
+
+def attention_out(dev, paged, q, shape, tokens, splits, sinks=None) -> np.ndarray:
+    """The attention kernel over `paged` for queries q [n_tokens, n_head, head_dim] at `tokens`
+    ((sequence, position) each), with the scratch its splits need; its output, shaped as q."""
+    n_tokens = len(tokens)
     out = dev.empty(q.nbytes)
     nbytes = split_scratch_bytes(shape, n_tokens, splits)
     scratch = dev.empty(nbytes) if nbytes else None
     cache, step = paged.cache(), step_buffer(dev, tokens)
-    dev.run(lambda rec: attention(rec, shape, dev.put(q), cache, out, step, n_tokens, scratch, splits=splits))
-    got = dev.get(out, count=q.size).reshape(q.shape)
-    expected = np.stack([attention_reference(q[t], *seqs[s], pos, head_dim ** -0.5, window)
-                         for t, (s, pos) in enumerate(tokens)])
-    return got, expected
+    dev.run(lambda rec: attention(rec, shape, dev.put(q), cache, out, step, n_tokens, scratch, splits=splits,
+                                  sinks=None if sinks is None else dev.put(sinks)))
+    return dev.get(out, count=q.size).reshape(q.shape)
 
 
 CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits (None: automatic): one sequence
@@ -163,13 +171,7 @@ def test_attention_sliding_window(dev, n_tokens, pos0, window, n_ctx, splits):
     paged.fill(0, k[first_seen:], v[first_seen:], first_seen)   # older rows keep the poison
     q = f32(rng, n_tokens, n_head, head_dim)
     shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, window=window)
-    out = dev.empty(q.nbytes)
-    step = step_buffer(dev, [(0, pos0 + t) for t in range(n_tokens)])
-    nbytes = split_scratch_bytes(shape, n_tokens, splits)
-    scratch = dev.empty(nbytes) if nbytes else None
-    cache = paged.cache()
-    dev.run(lambda rec: attention(rec, shape, dev.put(q), cache, out, step, n_tokens, scratch, splits=splits))
-    got = dev.get(out, count=q.size).reshape(q.shape)
+    got = attention_out(dev, paged, q, shape, [(0, pos0 + t) for t in range(n_tokens)], splits)
     kh, vh = k.astype(np.float16), v.astype(np.float16)
     expected = np.stack([attention_reference(q[t], kh, vh, pos0 + t, head_dim ** -0.5, window)
                          for t in range(n_tokens)])

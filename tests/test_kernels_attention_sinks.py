@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tests.kernel_io import f32
-from tests.paged_io import Paged, step_buffer
-from worker.engine.kernels.attention import attention, split_scratch_bytes
+from tests.paged_io import Paged
+from tests.test_kernels_attention import attention_out
 from worker.engine.kernels.shapes import AttentionShape
 
 
@@ -43,14 +43,7 @@ def test_sinks_join_the_denominator(dev, n_tokens, pos0, n_ctx, window, splits, 
     q = f32(rng, n_tokens, n_head, head_dim)
     sinks = np.array([-2.0, 0.5, 3.0, 8.0], np.float32)   # the last above every score
     shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, window=window)
-    out = dev.empty(q.nbytes)
-    step = step_buffer(dev, [(0, pos0 + t) for t in range(n_tokens)])
-    nbytes = split_scratch_bytes(shape, n_tokens, splits)
-    scratch = dev.empty(nbytes) if nbytes else None
-    cache = paged.cache()
-    dev.run(lambda rec: attention(rec, shape, dev.put(q), cache, out, step, n_tokens, scratch,
-                                  splits=splits, sinks=dev.put(sinks)))
-    got = dev.get(out, count=q.size).reshape(q.shape)
+    got = attention_out(dev, paged, q, shape, [(0, pos0 + t) for t in range(n_tokens)], splits, sinks)
     ks, vs = paged.stored(k), paged.stored(v)
     ref = sink_reference(q, ks, vs, pos0, head_dim ** -0.5, sinks.astype(np.float64), window)
     no_sinks = sink_reference(q, ks, vs, pos0, head_dim ** -0.5, np.full(n_head, -np.inf), window)
