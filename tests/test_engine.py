@@ -27,24 +27,29 @@ def synth_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("synth")
 
 
-def _model(synth_dir, preset, mix):
-    path = synth_dir / f"{preset}-{mix}.gguf"
+def _model(synth_dir, preset, mix, seed=1):
+    path = synth_dir / f"{preset}-{mix}-{seed}.gguf"
     if not path.exists():
-        write_model(preset, path, mix=mix, seed=1)
+        write_model(preset, path, mix=mix, seed=seed)
     return path
 
 
-@pytest.mark.parametrize("preset,mix", CASES)
-def test_logits_match_numpy_reference(vk_ctx, synth_dir, preset, mix):
-    path = _model(synth_dir, preset, mix)
-    ids = np.random.default_rng(2).integers(0, ModelFile.open(path).config.vocab_size, 11).tolist()
-    engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=16)
+def reference_error(ctx, path, n_tokens: int, max_batch: int) -> float:
+    """Max |engine - numpy reference| over max |reference| of the logits of n_tokens random
+    tokens, prefilled in chunks of max_batch."""
+    ids = np.random.default_rng(2).integers(0, ModelFile.open(path).config.vocab_size, n_tokens).tolist()
+    engine = Engine.load(path, n_ctx=64, ctx=ctx, max_batch=max_batch)
     try:
         ours = engine.logits(ids)
     finally:
         engine.close()
     ref = reference_logits(ModelFile.open(path), ids)
-    err = np.abs(ours - ref).max() / np.abs(ref).max()
+    return np.abs(ours - ref).max() / np.abs(ref).max()
+
+
+@pytest.mark.parametrize("preset,mix", CASES)
+def test_logits_match_numpy_reference(vk_ctx, synth_dir, preset, mix):
+    err = reference_error(vk_ctx, _model(synth_dir, preset, mix), 11, 16)
     assert err < 2e-3, f"max relative logit error {err:.2e}"
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from refmodel import logits as reference_logits
 
+from tests.test_engine import _model, reference_error
 from worker.engine.engine import Engine
 from worker.engine.modelfile import ModelFile
 from worker.tools.synth import write_model
@@ -25,13 +26,6 @@ def synth_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("moe")
 
 
-def _model(synth_dir, preset, mix, seed=1):
-    path = synth_dir / f"{preset}-{mix}-{seed}.gguf"
-    if not path.exists():
-        write_model(preset, path, mix=mix, seed=seed)
-    return path
-
-
 def _log_softmax(logits):
     top = logits.max(-1, keepdims=True)
     return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
@@ -42,15 +36,7 @@ def _log_softmax(logits):
                                         ("tiny-gpt-oss-yarn", "MXFP4_MOE")])
 def test_logits_match_numpy_reference(vk_ctx, synth_dir, preset, mix):
     """20 tokens: past tiny-gpt-oss's 8-position window, and every expert chosen by some token."""
-    path = _model(synth_dir, preset, mix)
-    ids = np.random.default_rng(2).integers(0, ModelFile.open(path).config.vocab_size, 20).tolist()
-    engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=32)
-    try:
-        ours = engine.logits(ids)
-    finally:
-        engine.close()
-    ref = reference_logits(ModelFile.open(path), ids)
-    err = np.abs(ours - ref).max() / np.abs(ref).max()
+    err = reference_error(vk_ctx, _model(synth_dir, preset, mix), 20, 32)
     assert err < 2e-3, f"max relative logit error {err:.2e}"
 
 
