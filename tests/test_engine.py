@@ -47,6 +47,20 @@ def reference_error(ctx, path, n_tokens: int, max_batch: int) -> float:
     return np.abs(ours - ref).max() / np.abs(ref).max()
 
 
+def assert_chunked_then_decoded(ctx, path, ids, ref, prefilled: int, chunk: int, tol: float):
+    """ids[:prefilled] prefilled in chunks of `chunk`, the rest decoded one by one: the logits
+    after each step are ref's (the reference's, one row per position) within tol."""
+    engine = Engine.load(path, n_ctx=64, ctx=ctx, max_batch=chunk)
+    try:
+        engine.runner.prefill(ids[:prefilled], 0, chunk, select="logits")
+        np.testing.assert_allclose(engine.runner.read_logits(), ref[prefilled - 1], atol=tol)
+        for pos in range(prefilled, len(ids)):
+            engine.runner.decode(ids[pos], pos)
+            np.testing.assert_allclose(engine.runner.read_logits(), ref[pos], atol=tol)
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("preset,mix", CASES)
 def test_logits_match_numpy_reference(vk_ctx, synth_dir, preset, mix):
     err = reference_error(vk_ctx, _model(synth_dir, preset, mix), 11, 16)
@@ -196,15 +210,7 @@ def test_sliding_window_in_chunked_prefill_and_decode(vk_ctx, synth_dir):
     no_window = no_window_model.logits(ids)
     tol = 2e-3 * np.abs(ref).max()
     assert np.abs(no_window[-1] - ref[-1]).max() > 50 * tol
-    engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=4)
-    try:
-        engine.runner.prefill(ids[:20], 0, 4, select="logits")
-        np.testing.assert_allclose(engine.runner.read_logits(), ref[19], atol=tol)
-        for pos in range(20, 24):
-            engine.runner.decode(ids[pos], pos)
-            np.testing.assert_allclose(engine.runner.read_logits(), ref[pos], atol=tol)
-    finally:
-        engine.close()
+    assert_chunked_then_decoded(vk_ctx, path, ids, ref, 20, 4, tol)
 
 
 def test_close_returns_the_models_memory(vk_ctx, synth_dir):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from refmodel import logits as reference_logits
 
-from tests.test_engine import _model, reference_error
+from tests.test_engine import _model, assert_chunked_then_decoded, reference_error
 from worker.engine.engine import Engine
 from worker.engine.modelfile import ModelFile
 from worker.tools.synth import write_model
@@ -82,16 +82,7 @@ def test_chunked_prefill_and_decode_match_one_pass(vk_ctx, synth_dir, preset, mi
     model_file = ModelFile.open(path)
     ids = np.random.default_rng(5).integers(0, model_file.config.vocab_size, 24).tolist()
     ref = reference_logits(model_file, ids)
-    tol = 2e-3 * np.abs(ref).max()
-    engine = Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=6)
-    try:
-        engine.runner.prefill(ids[:20], 0, 6, select="logits")
-        np.testing.assert_allclose(engine.runner.read_logits(), ref[19], atol=tol)
-        for pos in range(20, 24):
-            engine.runner.decode(ids[pos], pos)
-            np.testing.assert_allclose(engine.runner.read_logits(), ref[pos], atol=tol)
-    finally:
-        engine.close()
+    assert_chunked_then_decoded(vk_ctx, path, ids, ref, 20, 6, 2e-3 * np.abs(ref).max())
 
 
 def test_inspect_shows_the_experts(synth_dir):
