@@ -33,7 +33,7 @@ from redis import Redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
-from rq import SimpleWorker, get_current_job
+from rq import Queue, SimpleWorker, get_current_job
 from rq.job import Job, JobStatus
 from rq.utils import now
 from rq.worker import WorkerStatus
@@ -48,6 +48,14 @@ from worker.service.tokenize import TokenCounter
 log = logging.getLogger(__name__)
 UNREACHABLE = (ConnectionError, TimeoutError)
 PROGRESS_INTERVAL = 0.5   # seconds between a running job's progress updates in job.meta
+# The first job of the first non-empty queue (KEYS in order), popped in one command. RQ's
+# non-blocking dequeue pops one queue after another: a chat request queued between its pop of the
+# interactive queue and its pop of the batch queue would lose its turn to a batch line.
+POP_FIRST = """for _, key in ipairs(KEYS) do
+    local id = redis.call('lpop', key)
+    if id then return {key, id} end
+end
+return false"""
 _current_worker: contextvars.ContextVar["GPUWorker"] = contextvars.ContextVar("vkllm_worker")
 
 
@@ -98,6 +106,7 @@ class GPUWorker(SimpleWorker):
         self.stream_ttl = stream_ttl
         self.last_tokens_per_second = 0.0
         self.running: dict[str, JobRun] = {}   # job id -> its run, from its start until RQ has filed it
+        self._pop_script = connection.register_script(POP_FIRST)
 
     # RQ's own heartbeat would only come between jobs; ours comes from a thread every interval.
     # RQ gives up on a job well after our liveness key expires, so that fail_orphans, which
@@ -193,14 +202,26 @@ class GPUWorker(SimpleWorker):
             queues = [q for q in self._ordered_queues if self.engines[self.model_of[q.name]].batch.room()]
             if not queues:
                 return
-            taken = self.queue_class.dequeue_any(queues, None, connection=self.connection, job_class=self.job_class,
-                                                 serializer=self.serializer,
-                                                 death_penalty_class=self.death_penalty_class)
+            taken = self._pop_first(queues)
             if taken is None:
                 return
             job, queue = taken
             self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
             self._start(job, queue)
+
+    def _pop_first(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
+        """The job at the front of the first non-empty queue, and its queue (dequeue_any's answer)."""
+        while True:
+            popped = self._pop_script(keys=[q.key for q in queues])
+            if popped is None:
+                return None
+            key, job_id = (v.decode() for v in popped)
+            # as RQ does after its pop: None for a job deleted meanwhile, so the next one is popped
+            taken = self.queue_class._fetch_dequeued_job(
+                self.connection, key, job_id, job_class=self.job_class, serializer=self.serializer,
+                death_penalty_class=self.death_penalty_class)
+            if taken is not None:
+                return taken
 
     def _step(self) -> None:
         """One step of every model's batch, then one round trip for all the jobs; then the jobs
