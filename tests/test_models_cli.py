@@ -80,6 +80,6 @@ def test_inspect_split_shows_each_devices_share_and_refuses_what_cannot_be_place
     done = vkllm("models", "inspect", str(smollm2_path), "--ctx", "1000000", "--devices", "0,0,0")
     assert done.returncode == 0, done.stderr
     assert "  device 1 (0): layers 10-19: " in done.stdout
-    assert "budget 682.67 MiB of the device's 2.00 GiB free" in done.stdout   # a third of lavapipe's heap each
+    assert "budget 682.67 MiB of the device's 2.00 GiB available" in done.stdout   # a third of lavapipe's heap each
     assert re.search(r"fits            no: model does not fit: on device 0 of the split \(layers 0-9\) it needs "
                      r"7\.22 GiB .* the largest context that fits is \d+ tokens", done.stdout), done.stdout

@@ -33,6 +33,9 @@ class Settings:
     # in order; one may repeat (two contexts on one device). None: the one of `device`.
     devices: tuple[str, ...] | None = None
     split: tuple[float, ...] | None = None   # shares of the layers per device; None: by free memory
+    # share of each device's memory the device may have in use once the models are loaded (vLLM's
+    # --gpu-memory-utilization): below 1 it leaves room for a desktop or a game on the same GPU
+    gpu_memory_utilization: float = 1.0
 
     def __post_init__(self):
         if self.split is not None and len(self.split) != len(self.devices or (self.device,)):
@@ -53,13 +56,29 @@ class Settings:
             batch_kernel=_batch_kernel(env.get("VKLLM_BATCH_KERNEL", "mat_vec")),
             devices=devices_list(env.get("VKLLM_DEVICES", "")),
             split=split_shares(env.get("VKLLM_SPLIT", "")),
+            gpu_memory_utilization=memory_utilization("VKLLM_GPU_MEMORY_UTILIZATION",
+                                                      env.get("VKLLM_GPU_MEMORY_UTILIZATION", "1")),
         )
 
 
-def placed(settings: Settings, devices: str | None, split: str | None) -> Settings:
-    """The settings with a command's --devices and --split (as typed; None: the environment's)."""
+def placed(settings: Settings, devices: str | None, split: str | None, utilization: str | None) -> Settings:
+    """The settings with a command's --devices, --split and --gpu-memory-utilization (as typed;
+    None: the environment's)."""
     devices = settings.devices if devices is None else devices_list(devices)
-    return replace(settings, devices=devices, split=settings.split if split is None else split_shares(split))
+    return replace(settings, devices=devices, split=settings.split if split is None else split_shares(split),
+                   gpu_memory_utilization=settings.gpu_memory_utilization if utilization is None
+                   else memory_utilization("--gpu-memory-utilization", utilization))
+
+
+def memory_utilization(name: str, value: str) -> float:
+    """A share of device memory: a number above 0, at most 1."""
+    try:
+        share = float(value)
+    except ValueError:
+        share = 0.0
+    if not 0 < share <= 1:
+        raise VkllmError(f"{name} must be a share of the device's memory above 0 and at most 1, not {value!r}")
+    return share
 
 
 def _tune(value: str) -> bool | None:

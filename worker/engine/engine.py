@@ -25,7 +25,14 @@ from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tile_tuning import model_tiles
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.kvcache import KVCache
-from worker.engine.memplan import MATRIX_UNIT_CHUNKS, PREFILL_CHUNK, MemoryPlan, layer_shares, plan_split
+from worker.engine.memplan import (
+    MATRIX_UNIT_CHUNKS,
+    POOL_SHARE,
+    PREFILL_CHUNK,
+    MemoryPlan,
+    layer_shares,
+    plan_split,
+)
 from worker.engine.modelfile import ModelFile
 from worker.engine.models.model import Model, glu_keys, mat_vec_keys
 from worker.engine.placement import shared_budgets, split_layers, stages
@@ -71,7 +78,8 @@ class Engine:
 
     @classmethod
     def load(cls, path, settings: Settings | None = None, n_ctx: int | None = None, ctx=None,
-             max_batch: int | None = None, progress: bool = False) -> "Engine":
+             max_batch: int | None = None, progress: bool = False, reserve: int = 0,
+             pool_share: float = POOL_SHARE) -> "Engine":
         """Opens, checks against the device's memory budget, and uploads a GGUF model. Without
         `n_ctx` the context is DEFAULT_CONTEXT, capped by the model's and by what fits. `ctx`
         shares an existing Vulkan context (tests, several models in one worker), or a list of
@@ -82,7 +90,10 @@ class Engine:
         (worker/engine/kernels/tuning.py, tile_tuning.py) before the weights are uploaded, while
         the memory they will take is free for the timing copies. `max_batch` is the prefill
         chunk; without it the memory plan picks one for the device (memplan.plan_split: bigger on
-        matrix units)."""
+        matrix units). On each device the model takes what Context.available leaves under
+        settings.gpu_memory_utilization, less its share of `reserve` (bytes kept for models loaded
+        after it), its KV pool at most `pool_share` of what one context leaves of that
+        (worker/engine/resident.py)."""
         model_file = ModelFile.open(path)
         config = model_file.config
         tokenizer = Tokenizer.from_metadata(model_file.metadata)
@@ -96,8 +107,9 @@ class Engine:
         try:
             if settings.split is not None and len(settings.split) != len(ctxs):
                 raise VkllmError(f"a split of {len(settings.split)} shares needs as many devices, not {len(ctxs)}")
-            budgets = shared_budgets([total - used for used, total in (c.memory_budget() for c in ctxs)],
+            budgets = shared_budgets([c.available(settings.gpu_memory_utilization) for c in ctxs],
                                      [c.info.index for c in ctxs])
+            budgets = [b - reserve * b // max(1, sum(budgets)) for b in budgets]
             placement = stages(ctxs, split_layers(config.n_layer, settings.split or layer_shares(model_file, budgets)))
             if max_batch is not None:
                 chunks = (max_batch,)
@@ -111,7 +123,7 @@ class Engine:
                                                                                sequences).values()) for c in ctxs),
                                sequences, settings.kv_type,
                                min(c.max_binding_range for c in ctxs)
-                               // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim))
+                               // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim), pool_share)
             # per context: kernels' shapes fit its device (two on one device share its cached timings)
             shapes = [model_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file)) for c in ctxs]
             tiles = [model_tiles(c, settings, mat_vec_keys(model_file), plans[0].chunk) for c in ctxs]

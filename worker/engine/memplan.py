@@ -39,6 +39,7 @@ SCRATCH_SHARE = 1 / 16   # of the budget, at most, for a chunk beyond the first
 POOL_SHARE = 0.9   # of the budget left after one context, what the KV pool may take beyond it
 
 
+
 def human_bytes(n: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -179,7 +180,8 @@ def check_split(plans: list[MemoryPlan], budgets: list[int]) -> None:
 
 def plan_split(model_file, config, requested: int | None, default: int, chunks: tuple[int, ...],
                budgets: list[int], ranges: list, kernel_scratch=lambda chunk, n_ctx: 0, sequences: int = 1,
-               kv_type: str = "f16", max_kv_tokens: int | None = None) -> list[MemoryPlan]:
+               kv_type: str = "f16", max_kv_tokens: int | None = None,
+               pool_share: float = POOL_SHARE) -> list[MemoryPlan]:
     """The plans to load with, one per device of `budgets`, holding the layers of `ranges` (one
     device: [None], the whole model); context, chunk and pool are the same on every device,
     limited by all. An explicit context is checked as asked; without one, the context
@@ -187,9 +189,9 @@ def plan_split(model_file, config, requested: int | None, default: int, chunks: 
     does (with the first of `chunks`, ascending). Raises what `check_split` raises when nothing
     fits. Then the largest later chunk, up to the context, whose plans keep that context within
     the budgets with their scratch at most SCRATCH_SHARE of each. `kernel_scratch(chunk, n_ctx)`:
-    bytes of the kernels' scratch. The KV pool then takes up to `sequences` contexts of what the
-    budgets leave (and at most max_kv_tokens, the devices' binding range); `sequences` is capped
-    by the pool's blocks (each sequence holds one at least)."""
+    bytes of the kernels' scratch. The KV pool then takes up to `sequences` contexts, within
+    `pool_share` of what the budgets leave (and at most max_kv_tokens, the devices' binding range);
+    `sequences` is capped by the pool's blocks (each sequence holds one at least)."""
     def compute(n_ctx, chunk, kv_tokens=None, seqs=sequences):
         return [MemoryPlan.compute(model_file, config, n_ctx, chunk, kernel_scratch(chunk, n_ctx), seqs, kv_type,
                                    kv_tokens, layers, i == 0, i == len(ranges) - 1)
@@ -216,7 +218,7 @@ def plan_split(model_file, config, requested: int | None, default: int, chunks: 
                                    for plan, budget in zip(bigger, budgets)):
             break
         plans, chunk = bigger, bigger_chunk
-    room = min(int((budget - plan.total) * POOL_SHARE) // plan.kv_bytes_per_token
+    room = min(int((budget - plan.total) * pool_share) // plan.kv_bytes_per_token
                for plan, budget in zip(plans, budgets) if plan.kv_bytes_per_token)
     kv_tokens = plans[0].kv_tokens + min((sequences - 1) * n_ctx, room)
     if max_kv_tokens is not None:

@@ -413,23 +413,14 @@ def resolve_model(spec: str, models_dir: Path) -> Path:
     raise VkllmError(f"model {spec!r} not found (as a path or in {models_dir})")
 
 
-def load_engines(specs: list[str], settings, n_ctx: int | None, load=None) -> dict:
-    """Load every model once, before serving; a model that fails to load stops the worker."""
-    if load is None:
-        from worker.engine.engine import Engine
-        load = Engine.load
-    engines = {}
-    for spec in specs:
-        engine = load(resolve_model(spec, settings.models_dir), settings, n_ctx=n_ctx)
-        engines[engine.name] = engine
-    return engines
-
-
-def serve(args, settings, load=None) -> int:
+def serve(args, settings) -> int:
     """`vkllm worker`: load the models, expose metrics, serve their queues until stopped."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     connection, link = connect(args.redis_url)
-    engines = load_engines(args.model, settings, args.n_ctx, load)
+    # every model loaded once, before serving; one that fails to load stops the worker
+    from worker.engine.resident import load_resident
+    resident = load_resident([resolve_model(spec, settings.models_dir) for spec in args.model], settings, args.n_ctx)
+    engines = {engine.name: engine for engine in resident.engines}
     # host and pid are not unique enough: a container restarted keeps both (pid 1), and RQ refuses
     # a name whose last holder was killed (its record lingers for minutes)
     name = args.name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -444,6 +435,5 @@ def serve(args, settings, load=None) -> int:
     try:
         worker.work(burst=args.burst, logging_level="INFO")
     finally:
-        for engine in engines.values():
-            engine.close()
+        resident.close()
     return 0

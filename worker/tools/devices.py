@@ -13,18 +13,21 @@ def register(sub):
 
 
 def add_device_arguments(p):
-    """--devices and --split, for the commands that load models (`worker`, `generate`, `bench`,
-    `models inspect`); read with `settings(args)`."""
+    """--devices, --split and --gpu-memory-utilization, for the commands that load models
+    (`worker`, `generate`, `bench`, `models inspect`); read with `settings(args)`."""
     p.add_argument("--devices", default=None, metavar="I,J,...",
                    help="split the layers across these Vulkan devices (indices or names, in order; one may "
                         "repeat for several contexts on it; default: VKLLM_DEVICES, else one device)")
     p.add_argument("--split", default=None, metavar="A,B,...",
                    help="each device's share of the layers (default: VKLLM_SPLIT, else by free memory)")
+    p.add_argument("--gpu-memory-utilization", default=None, metavar="SHARE",
+                   help="share of each device's memory (0 to 1) that may be in use once the models are "
+                        "loaded, the KV cache included (default: VKLLM_GPU_MEMORY_UTILIZATION, else 1)")
 
 
 def settings(args) -> Settings:
-    """The environment's settings with the command's --devices and --split."""
-    return placed(Settings.from_env(), args.devices, args.split)
+    """The environment's settings with the command's --devices, --split and --gpu-memory-utilization."""
+    return placed(Settings.from_env(), args.devices, args.split, args.gpu_memory_utilization)
 
 
 def _devices(args):

@@ -33,7 +33,7 @@ def register(sub):
 
 
 def _device(settings, config, n_ctx: int):
-    """(free bytes, device description, bytes of the kernels' scratch on it, its index), or (None,
+    """(bytes available, device description, bytes of the kernels' scratch on it, its index), or (None,
     why not, 0, None): without a device the plan leaves out the kernels' scratch, which depends on it."""
     try:
         from worker.engine.kernels.shapes import AttentionShape
@@ -42,7 +42,7 @@ def _device(settings, config, n_ctx: int):
         from worker.engine.workspace import Workspace
         ctx = Context(settings)
         try:
-            used, total = ctx.memory_budget()
+            free, (_, total) = ctx.available(settings.gpu_memory_utilization), ctx.memory_budget()
             index = ctx.info.index
             shape = AttentionShape.from_config(config, n_ctx)
             scratch = sum(Workspace.kernel_sizes(ctx, config, PREFILL_CHUNK, shape).values())
@@ -52,7 +52,8 @@ def _device(settings, config, n_ctx: int):
         return None, f"unavailable ({e})", 0, None
     except Exception as e:   # no driver, no device: inspect still shows the plan
         return None, f"unavailable ({type(e).__name__}: {e})", 0, None
-    return total - used, f"{_size(total - used)} free of {_size(total)}", scratch, index
+    limit = "" if settings.gpu_memory_utilization == 1 else f" (--gpu-memory-utilization {settings.gpu_memory_utilization:g})"
+    return free, f"{_size(free)} available of {_size(total)}{limit}", scratch, index
 
 
 def _inspect(args):

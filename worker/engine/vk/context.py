@@ -152,6 +152,13 @@ class Context:
                 return sum(budget.heapUsage[i] for i in local), total
         return self.device_pool.reserved, self.info.device_local_bytes
 
+    def available(self, utilization: float = 1.0) -> int:
+        """Bytes that may still be allocated here while at most `utilization` of the device's
+        memory is in use: that share of memory_budget's total less its usage, the free space of
+        this context's own blocks (where allocations go first) counted as available."""
+        used, total = self.memory_budget()
+        return int(total * utilization) - used + self.device_pool.reserved - self.device_pool.used
+
     def close(self):
         vk.vkDeviceWaitIdle(self.device)
         for kernel in self._kernels.values():

@@ -1,0 +1,116 @@
+"""Several models in one worker share the device's memory (worker/engine/resident.py), within the
+share of it that Settings.gpu_memory_utilization allows. The budget here is set through that
+setting on lavapipe's 2 GiB heap; each model's own plan (MemoryPlan) is the reference for what it
+holds."""
+from dataclasses import replace
+
+import pytest
+
+from vkllm.errors import VkllmError
+from worker.engine.config import Settings
+from worker.engine.engine import Engine
+from worker.engine.memplan import MemoryPlan
+from worker.engine.modelfile import ModelFile
+from worker.engine.resident import load_resident
+from worker.engine.sampling import SamplingParams
+from worker.engine.vk.context import Context
+
+N_CTX = 2048
+BUDGET = 40 << 20   # two tiny models' weights, contexts and scratch, and some 10 MiB of KV pool each
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    from worker.tools.synth import write_model
+    folder = tmp_path_factory.mktemp("resident")
+    return [write_model("tiny-llama", folder / f"{name}.gguf") for name in ("first", "second")]
+
+
+@pytest.fixture(scope="module")
+def tight(vk_settings):
+    """Settings whose utilization leaves BUDGET of lavapipe's heap to the models."""
+    ctx = Context(vk_settings)
+    try:
+        _, total = ctx.memory_budget()
+    finally:
+        ctx.close()
+    return replace(vk_settings, gpu_memory_utilization=BUDGET / total)
+
+
+def one_context_bytes(path) -> int:
+    model = ModelFile.open(path)
+    return MemoryPlan.compute(model, model.config, N_CTX).total
+
+
+def test_without_room_kept_the_first_pool_takes_what_the_second_model_needs(two_models, tight):
+    """What load_resident prevents: loaded alone, the first model's KV pool grows into 90% of
+    what its weights leave, and the second, at the same context, no longer fits."""
+    ctx = Context(tight)
+    try:
+        first = Engine.load(two_models[0], tight, n_ctx=N_CTX, ctx=ctx)
+        try:
+            assert ctx.available(tight.gpu_memory_utilization) < one_context_bytes(two_models[1])
+            with pytest.raises(VkllmError, match="model does not fit"):
+                Engine.load(two_models[1], tight, n_ctx=N_CTX, ctx=ctx)
+        finally:
+            first.close()
+    finally:
+        ctx.close()
+
+
+def test_each_model_keeps_room_for_the_next_and_both_get_a_pool(two_models, tight, vk_settings):
+    resident = load_resident(two_models, tight, N_CTX)
+    try:
+        first, second = resident.engines
+        assert [e.name for e in resident.engines] == ["first", "second"]
+        (ctx,) = resident.contexts
+        assert first.ctx is second.ctx is ctx
+        plans = [first.plans[0], second.plans[0]]
+        # together within the budget: what the device holds is what the two plans say
+        assert ctx.device_pool.used <= BUDGET
+        assert sum(p.total for p in plans) <= BUDGET
+        # each pool holds more than one context; the first took its half of the room, not all of it
+        for plan in plans:
+            assert plan.kv_tokens > N_CTX and plan.sequences > 1
+        assert 0.5 < plans[0].kv_tokens / plans[1].kv_tokens < 2
+        # both serve from the shared context what the model gives in a context of its own
+        # (the two files hold the same weights)
+        alone = Engine.load(two_models[0], vk_settings, n_ctx=N_CTX)
+        try:
+            expected = greedy(alone)
+        finally:
+            alone.close()
+        assert [greedy(engine) for engine in resident.engines] == [expected, expected]
+    finally:
+        resident.close()
+
+
+def greedy(engine) -> list[int]:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    return [e.token_id for e in engine.generate("Hello there", params) if e.token_id is not None]
+
+
+def test_a_broken_file_or_a_model_that_cannot_fit_fails_the_load_naming_why(two_models, tight, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(VkllmError, match="broken.gguf"):   # every file is read before anything loads
+        load_resident([two_models[0], broken], tight, N_CTX)
+    # a quarter of the budget holds one model's context but not two: the first, keeping room for
+    # the second, is refused
+    quarter = replace(tight, gpu_memory_utilization=tight.gpu_memory_utilization / 4)
+    assert BUDGET / 4 > one_context_bytes(two_models[0])
+    with pytest.raises(VkllmError, match=r"first.gguf: model does not fit: .* is kept for the models loaded "
+                                         r"after it: second.gguf"):
+        load_resident(two_models, quarter, N_CTX)
+
+
+@pytest.mark.parametrize("value, expected", [("1", 1.0), ("0.85", 0.85)])
+def test_utilization_from_the_environment(value, expected):
+    assert Settings.from_env({"VKLLM_GPU_MEMORY_UTILIZATION": value}).gpu_memory_utilization == expected
+    assert Settings.from_env({}).gpu_memory_utilization == 1.0
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "most", "-0.2"])
+def test_bad_utilization_is_refused(value):
+    with pytest.raises(VkllmError, match="VKLLM_GPU_MEMORY_UTILIZATION must be a share of the device's memory"):
+        Settings.from_env({"VKLLM_GPU_MEMORY_UTILIZATION": value})
