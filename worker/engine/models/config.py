@@ -293,8 +293,8 @@ class ModelConfig:
 
     def check_tensors(self, tensors: Mapping[str, Any]) -> None:
         """Raise GGUFError naming the first required tensor the file lacks, or the first expert
-        tensor whose shape is not the config's (GGUF order; a trailing 1 is the same shape to ggml) or whose gate and up types differ
-        (the fused kernel reads both alike)."""
+        tensor whose shape is not the config's (GGUF order; a trailing 1 is the same shape to
+        ggml) or whose gate and up types differ (the fused kernel reads both alike)."""
         for name in self.required_tensors():
             if name not in tensors:
                 raise GGUFError(f"required tensor '{name}' is missing ({self.arch} model)")
