@@ -3,7 +3,8 @@
 
 // The weighted sum of a mixture-of-experts FFN into the residual stream:
 // x[t, i] += sum_j w[t * n_used + j] * y[t * n_used + j, i] over the n_used experts of token t
-// (y: the experts' down products, one row per (token, expert) slot).
+// (y: the experts' down products, one row per (token, expert) slot). With GATE_SIGMOID each w is
+// a gate logit and the weight sigmoid(w): Qwen2-MoE's shared expert (n_used = 1).
 layout(std430, binding = 0) readonly buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer W { float w[]; };
 layout(std430, binding = 2) buffer X { float x[]; };
@@ -16,7 +17,12 @@ void main() {
         float sum = 0.0;
         for (uint j = 0; j < p.n_used; j++) {
             const uint slot = t * p.n_used + j;
-            sum += w[slot] * y[slot * p.n_embd + c];
+#if defined(GATE_SIGMOID)
+            const float weight = 1.0 / (1.0 + exp(-w[slot]));
+#else
+            const float weight = w[slot];
+#endif
+            sum += weight * y[slot * p.n_embd + c];
         }
         x[i] += sum;
     }

@@ -11,7 +11,8 @@ sliding_window positions with their own RoPE base (rope_local_base_freq) and no 
 Mixtures of experts as llama.cpp's build_moe_ffn: each token's router logits pick the
 n_expert_used best experts; Qwen3-MoE weighs them by the softmax over all experts renormalised
 over the chosen, gpt-oss by the softmax of the chosen logits; the weighted sum of the chosen
-experts' SwiGLU FFNs. gpt-oss besides: biases on the router and the experts, the clamped SwiGLU
+experts' SwiGLU FFNs. Qwen2-MoE weighs them by the softmax over all experts (not renormalised)
+and adds a shared expert's SwiGLU FFN times sigmoid(ffn_gate_inp_shexp . h). gpt-oss besides: biases on the router and the experts, the clamped SwiGLU
 (swiglu_oai: alpha 1.702, limit 7), an attention output bias and per-head sink logits in the
 attention softmax's denominator, and every other layer local.
 YaRN rope scaling as ggml's rope_yarn writes it (from the config's raw parameters, not its
@@ -180,6 +181,11 @@ class RefModel:
                 w = w / max(w.sum(), 6.103515625e-5)
             for weight, e in zip(w, chosen):
                 out[t] += weight * self.expert(h[t], p, e)
+        if c.n_ff_shexp:
+            gate = h @ self.w(f"{p}.ffn_gate_inp_shexp.weight").reshape(-1)
+            shared = self.linear(silu(self.linear(h, f"{p}.ffn_gate_shexp")) * self.linear(h, f"{p}.ffn_up_shexp"),
+                                 f"{p}.ffn_down_shexp")
+            out += shared / (1 + np.exp(-gate))[:, None]
         return out
 
     def expert(self, h: np.ndarray, p: str, e: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """ModelConfig of the mixture-of-experts families from GGUF metadata (as llama.cpp reads it):
-the tiny synthetic qwen3moe and gpt-oss files, and files that the expert kernels cannot run
+the tiny synthetic qwen3moe, qwen2moe and gpt-oss files, and files that the expert kernels cannot run
 refused with one line."""
 import dataclasses
 import math
@@ -27,6 +27,16 @@ def test_tiny_qwen3moe(files):
     assert c.has_qk_norm and c.rope_neox and not c.has_attn_sinks and not c.sliding_window
     required = c.required_tensors()
     assert "blk.1.ffn_down_exps.weight" in required and "blk.1.ffn_down.weight" not in required
+
+
+def test_tiny_qwen2moe(files):
+    c = files("tiny-qwen2moe").config
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_ff_shexp) == (8, 2, 256, 384)
+    assert not c.expert_weights_norm and not c.expert_softmax_chosen and not c.ffn_oai
+    assert c.has_qkv_bias and c.rope_neox and not c.has_qk_norm
+    required = set(c.required_tensors())
+    assert {"blk.1.ffn_gate_inp_shexp.weight", "blk.1.ffn_up_shexp.weight", "blk.1.ffn_down_shexp.weight",
+            "blk.1.ffn_down_exps.weight", "blk.1.attn_q.bias"} <= required
 
 
 def test_tiny_gpt_oss(files):
@@ -77,3 +87,26 @@ def test_expert_tensor_of_the_wrong_shape_or_types_is_refused(files):
     other = tensors | {up.name: dataclasses.replace(up, ggml_type=T.F16)}
     with pytest.raises(GGUFError, match="layer 1: ffn_gate_exps and ffn_up_exps differ in type"):
         model.config.check_tensors(other)
+
+
+def test_shared_expert_width_defaults_to_feed_forward_length():
+    """As llama.cpp's qwen2moe loader: n_ff_shexp is feed_forward_length where the file has no
+    expert_shared_feed_forward_length; families without a shared expert have none."""
+    meta = {k.replace("qwen3moe.", "qwen2moe."): v for k, v in MOE.items()} | {"general.architecture": "qwen2moe"}
+    assert ModelConfig.from_metadata(meta).n_ff_shexp == 128
+    assert ModelConfig.from_metadata(meta | {"qwen2moe.expert_shared_feed_forward_length": 48}).n_ff_shexp == 48
+    assert ModelConfig.from_metadata(MOE | {"qwen3moe.expert_shared_feed_forward_length": 48}).n_ff_shexp == 0
+
+
+def test_shared_expert_of_the_wrong_shape_is_refused(files):
+    model = files("tiny-qwen2moe")
+    tensors = dict(model.tensors)
+    down = tensors["blk.0.ffn_down_shexp.weight"]
+    wrong = tensors | {down.name: dataclasses.replace(down, shape=(256, 256))}
+    with pytest.raises(GGUFError, match=r"'blk.0.ffn_down_shexp.weight' has shape \(256, 256\), expected \(384, 256\)"):
+        model.config.check_tensors(wrong)
+    # its gate is one row: [n_embd] or [n_embd, 1], not a row per expert
+    gate = tensors["blk.0.ffn_gate_inp_shexp.weight"]
+    model.config.check_tensors(tensors | {gate.name: dataclasses.replace(gate, shape=(256, 1))})
+    with pytest.raises(GGUFError, match=r"'blk.0.ffn_gate_inp_shexp.weight' has shape \(256, 8\), expected \(256,\)"):
+        model.config.check_tensors(tensors | {gate.name: dataclasses.replace(gate, shape=(256, 8))})

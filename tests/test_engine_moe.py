@@ -1,4 +1,4 @@
-"""Mixture-of-experts models (tiny synthetic qwen3moe and gpt-oss files) through the GPU engine:
+"""Mixture-of-experts models (tiny synthetic qwen3moe, qwen2moe and gpt-oss files) through the GPU engine:
 against the numpy reference (tests/refmodel.py), against llama.cpp (tests/golden/refmodel/moe.npz,
 written by tests/tools/make_moe_goldens.py with xllamacpp: its full distribution at every step of
 its greedy continuation; tiny-gpt-oss-yarn adds gpt-oss's YaRN rope scaling), chunked prefill
@@ -32,7 +32,7 @@ def _log_softmax(logits):
 
 
 @pytest.mark.parametrize("preset,mix", [("tiny-qwen3moe", "Q4_K_M"), ("tiny-qwen3moe", "Q6_K"),
-                                        ("tiny-gpt-oss", "MXFP4_MOE"), ("tiny-gpt-oss", "Q4_0"),
+                                        ("tiny-qwen2moe", "Q4_K_M"), ("tiny-gpt-oss", "MXFP4_MOE"), ("tiny-gpt-oss", "Q4_0"),
                                         ("tiny-gpt-oss-yarn", "MXFP4_MOE")])
 def test_logits_match_numpy_reference(vk_ctx, synth_dir, preset, mix):
     """20 tokens: past tiny-gpt-oss's 8-position window, and every expert chosen by some token."""
@@ -73,8 +73,8 @@ def test_tiny_moe_models_match_llama_cpp(vk_ctx, synth_dir, preset, mix):
         assert best == greedy[step] or top2[0] - top2[1] < 0.05, f"step {step}: ours {best}, llama.cpp {greedy[step]}"
 
 
-@pytest.mark.parametrize("preset,mix", [("tiny-qwen3moe", "Q8_0"), ("tiny-gpt-oss", "MXFP4_MOE"),
-                                        ("tiny-gpt-oss-yarn", "MXFP4_MOE")])
+@pytest.mark.parametrize("preset,mix", [("tiny-qwen3moe", "Q8_0"), ("tiny-qwen2moe", "Q8_0"),
+                                        ("tiny-gpt-oss", "MXFP4_MOE"), ("tiny-gpt-oss-yarn", "MXFP4_MOE")])
 def test_chunked_prefill_and_decode_match_one_pass(vk_ctx, synth_dir, preset, mix):
     """20 tokens prefilled in chunks of 6, then 4 decoded one by one: the reference's logits at
     every step (gpt-oss's local layers slide past their 8 positions meanwhile)."""
@@ -97,3 +97,14 @@ def test_inspect_shows_the_experts(synth_dir):
     assert expert_bytes > sum(t.n_bytes for t in model.tensors.values()) / 2
     total = sum(t.n_bytes for t in model.tensors.values())
     assert f"weights {total / 2**20:.2f} MiB" in done.stdout
+
+
+def test_inspect_shows_the_shared_expert(synth_dir):
+    """A qwen2moe file: softmax weights not renormalised, and the shared expert's width."""
+    path = _model(synth_dir, "tiny-qwen2moe", "Q8_0")
+    done = subprocess.run([sys.executable, "-c", "import sys; from vkllm.cli import main; sys.exit(main())",
+                           "models", "inspect", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "architecture    qwen2moe\n" in done.stdout
+    assert "experts         2 of 8 per token, 256 rows each, weights softmax, shared expert of 384 rows\n" \
+        in done.stdout

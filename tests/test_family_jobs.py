@@ -1,7 +1,7 @@
 """A tiny file of each newer family through the whole job path: REST job, Redis queue, a real
 `vkllm worker` process on lavapipe, the token stream; the text equals this process's engine on
 the same file. For gemma3 the prompt (32 tokens) is longer than the model's 8-position sliding
-window; the qwen3moe file has 8 experts."""
+window; the qwen3moe file has 8 experts, the qwen2moe one a shared expert besides."""
 import pytest
 
 from tests.conftest import API_KEY
@@ -16,6 +16,7 @@ PROMPT = "The weather is nice, so we will go for a walk in the park."
 CASES = {
     "tiny-gemma3": lambda engine: len(engine.tokenizer.encode(PROMPT)) > engine.model.config.sliding_window,
     "tiny-qwen3moe": lambda engine: engine.model.config.n_expert == 8,
+    "tiny-qwen2moe": lambda engine: engine.model.config.n_ff_shexp > 0,
 }
 
 

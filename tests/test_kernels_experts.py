@@ -157,6 +157,18 @@ def test_combine_adds_the_weighted_experts_to_the_residual(dev):
     np.testing.assert_allclose(dev.get(bx, count=n * n_embd).reshape(n, n_embd), ref, rtol=1e-5, atol=1e-6)
 
 
+def test_combine_sigmoid_gates_a_shared_expert(dev):
+    """Qwen2-MoE's shared expert: x[t] += sigmoid(logit[t]) * y[t], logits of both signs."""
+    n, n_embd = 5, 300
+    rng = np.random.default_rng(13)
+    y, x = f32(rng, n, n_embd), f32(rng, n, n_embd)
+    logits = np.array([-6.0, -0.5, 0.0, 1.5, 9.0], np.float32)
+    bx = dev.put(x)
+    dev.run(lambda rec: experts.combine(rec, dev.put(y), dev.put(logits), bx, n, 1, n_embd, sigmoid=True))
+    ref = x + y.astype(np.float64) / (1 + np.exp(-logits.astype(np.float64)))[:, None]
+    np.testing.assert_allclose(dev.get(bx, count=n * n_embd).reshape(n, n_embd), ref, rtol=1e-5, atol=1e-6)
+
+
 def test_group_tiles_every_slot_once_by_expert(dev):
     """40 slots over 6 experts (expert 4 unused): tiles of one expert each, at most tile_cols
     slots, every slot in exactly one tile, unused tiles empty."""

@@ -131,7 +131,7 @@ def test_tensor_outside_the_file(tmp_path, good):
 
 def test_unsupported_architecture(tmp_path, good):
     path = rewrite(good, tmp_path / "falcon.gguf", arch="falcon")
-    assert error_of(path) == "unsupported architecture 'falcon' (supported: llama, qwen2, qwen3, gemma3, qwen3moe, gpt-oss)"
+    assert error_of(path) == "unsupported architecture 'falcon' (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss)"
 
 
 def test_unsupported_tensor_type(tmp_path, good):

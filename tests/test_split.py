@@ -15,7 +15,7 @@ from worker.engine.placement import shared_budgets, split_layers
 from worker.engine.sampling import SamplingParams
 from worker.tools.synth import write_model
 
-PRESETS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-gpt-oss"]
+PRESETS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen2moe", "tiny-gpt-oss"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 

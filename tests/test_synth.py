@@ -17,7 +17,8 @@ PUBLISHED_PARAMS = {"llama-3.2-1b": 1_235_814_400, "llama-3.1-8b": 8_030_261_248
                     # Gemma 3 report, table 1: 3,209M non-embedding + 262208 x 2560 embeddings
                     "gemma-3-4b": 3_880_263_168,
                     # Hugging Face's safetensors totals (every expert counted)
-                    "qwen3-30b-a3b": 30_532_122_624, "gpt-oss-20b": 20_914_757_184}
+                    "qwen3-30b-a3b": 30_532_122_624, "gpt-oss-20b": 20_914_757_184,
+                    "qwen1.5-moe-a2.7b": 14_315_784_192}
 
 
 def type_counts(specs):
@@ -56,10 +57,12 @@ def test_tiny_files_load(tmp_path, preset, mix):
     assert 0.5 < x.std() * np.sqrt(p.n_embd) < 1.5          # std 1/sqrt(row length)
 
 
-@pytest.mark.parametrize("preset, mix", [("tiny-qwen3moe", "Q4_K_M"), ("tiny-gpt-oss", "MXFP4_MOE")])
+@pytest.mark.parametrize("preset, mix", [("tiny-qwen3moe", "Q4_K_M"), ("tiny-qwen2moe", "Q4_K_M"),
+                                         ("tiny-gpt-oss", "MXFP4_MOE")])
 def test_tiny_moe_files_load(tmp_path, preset, mix):
     """Expert tensors [n_expert, rows, K] as GGUF stores them (ne = K, rows, n_expert), typed by
-    the mix (MXFP4_MOE: MXFP4 experts, Q8_0 else), the router F32."""
+    the mix (MXFP4_MOE: MXFP4 experts, Q8_0 else), the router F32; a shared expert's FFN as
+    llama.cpp's qwen2moe loader wants it, its gate one F32 row."""
     p = PRESETS[preset]
     model = ModelFile.open(write_model(preset, tmp_path / "m.gguf", mix))
     assert (model.config.n_expert, model.config.n_expert_used, model.config.n_ff_exp) == \
@@ -71,6 +74,13 @@ def test_tiny_moe_files_load(tmp_path, preset, mix):
     assert model.tensors["blk.0.ffn_gate_inp.weight"].ggml_type == T.F32
     x = model.dequantize("blk.1.ffn_gate_exps.weight")
     assert x.shape == (p.n_expert, p.n_ff_exp, p.n_embd) and 0.5 < x.std() * np.sqrt(p.n_embd) < 1.5
+    assert model.config.n_ff_shexp == p.n_ff_shexp
+    if p.n_ff_shexp:
+        assert model.metadata[f"{p.arch}.expert_shared_feed_forward_length"] == p.n_ff_shexp
+        assert model.tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (p.n_embd,)
+        assert model.tensors["blk.0.ffn_gate_inp_shexp.weight"].ggml_type == T.F32
+        assert model.tensors["blk.1.ffn_up_shexp.weight"].shape == (p.n_embd, p.n_ff_shexp)
+        assert model.tensors["blk.1.ffn_down_shexp.weight"].shape == (p.n_ff_shexp, p.n_embd)
 
 
 def test_tiny_llama_q4_k_m_types(tmp_path):

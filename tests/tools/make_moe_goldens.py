@@ -27,7 +27,7 @@ from worker.engine.modelfile import ModelFile  # noqa: E402
 from worker.tools.synth import write_model  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden" / "refmodel" / "moe.npz"
-MOE_CASES = (("tiny-qwen3moe", "Q4_K_M"), ("tiny-qwen3moe", "Q8_0"),
+MOE_CASES = (("tiny-qwen3moe", "Q4_K_M"), ("tiny-qwen3moe", "Q8_0"), ("tiny-qwen2moe", "Q4_K_M"), ("tiny-qwen2moe", "F32"),
              ("tiny-gpt-oss", "MXFP4_MOE"), ("tiny-gpt-oss", "F32"), ("tiny-gpt-oss-yarn", "F32"))
 PROMPT_LEN = 24
 GREEDY_STEPS = 8

@@ -28,7 +28,7 @@ class Workspace:
     k: Buffer           # f32 [n, n_head_kv * head_dim]
     v: Buffer
     att: Buffer         # f32 [n, n_head * head_dim] attention output
-    gate: Buffer        # f32 [n, n_ff]
+    gate: Buffer        # f32 [n, n_ff], or [n, n_ff_shexp] for a shared expert (None: neither)
     up: Buffer
     # A mixture-of-experts FFN's (None in a dense model), per slot = (token, chosen expert):
     moe_logits: Buffer | None   # f32 [n, n_expert] router logits
@@ -37,6 +37,7 @@ class Workspace:
     moe_gate: Buffer | None     # f32 [n * n_expert_used, n_ff_exp] the experts' SwiGLU
     moe_out: Buffer | None      # f32 [n * n_expert_used, n_embd] their down products
     moe_tiles: Buffer | None    # the slots grouped by expert (kernels/experts.py's group), prefill only
+    moe_shared_gate: Buffer | None  # f32 [n]: the shared expert's gate logit per token (None: no shared expert)
     logits: Buffer      # f32 [sequences, vocab], read back when the sampler needs them all
     batch_logits: Buffer   # f32 [sequences, vocab] in device memory: a batched pass's rows (Runner)
     best: Buffer        # uint32 [sequences]: GPU argmax per row
@@ -63,10 +64,11 @@ class Workspace:
         c = config
         q_width, kv_width = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         slots = c.n_expert_used
-        dense_ff = 0 if c.n_expert else c.n_ff
+        ff = c.n_ff_shexp if c.n_expert else c.n_ff   # the dense FFN's or the shared expert's
         rows = {"x": c.n_embd, "xb": c.n_embd, "q": q_width, "k": kv_width, "v": kv_width,
-                "att": q_width, "gate": dense_ff, "up": dense_ff, "moe_logits": c.n_expert,
-                "moe_ids": slots, "moe_weights": slots, "moe_gate": slots * c.n_ff_exp, "moe_out": slots * c.n_embd}
+                "att": q_width, "gate": ff, "up": ff, "moe_logits": c.n_expert,
+                "moe_ids": slots, "moe_weights": slots, "moe_gate": slots * c.n_ff_exp, "moe_out": slots * c.n_embd,
+                "moe_shared_gate": 1 if c.n_ff_shexp else 0}
         s = sequences
         return {"step": 8 * n, "ids": 4 * n, "rows": 4 * s, **{name: 4 * n * width for name, width in rows.items()},
                 "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,

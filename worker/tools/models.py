@@ -83,7 +83,8 @@ def _inspect(args):
         weights = "softmax of the chosen" if c.expert_softmax_chosen else \
             "softmax" + (", renormalised" if c.expert_weights_norm else "")
         rows.append(("experts", f"{c.n_expert_used} of {c.n_expert} per token, {c.n_ff_exp} rows each, "
-                                f"weights {weights}" + (", biases, clamped SwiGLU" if c.ffn_oai else "")))
+                                f"weights {weights}" + (", biases, clamped SwiGLU" if c.ffn_oai else "")
+                                + (f", shared expert of {c.n_ff_shexp} rows" if c.n_ff_shexp else "")))
     if c.has_attn_sinks:
         rows.append(("attention", "sinks (a logit per head in the softmax denominator), output bias"))
     if c.sliding_window:

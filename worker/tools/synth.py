@@ -48,6 +48,7 @@ class Preset:
     n_expert: int = 0                           # mixture of experts: experts per layer
     n_expert_used: int = 0                      # experts per token
     n_ff_exp: int = 0                           # rows of one expert's gate and up
+    n_ff_shexp: int = 0                         # rows of the shared expert's gate and up (qwen2moe)
 
 
 PRESETS = {
@@ -67,6 +68,9 @@ PRESETS = {
     # 30.5e9 parameters (3.3e9 active per token), as Qwen3-30B-A3B
     "qwen3-30b-a3b": Preset("qwen3moe", 48, 2048, 6144, 32, 4, 128, 151936, 40960, 1e6, 1e-6, False, "qwen2",
                             n_expert=128, n_expert_used=8, n_ff_exp=768),
+    # 14.3e9 parameters (2.7e9 active), as Qwen1.5-MoE-A2.7B: 60 experts and a shared one
+    "qwen1.5-moe-a2.7b": Preset("qwen2moe", 24, 2048, 5632, 16, 16, 128, 151936, 8192, 1e6, 1e-6, False, "qwen2",
+                                n_expert=60, n_expert_used=4, n_ff_exp=1408, n_ff_shexp=5632),
     # 20.9e9 parameters (3.6e9 active), as gpt-oss-20b, with its YaRN rope scaling
     "gpt-oss-20b": Preset("gpt-oss", 24, 2880, 2880, 64, 8, 64, 201088, 131072, 150000.0, 1e-5, False,
                           "gpt-4o", sliding_window=128, n_expert=32, n_expert_used=4, n_ff_exp=2880,
@@ -89,6 +93,9 @@ PRESETS = {
     # 8 positions) and global as its pattern does.
     "tiny-qwen3moe": Preset("qwen3moe", 2, 256, 512, 4, 2, 32, 400, 2048, 1e6, 1e-6, False, "qwen2",
                             n_expert=8, n_expert_used=2, n_ff_exp=256),
+    # the shared expert 384 rows wide (not the dense feed_forward_length, its default)
+    "tiny-qwen2moe": Preset("qwen2moe", 2, 256, 512, 4, 2, 64, 400, 2048, 1e6, 1e-6, False, "qwen2",
+                            n_expert=8, n_expert_used=2, n_ff_exp=256, n_ff_shexp=384),
     "tiny-gpt-oss": Preset("gpt-oss", 4, 256, 256, 4, 2, 64, 384, 2048, 150000.0, 1e-5, False, "llama-bpe",
                            sliding_window=8, n_expert=8, n_expert_used=2, n_ff_exp=256),
     # tiny-gpt-oss with YaRN over a short original context, so that at test lengths the ramp
@@ -155,7 +162,7 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
         if family.post_norms:
             specs.append(vec("post_attention_norm", p.n_embd, norm))
         specs.append(vec("post_attention_norm" if family.oai else "ffn_norm", p.n_embd, norm))
-        specs += _expert_specs(p, i, pick, family.oai) if family.experts else \
+        specs += _expert_specs(p, i, pick, family.oai, family.shared_expert) if family.experts else \
             [mat("ffn_gate", p.n_ff, p.n_embd), mat("ffn_up", p.n_ff, p.n_embd), mat("ffn_down", p.n_embd, p.n_ff)]
         if family.post_norms:
             specs.append(vec("post_ffw_norm", p.n_embd, norm))
@@ -166,9 +173,10 @@ def tensor_specs(p: Preset, mix: str) -> list[TensorSpec]:
     return specs
 
 
-def _expert_specs(p: Preset, i: int, pick, biases: bool) -> list[TensorSpec]:
+def _expert_specs(p: Preset, i: int, pick, biases: bool, shared: bool) -> list[TensorSpec]:
     """The router (F32, as llama.cpp's quantizer leaves it) and the 3-D expert tensors
-    [n_expert, rows, K], typed as their dense counterparts would be; gpt-oss's biases besides."""
+    [n_expert, rows, K], typed as their dense counterparts would be; gpt-oss's biases besides;
+    a shared expert (its gate a 1-D F32 row, its FFN typed as a dense one) besides."""
     def experts(name, rows, k):
         return TensorSpec(f"blk.{i}.{name}.weight", (p.n_expert, rows, k), pick(name, i, k), _normal(1.0))
 
@@ -181,6 +189,12 @@ def _expert_specs(p: Preset, i: int, pick, biases: bool) -> list[TensorSpec]:
                   for name, shape in (("ffn_gate_inp", (p.n_expert,)), ("ffn_gate_exps", (p.n_expert, p.n_ff_exp)),
                                       ("ffn_up_exps", (p.n_expert, p.n_ff_exp)),
                                       ("ffn_down_exps", (p.n_expert, p.n_embd)))]
+    if shared:
+        def mat(name, rows, k):
+            return TensorSpec(f"blk.{i}.{name}.weight", (rows, k), pick(name, i, k), _normal(1.0))
+        specs += [TensorSpec(f"blk.{i}.ffn_gate_inp_shexp.weight", (p.n_embd,), T.F32, _std(p.n_embd ** -0.5)),
+                  mat("ffn_gate_shexp", p.n_ff_shexp, p.n_embd), mat("ffn_up_shexp", p.n_ff_shexp, p.n_embd),
+                  mat("ffn_down_shexp", p.n_embd, p.n_ff_shexp)]
     return specs
 
 
@@ -221,6 +235,8 @@ def _add_metadata(w: GGUFWriter, name: str, p: Preset, mix: str) -> None:
         w.add_expert_count(p.n_expert)
         w.add_expert_used_count(p.n_expert_used)
         w.add_expert_feed_forward_length(p.n_ff_exp)
+    if p.n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(p.n_ff_shexp)
     if p.rope_linear:
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(p.rope_linear)

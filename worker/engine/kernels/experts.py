@@ -121,8 +121,11 @@ def matmul_experts_glu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor,
               tiles is not None)
 
 
-def combine(rec: Recording, y: Buffer, weights: Buffer, x: Buffer, n: int, n_used: int, n_embd: int):
-    """x[t] += sum_j weights[t, j] * y[t * n_used + j] (moe_combine.comp)."""
+def combine(rec: Recording, y: Buffer, weights: Buffer, x: Buffer, n: int, n_used: int, n_embd: int,
+            sigmoid: bool = False):
+    """x[t] += sum_j weights[t, j] * y[t * n_used + j] (moe_combine.comp); with `sigmoid` the
+    weights are logits and each counts as sigmoid(logit) (a shared expert's gate)."""
     size = threads(rec.ctx)
-    rec.dispatch(rec.ctx.kernel("moe_combine", {0: size}), [y, weights, x],
+    name = "moe_combine_sigmoid" if sigmoid else "moe_combine"
+    rec.dispatch(rec.ctx.kernel(name, {0: size}), [y, weights, x],
                  (stride_groups(rec.ctx, n * n_embd, size), 1, 1), dict(n_embd=n_embd, n_used=n_used, n=n))

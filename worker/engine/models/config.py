@@ -40,6 +40,11 @@ chosen ones to sum 1; gpt-oss softmaxes the chosen logits only. gpt-oss besides:
 the attention output, the router and every expert, the clamped SwiGLU of llama.cpp's
 swiglu_oai, a learned per-head attention sink, every other layer local (pattern 2) with the
 global layers. RoPE base (and rope scaling), and its FFN norm stored as `post_attention_norm`.
+Qwen2-MoE (llama.cpp's qwen2moe): Qwen2's attention (q/k/v biases, no q/k norm), the softmax over
+all experts taken at the chosen ones and not renormalised, and a shared expert on every layer: a
+SwiGLU FFN of `expert_shared_feed_forward_length` rows (`ffn_gate_shexp`, `ffn_up_shexp`,
+`ffn_down_shexp`; llama.cpp's default: feed_forward_length) that every token goes through, its
+output scaled by sigmoid(ffn_gate_inp_shexp . x), one row, and added to the chosen experts' sum.
 """
 import math
 from dataclasses import dataclass, fields
@@ -124,6 +129,7 @@ class Family:
     expert_norm: bool = False  # the chosen experts' softmax weights renormalised to sum 1
     expert_softmax_chosen: bool = False  # softmax over the chosen logits only (gpt-oss)
     oai: bool = False          # gpt-oss: biases everywhere, clamped SwiGLU, attention sinks
+    shared_expert: bool = False  # a sigmoid-gated shared expert besides the chosen ones (Qwen2-MoE)
 
 
 FAMILIES: dict[str, Family] = {
@@ -132,6 +138,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family(rope_neox=True, qk_norm=True),   # Qwen3 (dense)
     "gemma3": Family(rope_neox=True, qk_norm=True, embd_scale=True, post_norms=True, gelu=True,
                      swa_pattern=6, embd_per_head_scale_layers=(62,)),  # Gemma 3 (text)
+    "qwen2moe": Family(rope_neox=True, qkv_bias=True, experts=True, shared_expert=True),  # Qwen1.5-MoE, Qwen2-57B-A14B
     "qwen3moe": Family(rope_neox=True, qk_norm=True, experts=True, expert_norm=True),  # Qwen3-30B-A3B, 235B-A22B
     "gpt-oss": Family(rope_neox=True, qkv_bias=True, swa_pattern=2, rope_base_swa=None, swa_rope_scaled=True,
                       experts=True, expert_softmax_chosen=True, oai=True),     # gpt-oss-20b, 120b
@@ -140,6 +147,7 @@ FAMILIES: dict[str, Family] = {
 ATTENTION_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
 DENSE_FFN_TENSORS = ("ffn_gate", "ffn_up", "ffn_down")
 EXPERT_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+SHARED_EXPERT_TENSORS = ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,7 @@ class ModelConfig:
     n_expert: int = 0                             # experts per layer (0: a dense FFN)
     n_expert_used: int = 0                        # experts each token goes through
     n_ff_exp: int = 0                             # rows of one expert's gate and up
+    n_ff_shexp: int = 0                           # rows of the shared expert's gate and up (0: none)
     expert_weights_norm: bool = False             # chosen weights renormalised to sum 1
     expert_softmax_chosen: bool = False           # weights: softmax of the chosen logits only
     ffn_oai: bool = False                         # gpt-oss's clamped SwiGLU, expert and router biases
@@ -212,6 +221,8 @@ class ModelConfig:
         n_expert = int(key("expert_count")) if family.experts else 0
         n_expert_used = int(key("expert_used_count")) if n_expert else 0
         n_ff_exp = int(key("expert_feed_forward_length")) if n_expert else 0
+        n_ff = int(key("feed_forward_length", n_ff_exp or None))
+        n_ff_shexp = int(key("expert_shared_feed_forward_length", n_ff)) if family.shared_expert else 0
         if n_expert and not (0 < n_expert_used <= min(n_expert, MAX_EXPERTS_USED) and n_expert <= MAX_EXPERTS):
             raise ValueError(f"{n_expert_used} experts used of {n_expert} (supported: up to {MAX_EXPERTS_USED} "
                              f"of {MAX_EXPERTS})")
@@ -225,7 +236,7 @@ class ModelConfig:
         swa_factors = factors if family.swa_rope_scaled else _rope_factors(meta, arch, tensors, head_dim, None, True)
         return cls(
             arch=arch, name=str(meta.get("general.name", "")),
-            n_layer=n_layer, n_embd=n_embd, n_ff=int(key("feed_forward_length", n_ff_exp or None)),
+            n_layer=n_layer, n_embd=n_embd, n_ff=n_ff,
             n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
             head_dim=head_dim, rope_dim=rope_dim, rope_base=rope_base,
             rope_freq_factors=factors,
@@ -240,7 +251,7 @@ class ModelConfig:
             rope_freq_factors_swa=swa_factors, rope_yarn=yarn, rope_yarn_swa=family.swa_rope_scaled,
             attention_scale=(n_embd // n_head) ** -0.5 if n_layer in family.embd_per_head_scale_layers else None,
             ffn_norm="post_attention_norm" if family.oai else "ffn_norm",
-            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp,
             expert_weights_norm=family.expert_norm, expert_softmax_chosen=family.expert_softmax_chosen,
             ffn_oai=family.oai, has_attn_sinks=family.oai, has_attn_out_bias=family.oai)
 
@@ -261,6 +272,8 @@ class ModelConfig:
 
     def required_tensors(self) -> list[str]:
         per_layer = [*ATTENTION_TENSORS, self.ffn_norm, *(EXPERT_TENSORS if self.n_expert else DENSE_FFN_TENSORS)]
+        if self.n_ff_shexp:
+            per_layer += SHARED_EXPERT_TENSORS
         if self.ffn_oai:
             per_layer += [f"{t}.bias" for t in EXPERT_TENSORS]
         if self.has_attn_out_bias:
@@ -280,8 +293,8 @@ class ModelConfig:
 
     def check_tensors(self, tensors: Mapping[str, Any]) -> None:
         """Raise GGUFError naming the first required tensor the file lacks, or the first expert
-        tensor whose shape is not the config's (GGUF order) or whose gate and up types differ
-        (the fused kernel reads both alike)."""
+        tensor whose shape is not the config's (GGUF order; a trailing 1 is the same shape to
+        ggml) or whose gate and up types differ (the fused kernel reads both alike)."""
         for name in self.required_tensors():
             if name not in tensors:
                 raise GGUFError(f"required tensor '{name}' is missing ({self.arch} model)")
@@ -289,10 +302,13 @@ class ModelConfig:
                   "ffn_gate_exps": (self.n_embd, self.n_ff_exp, self.n_expert),
                   "ffn_up_exps": (self.n_embd, self.n_ff_exp, self.n_expert),
                   "ffn_down_exps": (self.n_ff_exp, self.n_embd, self.n_expert)} if self.n_expert else {}
+        if self.n_ff_shexp:   # the shared expert's gate is one row (llama.cpp: 1-D)
+            shapes |= {"ffn_gate_inp_shexp": (self.n_embd,), "ffn_gate_shexp": (self.n_embd, self.n_ff_shexp),
+                       "ffn_up_shexp": (self.n_embd, self.n_ff_shexp), "ffn_down_shexp": (self.n_ff_shexp, self.n_embd)}
         for i in range(self.n_layer):
             for base, shape in shapes.items():
                 info = tensors[f"blk.{i}.{base}.weight"]
-                if tuple(info.shape) != shape:
+                if tuple(info.shape) not in (shape, (*shape, 1)):
                     raise GGUFError(f"tensor 'blk.{i}.{base}.weight' has shape {tuple(info.shape)}, "
                                     f"expected {shape} ({self.arch} model)")
             if shapes and tensors[f"blk.{i}.ffn_gate_exps.weight"].ggml_type != tensors[f"blk.{i}.ffn_up_exps.weight"].ggml_type:

@@ -36,7 +36,10 @@ _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 def _is_matrix(info) -> bool:
     """Matrices stay in their GGUF format as DeviceTensors; vectors (norms, biases, F32 columns)
-    and biases (an expert tensor's are [n_expert, rows]) become plain f32 buffers."""
+    and biases (an expert tensor's are [n_expert, rows]) become plain f32 buffers. A shared
+    expert's gate is a vector the mat-vec takes as a matrix of one row."""
+    if info.name.endswith(".ffn_gate_inp_shexp.weight"):
+        return True
     return len(info.shape) > 1 and not (info.ggml_type == T.F32 and info.shape[1] == 1) \
         and not info.name.endswith(".bias")
 
@@ -54,11 +57,11 @@ def qkv_members(tensors, layer: int) -> list[str]:
 
 
 def glu_keys(model_file) -> set:
-    """(type, rows, K) of the feed-forward gate weights that the fused gate+up kernel takes with
-    their up weight (same type and shape)."""
+    """(type, rows, K) of the feed-forward gate weights (a shared expert's too) that the fused
+    gate+up kernel takes with their up weight (same type and shape)."""
     tensors = model_file.tensors
     return {(info.ggml_type, int(info.shape[1]), int(info.shape[0]))
-            for name, info in tensors.items() if name.endswith(".ffn_gate.weight")
+            for name, info in tensors.items() if name.endswith((".ffn_gate.weight", ".ffn_gate_shexp.weight"))
             and (up := tensors.get(name.replace("ffn_gate", "ffn_up"))) is not None
             and (up.ggml_type, up.shape) == (info.ggml_type, info.shape)}
 

@@ -3,16 +3,23 @@ runs its gate, up and down): router mat-vec, routing on the GPU, the chosen expe
 gate+up and their down products, and the weighted sum into the residual stream. The buffers are
 the Workspace's moe_* ones (worker/engine/workspace.py). Passes of more than MAT_VEC_MAX_COLS
 tokens (prefill) group the slots by expert first, so that each expert's weights are read once
-per tile of its slots (kernels/experts.py)."""
+per tile of its slots (kernels/experts.py). A shared expert (Qwen2-MoE) is a dense SwiGLU FFN
+through the dense kernels, its gate logit one more mat-vec row, both recorded with the router
+(they read the same input); its down product is weighed by the gate's sigmoid into the residual
+after the chosen experts' sum."""
 from worker.engine.kernels import elementwise, experts
-from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, matmul
+from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, matmul, matmul_swiglu
 
 
 def record_moe_ffn(rec, ws, layer, config, n: int):
-    """x += sum over the chosen experts of weight * expert FFN(xb), xb the normalised input."""
+    """x += sum over the chosen experts of weight * expert FFN(xb), xb the normalised input (and
+    the shared expert's gated FFN(xb))."""
     c = config
     slots = n * c.n_expert_used
     matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n)
+    if c.n_ff_shexp:
+        matmul(rec, layer["ffn_gate_inp_shexp"], ws.xb, ws.moe_shared_gate, n)
+        matmul_swiglu(rec, layer["ffn_gate_shexp"], layer["ffn_up_shexp"], ws.xb, ws.gate, n, up=ws.up)
     rec.barrier()
     if c.ffn_oai:
         elementwise.add_bias(rec, ws.moe_logits, layer["ffn_gate_inp.bias"], n, c.n_expert)
@@ -34,3 +41,8 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
     rec.barrier()
     experts.combine(rec, ws.moe_out, ws.moe_weights, ws.x, n, c.n_expert_used, c.n_embd)
     rec.barrier()
+    if c.n_ff_shexp:   # moe_out is free again
+        matmul(rec, layer["ffn_down_shexp"], ws.gate, ws.moe_out, n)
+        rec.barrier()
+        experts.combine(rec, ws.moe_out, ws.moe_shared_gate, ws.x, n, 1, c.n_embd, sigmoid=True)
+        rec.barrier()
