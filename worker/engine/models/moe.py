@@ -12,7 +12,7 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
     """x += sum over the chosen experts of weight * expert FFN(xb), xb the normalised input."""
     c = config
     slots = n * c.n_expert_used
-    matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n)
+    matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n, x8=ws.x8)
     rec.barrier()
     if c.ffn_oai:
         elementwise.add_bias(rec, ws.moe_logits, layer["ffn_gate_inp.bias"], n, c.n_expert)
