@@ -151,11 +151,12 @@ def create_logical_device(physical_device, info: DeviceInfo, family: int):
     queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=priorities)
     # cooperative-matrix kernels are compiled to the Vulkan memory model (glslang does so for them)
     coopmat = COOPMAT in extensions
-    int_dot_features = (vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(shaderIntegerDotProduct=vk.VK_TRUE)
-                        if INTEGER_DOT in extensions else None)
-    coopmat_features = (vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=int_dot_features, cooperativeMatrix=vk.VK_TRUE)
-                        if coopmat else None)
-    features12 = vk.VkPhysicalDeviceVulkan12Features(pNext=coopmat_features or int_dot_features, shaderFloat16=vk.VK_TRUE,
+    chain = None   # the extensions' feature structs, linked through pNext
+    if INTEGER_DOT in extensions:
+        chain = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(shaderIntegerDotProduct=vk.VK_TRUE)
+    if coopmat:
+        chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=vk.VK_TRUE)
+    features12 = vk.VkPhysicalDeviceVulkan12Features(pNext=chain, shaderFloat16=vk.VK_TRUE,
                                                      shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
                                                      uniformAndStorageBuffer8BitAccess=vk.VK_TRUE,
                                                      vulkanMemoryModel=vk.VK_TRUE if coopmat else vk.VK_FALSE)
