@@ -8,7 +8,8 @@ Tolerance: max |logit error| <= 4e-2 * max |logit|, where the float paths keep 2
 (~0.5% RMS error per product, tests/test_kernels_mmq.py, whose exact references show the
 kernels add nothing to it), and these tiny random models compound that through two layers:
 observed 0.4-2.1e-2 (tiny-llama Q4_K_M: 1.9e-2 through mmq, 4e-4 through the tiled kernel),
-the limit twice the largest."""
+the limit twice the largest. A mixture of experts' attention and router products take mmq; its
+experts' own kernels (mul_mat_vec_id) are unchanged."""
 import dataclasses
 
 import numpy as np
@@ -23,7 +24,8 @@ from worker.engine.modelfile import ModelFile
 from worker.engine.sampling import SamplingParams
 
 TOL = 4e-2
-CASES = [("tiny-llama", "Q4_K_M"), ("tiny-qwen2", "Q4_0"), ("tiny-qwen3", "Q3_K_L"), ("tiny-gemma3", "Q5_0")]
+CASES = [("tiny-llama", "Q4_K_M"), ("tiny-qwen2", "Q4_0"), ("tiny-qwen3", "Q3_K_L"), ("tiny-gemma3", "Q5_0"),
+         ("tiny-qwen3moe", "Q4_K_M"), ("tiny-gpt-oss", "MXFP4_MOE")]
 
 
 @pytest.fixture(scope="module")
