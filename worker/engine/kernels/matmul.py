@@ -271,7 +271,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     if path == "mmq":
         if norm is not None:
             raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
-        _mat_mat_products(rec, [(w, y)], x, n, "mmq", x8, y_accumulate)
+        _mmq_products(rec, [(w, y)], x, n, x8, y_accumulate)
         return
     if path == "mat_cols":
         if norm is not None:
@@ -319,15 +319,11 @@ def quantize_x8(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int):
     rec.dispatch(kernel, [x, x8], groups, dict(ncols=k, n=n))
 
 
-def _mat_mat_products(rec: Recording, products: list[tuple[DeviceTensor, Buffer]], x: Buffer, n: int, path: str,
-                      x8: Buffer | None, accumulate: bool = False):
-    """y = w x for each (w, y) of `products` (weights of one K) through mat-mat kernel `path`.
-    On the mmq path x is quantized once for all of them (then a barrier), and a weight of a
-    type without an mmq kernel takes the tiled one."""
-    if path != "mmq":
-        for w, y in products:
-            matmul(rec, w, x, y, n, accumulate, path=path)
-        return
+def _mmq_products(rec: Recording, products: list[tuple[DeviceTensor, Buffer]], x: Buffer, n: int,
+                  x8: Buffer | None, accumulate: bool = False):
+    """y (+)= w x for each (w, y) of `products` (weights of one K) on the mmq path: x quantized
+    once for all of them into x8 (then a barrier); a weight of a type without an mmq kernel
+    takes the tiled one."""
     ctx, types = rec.ctx, mmq_types()
     quantized = [w for w, _ in products if w.ggml_type in types]
     if quantized:
@@ -374,7 +370,7 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
                          _push(fused, first, count, n, False, norm) | dict(k_first=k_first, v_first=v_first))
         rest = rest[members:]
     if path == "mmq" and norm is None:
-        _mat_mat_products(rec, rest, x, n, path, x8)
+        _mmq_products(rec, rest, x, n, x8)
         return
     for w, y in rest:
         matmul(rec, w, x, y, n, norm=norm, path=path)
@@ -409,7 +405,7 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
     if path != "mat_vec" or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
         if path == "mmq" and norm is None:
-            _mat_mat_products(rec, [(w_gate, out), (w_up, up)], x, n, path, x8)
+            _mmq_products(rec, [(w_gate, out), (w_up, up)], x, n, x8)
         else:
             matmul(rec, w_gate, x, out, n, norm=norm, path=path, cols_shape=cols_shape)
             matmul(rec, w_up, x, up, n, norm=norm, path=path, cols_shape=cols_shape)
