@@ -201,6 +201,8 @@ def test_missing_scratch_is_an_error(vk_ctx):
 def test_lavapipe_keeps_its_paths_unless_told(vk_ctx, vk_settings):
     """CPU drivers: the mat-vec groups for prefill, and the tiled kernel as the mat-mat kernel
     (lavapipe's dot products are not accelerated); Settings.prefill_kernel forces mmq."""
+    if vk_ctx.info.kind != "cpu":
+        pytest.skip("a GPU's own rule: test_gpus_take_mmq_where_accelerated_without_matrix_units")
     assert _path(vk_ctx, 70, 256) == "mat_vec" and mat_mat_path(vk_ctx) == "tiled"
     with own_context(dataclasses.replace(vk_settings, prefill_kernel="mmq")) as ctx:
         assert _path(ctx, 70, 256) == "mmq" and _path(ctx, 8, 256) == "mat_vec"
