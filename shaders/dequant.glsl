@@ -3,6 +3,8 @@
 //   mat4 dequantize16(uint ib, uint s)
 // gives the 16 consecutive values s*16 .. s*16+15 of block ib (column c holds values 4c .. 4c+3).
 // Every type's scales are constant over such a slice, so each call decodes its scales once.
+// Quantized types also give the slice's integer quants with its scale and offset (quants16,
+// below), from which dequantize16 is made.
 // Float types (QUANT_K 1): ib is the index of the first value and s is 0; also
 //   float dequantize1(uint i)   value i, for rows whose length is not a multiple of 4 or 16
 //   vec4 dequantize4(uint i4)   values 4*i4 .. 4*i4+3 in one load
@@ -40,6 +42,7 @@ layout(std430, binding = 1) readonly buffer A_UP { A_TYPE data_a_up[]; };
 #define dequantize1 dequantize1_up
 #define dequantize4 dequantize4_up
 #define dequantize16 dequantize16_up
+#define quants16 quants16_up
 #define scale_min_k4 scale_min_k4_up
 #define q3_k_scale_byte q3_k_scale_byte_up
 #endif
@@ -73,94 +76,100 @@ mat4 dequantize16(uint ib, uint s) {
     return v;
 }
 
-#elif defined(DATA_A_Q4_0)
+#else
+// Quantized types: ivec4 quants16(ib, s, out vec2 ab) gives the 16 integer quants of slice s as
+// signed bytes (component c holds values 4c .. 4c+3, byte i value 4c + i) and the slice's scale
+// and offset: value = ab.x * q + ab.y. The mmq kernels dot the quants with 8-bit activations
+// (mul_mmq.comp); dequantize16, after the types, applies ab to them.
+
+#if defined(DATA_A_Q4_0)
 // Value j < 16 is the low nibble of qs[j], value j + 16 its high nibble: d * (q - 8).
-mat4 dequantize16(uint ib, uint s) {
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
     const float d = float(data_a[ib].d);
-    mat4 v;
+    ab = vec2(d, -8.0 * d);
+    uvec4 q;
     for (uint c = 0; c < 4; c++) {
-        const uint w = word16(data_a[ib].qs[2 * c], data_a[ib].qs[2 * c + 1]);
-        v[c] = bytes4_minus((w >> (4 * s)) & 0x0F0F0F0Fu, 8.0) * d;
+        q[c] = (word16(data_a[ib].qs[2 * c], data_a[ib].qs[2 * c + 1]) >> (4 * s)) & 0x0F0F0F0Fu;
     }
-    return v;
+    return ivec4(q);
 }
 
 #elif defined(DATA_A_Q4_1)
 // As Q4_0 without the offset: d * q + m.
-mat4 dequantize16(uint ib, uint s) {
-    const vec2 dm = vec2(data_a[ib].dm);
-    mat4 v;
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
+    ab = vec2(data_a[ib].dm);
+    uvec4 q;
     for (uint c = 0; c < 4; c++) {
-        v[c] = bytes4((data_a[ib].qs[c] >> (4 * s)) & 0x0F0F0F0Fu) * dm.x + dm.y;
+        q[c] = (data_a[ib].qs[c] >> (4 * s)) & 0x0F0F0F0Fu;
     }
-    return v;
+    return ivec4(q);
 }
 
 #elif defined(DATA_A_Q5_0)
 // Q4_0's nibbles plus a fifth bit from qh (bit j for value j): d * (q - 16).
-mat4 dequantize16(uint ib, uint s) {
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
     const float d = float(data_a[ib].d);
+    ab = vec2(d, -16.0 * d);
     const uint qh = word16(data_a[ib].qh[0], data_a[ib].qh[1]) >> (16 * s);
-    mat4 v;
+    uvec4 q;
     for (uint c = 0; c < 4; c++) {
         const uint w = word16(data_a[ib].qs[2 * c], data_a[ib].qs[2 * c + 1]);
-        const uint q = ((w >> (4 * s)) & 0x0F0F0F0Fu) | (spread4(qh >> (4 * c)) << 4);
-        v[c] = bytes4_minus(q, 16.0) * d;
+        q[c] = ((w >> (4 * s)) & 0x0F0F0F0Fu) | (spread4(qh >> (4 * c)) << 4);
     }
-    return v;
+    return ivec4(q);
 }
 
 #elif defined(DATA_A_Q5_1)
-mat4 dequantize16(uint ib, uint s) {
-    const vec2 dm = vec2(data_a[ib].dm);
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
+    ab = vec2(data_a[ib].dm);
     const uint qh = data_a[ib].qh >> (16 * s);
     const uvec2 qs[2] = data_a[ib].qs;
     const uint words[4] = uint[4](qs[0].x, qs[0].y, qs[1].x, qs[1].y);
-    mat4 v;
+    uvec4 q;
     for (uint c = 0; c < 4; c++) {
-        const uint q = ((words[c] >> (4 * s)) & 0x0F0F0F0Fu) | (spread4(qh >> (4 * c)) << 4);
-        v[c] = bytes4(q) * dm.x + dm.y;
+        q[c] = ((words[c] >> (4 * s)) & 0x0F0F0F0Fu) | (spread4(qh >> (4 * c)) << 4);
     }
-    return v;
+    return ivec4(q);
 }
 
 #elif defined(DATA_A_Q8_0)
-mat4 dequantize16(uint ib, uint s) {
-    const float d = float(data_a[ib].d);
-    mat4 v;
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
+    ab = vec2(float(data_a[ib].d), 0.0);
+    uvec4 q;
     for (uint c = 0; c < 4; c++) {
-        const uint i = 8 * s + 2 * c;
-        v[c] = sbytes4(word16(data_a[ib].qs[i], data_a[ib].qs[i + 1])) * d;
+        q[c] = word16(data_a[ib].qs[8 * s + 2 * c], data_a[ib].qs[8 * s + 2 * c + 1]);
     }
-    return v;
+    return ivec4(q);
 }
 
 #elif defined(DATA_A_MXFP4)
 // 17-byte blocks: bytes only. e8m0 scale halved because the e2m1 table is doubled.
-mat4 dequantize16(uint ib, uint s) {
-    const float d = exp2(float(uint(data_a[ib].e)) - 128.0);
-    mat4 v;
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
+    ab = vec2(exp2(float(uint(data_a[ib].e)) - 128.0), 0.0);
+    ivec4 q;
     for (uint c = 0; c < 4; c++) {
+        ivec4 v;
         for (uint i = 0; i < 4; i++) {
-            v[c][i] = kvalues_mxfp4[(uint(data_a[ib].qs[4 * c + i]) >> (4 * s)) & 15u] * d;
+            v[i] = int(kvalues_mxfp4[(uint(data_a[ib].qs[4 * c + i]) >> (4 * s)) & 15u]);
         }
+        q[c] = int(pack32(i8vec4(v)));
     }
-    return v;
+    return q;
 }
 
 #elif defined(DATA_A_Q2_K)
 // Slice s: 2-bit codes at shift 2*((s%8)/2) of qs[32*(s/8) + 16*(s%2) ...]; scale byte s holds
 // the 4-bit scale (low) and min (high): d * sc * q - dmin * m.
-mat4 dequantize16(uint ib, uint s) {
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
     const vec2 dm = vec2(data_a[ib].dm);
     const uint sc = byte_of(data_a[ib].scales[s / 4], s % 4);
-    const float dl = dm.x * float(sc & 15u), ml = dm.y * float(sc >> 4);
+    ab = vec2(dm.x * float(sc & 15u), -dm.y * float(sc >> 4));
     const uint base = 8 * (s >> 3) + 4 * (s & 1u), shift = 2 * ((s & 7u) >> 1);
-    mat4 v;
+    uvec4 q;
     for (uint c = 0; c < 4; c++) {
-        v[c] = bytes4((data_a[ib].qs[base + c] >> shift) & 0x03030303u) * dl - ml;
+        q[c] = (data_a[ib].qs[base + c] >> shift) & 0x03030303u;
     }
-    return v;
+    return ivec4(q);
 }
 
 #elif defined(DATA_A_Q3_K)
@@ -168,19 +177,20 @@ mat4 dequantize16(uint ib, uint s) {
 // q - 4 when that bit is clear; 6-bit signed scales packed in 12 bytes (offset 32).
 uint q3_k_scale_byte(uint ib, uint i) { return byte_of(uint(data_a[ib].scales[i / 2]), i % 2); }
 
-mat4 dequantize16(uint ib, uint s) {
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
     const uint lo = (q3_k_scale_byte(ib, s % 8) >> (4 * (s / 8))) & 15u;
     const uint hi = (q3_k_scale_byte(ib, 8 + s % 4) >> (2 * (s / 4))) & 3u;
     const float dl = float(data_a[ib].d) * float(int(lo | (hi << 4)) - 32);
+    ab = vec2(dl, -4.0 * dl);
     const uint j = (s & 7u) >> 1, shift = 2 * j, hbit = 4 * (s >> 3) + j;
     const uint qbase = 16 * (s >> 3) + 8 * (s & 1u), hbase = 8 * (s & 1u);
-    mat4 v;
+    uvec4 q;
     for (uint c = 0; c < 4; c++) {
-        const uint q = word16(data_a[ib].qs[qbase + 2 * c], data_a[ib].qs[qbase + 2 * c + 1]);
+        const uint l = word16(data_a[ib].qs[qbase + 2 * c], data_a[ib].qs[qbase + 2 * c + 1]);
         const uint h = word16(data_a[ib].hmask[hbase + 2 * c], data_a[ib].hmask[hbase + 2 * c + 1]);
-        v[c] = bytes4_minus(((q >> shift) & 0x03030303u) | (((h >> hbit) & 0x01010101u) << 2), 4.0) * dl;
+        q[c] = ((l >> shift) & 0x03030303u) | (((h >> hbit) & 0x01010101u) << 2);
     }
-    return v;
+    return ivec4(q);
 }
 
 #elif defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K)
@@ -196,37 +206,44 @@ vec2 scale_min_k4(uint ib, uint j) {
 
 // Sub-block j = s/2 takes the low (j even) or high nibbles of qs[32*(j/2) + 16*(s%2) ...];
 // Q5_K adds bit j of qh[16*(s%2) + l] as the fifth bit: d * sc * q - dmin * m.
-mat4 dequantize16(uint ib, uint s) {
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
     const vec2 dm = vec2(data_a[ib].dm);
     const uint j = s >> 1;
     const vec2 sm = scale_min_k4(ib, j);
-    const float dl = dm.x * sm.x, ml = dm.y * sm.y;
+    ab = vec2(dm.x * sm.x, -dm.y * sm.y);
     const uvec4 qs = (data_a[ib].qs[2 * (j >> 1) + (s & 1u)] >> (4 * (j & 1u))) & 0x0F0F0F0Fu;
 #if defined(DATA_A_Q5_K)
-    const uvec4 q = qs | (((data_a[ib].qh[s & 1u] >> j) & 0x01010101u) << 4);
+    return ivec4(qs | (((data_a[ib].qh[s & 1u] >> j) & 0x01010101u) << 4));
 #else
-    const uvec4 q = qs;
+    return ivec4(qs);
 #endif
-    return mat4(bytes4(q.x) * dl - ml, bytes4(q.y) * dl - ml, bytes4(q.z) * dl - ml, bytes4(q.w) * dl - ml);
 }
 
 #elif defined(DATA_A_Q6_K)
 // Half n = s/8 of the superblock; quarter t = (s%8)/2 takes the low (t < 2) or high nibbles of
 // ql[64n + 32*(t%2) + 16*(s%2) ...] and bits 2t..2t+1 of qh[32n + 16*(s%2) ...]: d * sc * (q - 32).
-mat4 dequantize16(uint ib, uint s) {
+ivec4 quants16(uint ib, uint s, out vec2 ab) {
     const int sc = bitfieldExtract(int(uint(data_a[ib].scales[s / 2])), int(8 * (s % 2)), 8);
     const float dl = float(data_a[ib].d) * float(sc);
+    ab = vec2(dl, -32.0 * dl);
     const uint n = s >> 3, t = (s & 7u) >> 1, half_ = s & 1u;
     const uint lbase = 32 * n + 16 * (t & 1u) + 8 * half_, hbase = 16 * n + 8 * half_;
     const uint lshift = 4 * (t >> 1), hshift = 2 * t;
-    mat4 v;
+    uvec4 q;
     for (uint c = 0; c < 4; c++) {
         const uint l = word16(data_a[ib].ql[lbase + 2 * c], data_a[ib].ql[lbase + 2 * c + 1]);
         const uint h = word16(data_a[ib].qh[hbase + 2 * c], data_a[ib].qh[hbase + 2 * c + 1]);
-        const uint q = ((l >> lshift) & 0x0F0F0F0Fu) | (((h >> hshift) & 0x03030303u) << 4);
-        v[c] = bytes4_minus(q, 32.0) * dl;
+        q[c] = ((l >> lshift) & 0x0F0F0F0Fu) | (((h >> hshift) & 0x03030303u) << 4);
     }
-    return v;
+    return ivec4(q);
+}
+#endif
+
+mat4 dequantize16(uint ib, uint s) {
+    vec2 ab;
+    const uvec4 q = uvec4(quants16(ib, s, ab));
+    return mat4(sbytes4(q.x) * ab.x + ab.y, sbytes4(q.y) * ab.x + ab.y, sbytes4(q.z) * ab.x + ab.y,
+                sbytes4(q.w) * ab.x + ab.y);
 }
 #endif
 
@@ -235,6 +252,7 @@ mat4 dequantize16(uint ib, uint s) {
 #undef dequantize1
 #undef dequantize4
 #undef dequantize16
+#undef quants16
 #undef scale_min_k4
 #undef q3_k_scale_byte
 #endif

@@ -1,9 +1,14 @@
-// What the mat-mat kernels (mul_mat.comp, mul_mat_coopmat.comp) share: the bindings of x and y,
-// the push constants and the load of 16 consecutive weights of a row. Included after
-// dequant.glsl.
+// What the mat-mat kernels (mul_mat.comp, mul_mat_coopmat.comp, mul_mmq.comp) share: the
+// bindings of x (f32; with MMQ, 8-bit blocks of x8.glsl) and y, the push constants and the load
+// of 16 consecutive weights of a row. Included after dequant.glsl.
 
+#if defined(MMQ)
+#include "x8.glsl"
+layout(std430, binding = 1) readonly buffer X8 { block_x8 x8[]; };
+#else
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
+#endif
 layout(std430, binding = 2) buffer Y { float y[]; };
 
 // The same block as mul_mat_vec_base.glsl's: matmul.py packs both alike.
@@ -31,6 +36,7 @@ mat4 load_a16(uint row, uint k) {
     return dequantize16(row * (p.ncols / QUANT_K) + k / QUANT_K, (k % QUANT_K) / 16);
 }
 
+#if !defined(MMQ)
 // x[col, k .. k+3], zeros past the end of the row or of the columns.
 vec4 load_x4(uint col, uint k) {
     vec4 xv = vec4(0.0);
@@ -46,6 +52,7 @@ vec4 load_x4(uint col, uint k) {
     }
     return xv;
 }
+#endif
 
 // y[col, y_offset + row] (+)= v, inside the part and the columns.
 void store_y(uint row, uint col, float v) {

@@ -9,6 +9,7 @@ import pytest
 from worker.engine import compilers, shaderbuild
 
 COOPERATIVE_MATRIX_KHR = 6022   # SPIR-V capability (SPV_KHR_cooperative_matrix)
+DOT_PRODUCT, DOT_PRODUCT_INPUT_4X8_BIT_PACKED = 6019, 6018   # SPV_KHR_integer_dot_product's
 OP_CAPABILITY = 17
 
 
@@ -69,3 +70,20 @@ def test_without_glslc_plain_variants_use_glslang(monkeypatch, tmp_path):
 def test_unknown_feature_is_refused():
     with pytest.raises(shaderbuild.ShaderBuildError, match="unknown features"):
         shaderbuild._expand("op", {"source": "binary.comp", "bindings": 3, "requires": ["warp_speed"]})
+
+
+def test_integer_dot_product_variant_compiles(tmp_path):
+    """mul_mmq's dot products through GL_EXT_spirv_intrinsics: both compilers build them (neither
+    knows GL_EXT_integer_dot_product), into SPV_KHR_integer_dot_product's capabilities."""
+    variant = shaderbuild.variants()["mul_mmq_q4_k"]
+    assert variant.requires == ("integer_dot_product",)
+    assert all("integer_dot_product" in c.features for c in compilers.available())
+    spirv = shaderbuild.load_spirv(variant.name, tmp_path).spirv
+    assert {DOT_PRODUCT, DOT_PRODUCT_INPUT_4X8_BIT_PACKED} <= capabilities(spirv)
+
+
+def test_weight_types_listed_expand_to_those_only():
+    entry = {"source": "mul_mmq.comp", "bindings": 3, "weight_types": ["Q4_0", "Q6_K"]}
+    assert [v.name for v in shaderbuild._expand("op", entry)] == ["op_q4_0", "op_q6_k"]
+    with pytest.raises(shaderbuild.ShaderBuildError, match=r"unknown weight types \['Q9_9'\]"):
+        shaderbuild._expand("op", entry | {"weight_types": ["Q4_0", "Q9_9"]})

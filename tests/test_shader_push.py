@@ -1,6 +1,6 @@
 """Push constants packed by name: the layout read from the compiled SPIR-V must be the GLSL
 block's (shaders/rms_norm.comp: `{ uint cols; float eps; }`, mul_mat.comp and
-mul_mat_vec_base.glsl: the same six uints), and packing must refuse what the block lacks."""
+mul_mat_vec_base.glsl and mul_mmq.comp: the same six uints), and packing must refuse what the block lacks."""
 import struct
 
 import pytest
@@ -23,7 +23,7 @@ def test_layout_is_the_glsl_block(cache):
 def test_mat_vec_and_mat_mat_share_one_block(cache):
     names = ("ncols", "rows", "n", "y_offset", "y_stride", "accumulate")
     for kernel in ("mul_mat_vec_q4_0", "mul_mat_q4_0", "mul_mat_vec_glu_q4_0", "mul_mat_cols_c8_q4_0",
-                   "mul_mat_cols_glu_c2_q4_0"):
+                   "mul_mat_cols_glu_c2_q4_0", "mul_mmq_q4_0"):
         fields = shaderbuild.load_spirv(kernel, cache).push.fields
         assert fields == tuple(PushField(name, 4 * i, "I") for i, name in enumerate(names))
 

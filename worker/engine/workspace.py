@@ -49,6 +49,7 @@ class Workspace:
     mask: Buffer        # uint32 [sequences, vocab / 32]: grammars' token masks, host-written per step (kernels/mask.py)
     attention: Buffer | None   # split attention's partials (None: attention never splits)
     select: Buffer             # argmax's and top-k's survivors over the logits
+    x8: Buffer | None          # the mmq products' 8-bit activations (None: the device's prefill takes other kernels)
     # A model split across contexts (worker/engine/placement.py): f32 [n, n_embd], the hidden
     # state a stage hands to the next, copied by the host (None with one context)
     handoff: Buffer | None
@@ -81,14 +82,16 @@ class Workspace:
         AttentionShape) with up to `sequences` logits rows, on the device of `ctx` (top-k's
         stages depend on its workgroup size, an expert tile's slots on its shared memory)."""
         from worker.engine.kernels import attention, experts, select
-        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS
+        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, mat_mat_path, x8_bytes
         vocab, c = config.vocab_size, config
         grouped = c.n_expert and n > MAT_VEC_MAX_COLS
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
                               select.scratch_bytes(ctx, sequences, vocab, min(MAX_K, vocab))),
                 "moe_tiles": experts.tiles_bytes(n * c.n_expert_used, c.n_expert, experts.tile_cols(ctx))
-                if grouped else 0}
+                if grouped else 0,
+                "x8": x8_bytes(n, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim))
+                if n > MAT_VEC_MAX_COLS and mat_mat_path(ctx) == "mmq" else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, staged: bool = False) -> Workspace:

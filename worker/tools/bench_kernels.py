@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType
 
 from worker.engine.config import Settings
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import mat_vec_shape
+from worker.engine.kernels.matmul import mat_vec_shape, mmq_types, paths, x8_bytes
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_products, replay_for
 from worker.engine.kernels.tuning import MatVecTuner
@@ -42,7 +42,8 @@ def add_arguments(parser):
     parser.add_argument("--quick", action="store_true", help="small shapes (for CPU drivers / a smoke test)")
     parser.add_argument("--runs", type=int, default=5, help="timed submissions after the warm-up")
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
-                        help="also time the mat-mat kernel on N token columns (TFLOP/s)")
+                        help="also time each mat-mat kernel the device offers (tiled; mmq, 8-bit integer dot "
+                             "products, for quantized types; coopmat) on N token columns (TFLOP/s)")
     parser.add_argument("--cols", type=parse_cols, metavar="N,N,...",
                         help="instead: batched-decode products of N columns on Llama-3.1-8B's Q4_K_M weights "
                              "through each kernel (mat-vec, mat-cols, cooperative matrices) and one 8B pass "
@@ -55,9 +56,10 @@ def add_arguments(parser):
 
 
 def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, rotation_bytes: int,
-                runs: int, warmup: float, shape=None) -> tuple[float, int]:
+                runs: int, warmup: float, shape=None, path: str | None = None) -> tuple[float, int]:
     """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
-    token columns (1: the mat-vec kernel), with mat-vec workgroup shape `shape` (None: fixed)."""
+    token columns (1: the mat-vec kernel), with mat-vec workgroup shape `shape` (None: fixed),
+    through matmul's kernel `path` (None: the one it picks; "mmq" includes quantizing x)."""
     nbytes = rows * row_bytes(qtype, cols)
     copies = max(2, cdiv(rotation_bytes, nbytes))
     data = random_weights(qtype, nbytes)
@@ -65,8 +67,9 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
     for w in weights:
         w.mat_vec_shape = shape
     x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
+    x8 = ctx.alloc(x8_bytes(n, cols)) if path == "mmq" else None
     ctx.upload(x, np.ones(cols * n, np.float32))
-    rec = record_products(ctx, weights, x, y, n)
+    rec = record_products(ctx, weights, x, y, n, path=path, x8=x8)
     replay_for(ctx, rec, warmup)
     times = []
     for _ in range(runs):
@@ -75,9 +78,15 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
     rec.destroy()
     for w in weights:
         free_tensor(ctx, w)
-    ctx.free(x)
-    ctx.free(y)
+    for buffer in (x, y, x8):
+        if buffer is not None:
+            ctx.free(buffer)
     return statistics.median(times), copies
+
+
+def mat_mat_paths(ctx, qtype: GGMLQuantizationType) -> list[str]:
+    """The mat-mat kernels --prefill times for a weight of `qtype` on this device."""
+    return [p for p in paths(ctx) if p == "tiled" or p == "coopmat" or (p == "mmq" and qtype in mmq_types())]
 
 
 def run(args):
@@ -104,9 +113,11 @@ def run(args):
                 threads, per_group = shape or mat_vec_shape(ctx)
                 line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {f'{threads}x{per_group}':>7} "
                         f"{seconds * 1e6:9.1f} {rate / 1e9:8.1f} {100 * rate / measured:6.1f}%")
-                if args.prefill:
-                    seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs, warmup)
-                    line += f"   n={args.prefill}: {seconds * 1e6:9.1f} us {2 * rows * cols * args.prefill / seconds / 1e12:6.2f} TFLOP/s"
+                for path in mat_mat_paths(ctx, qtype) if args.prefill else ():
+                    seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs, warmup,
+                                             path=path)
+                    line += (f"   {path} n={args.prefill}: {seconds * 1e6:9.1f} us "
+                             f"{2 * rows * cols * args.prefill / seconds / 1e12:6.2f} TFLOP/s")
                 print(line, flush=True)
     finally:
         ctx.close()

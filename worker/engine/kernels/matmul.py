@@ -5,16 +5,23 @@ and `normed_input` one after the norm it records when the products cannot fold i
 
 An RMSNorm in front of products (`normed_input`) is folded into the mat-vec kernels where that
 pays: they take the raw x and a `FoldedNorm` and normalise it on load; elsewhere (other inner
-loops, the mat-mat kernels of prefill) the products take the norm kernel's output."""
+loops, the mat-mat kernels of prefill) the products take the norm kernel's output.
+
+The "mmq" mat-mat kernel takes 8-bit activations: its products quantize x into the scratch they
+are given (`x8`, x8_bytes of it) and record a barrier before the product; the caller's barrier
+after a product frees that scratch for the next."""
+from functools import cache
+
 from gguf import GGMLQuantizationType as T
 
-from worker.engine import compilers
+from vkllm.errors import VkllmError
+from worker.engine import compilers, shaderbuild
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.norm import FoldedNorm, rms_norm
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
-from worker.engine.vk.device import COOPMAT
+from worker.engine.vk.device import COOPMAT, INTEGER_DOT
 from worker.engine.vk.memory import Buffer
 
 # Rows and columns of y per mul_mat.comp workgroup (its TILE), 4 x 4 per thread; 2 x TILE of the
@@ -39,6 +46,9 @@ COOPMAT_TILES = tuple((*t, stages) for t in ((64, 64, 32, 32, 32), (64, 64, 32, 
                                               (128, 128, 64, 64, 64), (256, 128, 64, 64, 32))
                       for stages in (1, 2))
 GET_ROWS_THREADS = 64
+QUANTIZE_X8_THREADS = 64
+X8_BLOCK_VALUES = 32
+X8_BLOCK_BYTES = 48   # shaders/x8.glsl's block_x8: 32 signed bytes, then (d, two slice sums, 0) as f32
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 # mul_mat_cols.comp (batched decode, "mat_cols"): the column counts it is built for (variants.toml
 # `columns`); with Settings.batch_kernel "auto", products of 2 .. MAT_COLS_MAX columns take it on
@@ -148,11 +158,43 @@ def coopmat_shape(info) -> tuple[int, int, int] | None:
 def paths(ctx) -> tuple[str, ...]:
     """The kernels a product can take on this device: "mat_vec" (groups of up to
     MAT_VEC_MAX_COLS columns), "mat_cols" (mul_mat_cols.comp, any number of columns, K a
-    multiple of 16), "tiled" (mul_mat.comp) and, with cooperative matrices, "coopmat"
-    (mul_mat_coopmat.comp), which also needs a compiler for it (glslang >= 13)."""
+    multiple of 16), "tiled" (mul_mat.comp), with VK_KHR_shader_integer_dot_product "mmq"
+    (mul_mmq.comp: 8-bit activations, for the types of `mmq_types`; the others take the tiled
+    kernel) and, with cooperative matrices, "coopmat" (mul_mat_coopmat.comp), which also needs
+    a compiler for it (glslang >= 13)."""
+    mmq = INTEGER_DOT in ctx.extensions and compilers.supported("integer_dot_product")
     coopmat = (COOPMAT in ctx.extensions and coopmat_shape(ctx.info) is not None
                and compilers.supported("cooperative_matrix"))
-    return ("mat_vec", "mat_cols", "tiled") + (("coopmat",) if coopmat else ())
+    return ("mat_vec", "mat_cols", "tiled") + (("mmq",) if mmq else ()) + (("coopmat",) if coopmat else ())
+
+
+@cache
+def mmq_types() -> frozenset:
+    """The weight types the mmq kernel is built for (shaders/variants.toml's mul_mmq entry)."""
+    return frozenset(t for t in T if f"mul_mmq_{t.name.lower()}" in shaderbuild.variants())
+
+
+def mat_mat_path(ctx) -> str:
+    """The kernel of products past the mat-vec kernel's column groups (prefill):
+    Settings.prefill_kernel where it names one (an error where the device lacks it); with
+    "auto" cooperative matrices where offered, else 8-bit dot products where the device says
+    they are accelerated (GPUs without matrix units: RDNA2, older NVIDIA and Intel), else the
+    tiled kernel (lavapipe has the extension, unaccelerated; its CPU driver takes the mat-vec
+    groups anyway, `_path`)."""
+    offered, choice = paths(ctx), ctx.settings.prefill_kernel
+    if choice != "auto":
+        if choice not in offered:
+            raise VkllmError(f"VKLLM_PREFILL_KERNEL={choice}: {ctx.info.name} has no {choice} kernel "
+                             f"(it offers {', '.join(p for p in offered if p not in ('mat_vec', 'mat_cols'))})")
+        return choice
+    if "coopmat" in offered:
+        return "coopmat"
+    return "mmq" if "mmq" in offered and ctx.info.int8_dot_accelerated else "tiled"
+
+
+def x8_bytes(n: int, k: int) -> int:
+    """Scratch of the mmq path's 8-bit activations for n columns of K values."""
+    return n * cdiv(k, X8_BLOCK_VALUES) * X8_BLOCK_BYTES
 
 
 def _path(ctx, n: int, k: int = 0, folded: bool = False) -> str:
@@ -161,16 +203,16 @@ def _path(ctx, n: int, k: int = 0, folded: bool = False) -> str:
     the caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols":
     on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
     on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
-    tiles; on a GPU up to MAT_VEC_MAX_COLS do, more matrix units where the device has them,
-    else the tiled kernel."""
+    tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
+    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel."""
     if n == 1 or folded:
         return "mat_vec"
     choice, cpu = ctx.settings.batch_kernel, ctx.info.kind == "cpu"
     if n <= MAT_COLS_MAX and k % 16 == 0 and (choice == "mat_cols" or (choice == "auto" and not cpu)):
         return "mat_cols"
-    if n <= MAT_VEC_MAX_COLS or cpu:
+    if n <= MAT_VEC_MAX_COLS or (cpu and ctx.settings.prefill_kernel == "auto"):
         return "mat_vec"
-    return paths(ctx)[-1]
+    return mat_mat_path(ctx)
 
 
 def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm: FoldedNorm | None) -> int:
@@ -215,16 +257,22 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
 
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
            path: str | None = None, norm: FoldedNorm | None = None,
-           cols_shape: tuple[int, int, int] | None = None):
+           cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
     kernel `_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
     prefill: mat-mat), or the one of `paths(ctx)` given (tests check each on every device). The
     mat-vec workgroup shape is the weight's tuned one, else the device kind's fixed one; the
     mat-cols one `cols_shape` (as mat_cols_shape gives it), else `mat_cols_shape`'s. The
-    cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32).
+    cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32), the
+    mmq kernel quantizes the activations to 8 bits per block of 32 into `x8` first.
     `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     path = path or _path(ctx, n, w.cols, norm is not None)
+    if path == "mmq":
+        if norm is not None:
+            raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
+        _mmq_products(rec, [(w, y)], x, n, x8, y_accumulate)
+        return
     if path == "mat_cols":
         if norm is not None:
             raise ValueError("the mat-cols kernel takes normalised input: a norm folds into mat-vec products only")
@@ -260,12 +308,45 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         rec.dispatch(kernel, [buffer, x, y], groups, _push(w, first, count, n, y_accumulate))
 
 
+def quantize_x8(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int):
+    """x8 = x (f32 [n, k], k a multiple of 32) in 8-bit blocks of 32 (shaders/x8.glsl)."""
+    if k % X8_BLOCK_VALUES:
+        raise ValueError(f"8-bit activations take rows of a multiple of {X8_BLOCK_VALUES} values, not {k}")
+    if x8 is None or x8.size < x8_bytes(n, k):
+        raise ValueError(f"the mmq kernel needs {x8_bytes(n, k)} bytes of scratch for {n} x {k} 8-bit activations")
+    kernel = rec.ctx.kernel("quantize_x8", {0: QUANTIZE_X8_THREADS})
+    groups = _groups(rec.ctx, cdiv(n * k // X8_BLOCK_VALUES, QUANTIZE_X8_THREADS))
+    rec.dispatch(kernel, [x, x8], groups, dict(ncols=k, n=n))
+
+
+def _mmq_products(rec: Recording, products: list[tuple[DeviceTensor, Buffer]], x: Buffer, n: int,
+                  x8: Buffer | None, accumulate: bool = False):
+    """y (+)= w x for each (w, y) of `products` (weights of one K) on the mmq path: x quantized
+    once for all of them into x8 (then a barrier); a weight of a type without an mmq kernel
+    takes the tiled one."""
+    ctx, types = rec.ctx, mmq_types()
+    quantized = [w for w, _ in products if w.ggml_type in types]
+    if quantized:
+        quantize_x8(rec, x, x8, n, quantized[0].cols)
+        rec.barrier()
+    for w, y in products:
+        if w.ggml_type not in types:
+            matmul(rec, w, x, y, n, accumulate, path="tiled")
+            continue
+        kernel = ctx.kernel(f"mul_mmq_{w.ggml_type.name.lower()}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
+        for buffer, first, count in w.parts:
+            rec.dispatch(kernel, [buffer, x8, y], (cdiv(count, MAT_MAT_TILE), cdiv(n, MAT_MAT_TILE), 1),
+                         _push(w, first, count, n, accumulate))
+
+
 def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceTensor], x: Buffer,
-               outs: list[Buffer], n: int, norm: FoldedNorm | None = None, path: str | None = None):
+               outs: list[Buffer], n: int, norm: FoldedNorm | None = None, path: str | None = None,
+               x8: Buffer | None = None):
     """outs[i] = weights[i] x for the Q, K and V projections (matmul for each). `fused`: the
     weights of its `sections` (Q and K, or all three; tensor.upload_rows) as one tensor, which
     the mat-vec and mat-cols kernels take in one dispatch writing each section's rows to its output; the
-    weights it lacks, and all of them where a mat-mat kernel applies, take their own products."""
+    weights it lacks, and all of them where a mat-mat kernel applies, take their own products
+    (on the mmq path over x quantized once into `x8`)."""
     rest = list(zip(weights, outs))
     path = path or _path(rec.ctx, n, weights[0].cols, norm is not None)
     if fused is not None and path == "mat_cols" and norm is None:
@@ -288,13 +369,16 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
             rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
                          _push(fused, first, count, n, False, norm) | dict(k_first=k_first, v_first=v_first))
         rest = rest[members:]
+    if path == "mmq" and norm is None:
+        _mmq_products(rec, rest, x, n, x8)
+        return
     for w, y in rest:
         matmul(rec, w, x, y, n, norm=norm, path=path)
 
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
                   up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None, path: str | None = None,
-                  cols_shape: tuple[int, int, int] | None = None):
+                  cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None):
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
     gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh
     form in place of silu). Where the mat-vec kernel would
@@ -304,7 +388,8 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     calls write out and `up` (f32 [n, rows], scratch used only then), a barrier, elementwise
     swiglu into out. Either way the caller orders only x before and out after, as for matmul.
     `norm`: as matmul's, for both products. Where the mat-cols kernel takes them (matmul's rule,
-    or `path`), its fused variant does the same (`cols_shape` as matmul's)."""
+    or `path`), its fused variant does the same (`cols_shape` as matmul's). On the mmq path both
+    products take x quantized once into `x8`."""
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
@@ -319,8 +404,11 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     sums = 2 * rows_per_group + (norm is not None)   # partial sums per column in shared memory
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
     if path != "mat_vec" or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
-        matmul(rec, w_gate, x, out, n, norm=norm, path=path, cols_shape=cols_shape)
-        matmul(rec, w_up, x, up, n, norm=norm, path=path, cols_shape=cols_shape)
+        if path == "mmq" and norm is None:
+            _mmq_products(rec, [(w_gate, out), (w_up, up)], x, n, x8)
+        else:
+            matmul(rec, w_gate, x, out, n, norm=norm, path=path, cols_shape=cols_shape)
+            matmul(rec, w_up, x, up, n, norm=norm, path=path, cols_shape=cols_shape)
         rec.barrier()
         (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)
         return

@@ -80,7 +80,8 @@ class TileTuner:
 
         def records(weights, x, y):
             for tile in candidates(ctx.info):
-                yield tile, record_products(ctx, [replace(w, coopmat_tile=tile) for w in weights], x, y, n)
+                yield tile, record_products(ctx, [replace(w, coopmat_tile=tile) for w in weights], x, y, n,
+                                            path="coopmat")
         medians = time_on_copies(ctx, key, COPIES, x_values, 4 * rows * n, records, WARMUP_SECONDS, RUNS)
         self.measured += 1
         return medians

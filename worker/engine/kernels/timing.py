@@ -24,8 +24,8 @@ def random_weights(qtype: GGMLQuantizationType, nbytes: int) -> np.ndarray:
 def record_products(ctx, weights, x, y, n: int = 1, **options):
     """One product per weight copy, each followed by a barrier and a timestamp: rotating over
     copies whose total is well past the L2 cache times reads from memory, as a real step does.
-    `options`: matmul's (path, cols_shape)."""
-    rec = ctx.recording(max_sets=len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
+    `options`: matmul's (path, cols_shape, x8: the mmq path also quantizes x per product)."""
+    rec = ctx.recording(max_sets=2 * len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
     rec.timestamp("start")
     for i, w in enumerate(weights):
         matmul(rec, w, x, y, n, **options)

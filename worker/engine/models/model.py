@@ -218,13 +218,13 @@ class Model:
             last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
             x_in, folded = normed_input(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps,
                                         [self.output])
-        matmul(rec, self.output, x_in, logits, rows, norm=folded)
+        matmul(rec, self.output, x_in, logits, rows, norm=folded, x8=ws.x8)
 
     def record_attention(self, rec, ws, step, i, layer, n):
         c = self.config
         projections = [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
         x_in, folded = normed_input(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections)
-        matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded)
+        matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8)
         rec.barrier()
         if c.has_qkv_bias:
             for name, out, width in (("attn_q", ws.q, c.n_head * c.head_dim),
@@ -252,10 +252,10 @@ class Model:
         """x += W inp, or with post norms x += rms_norm(W inp) (through xb, free by then)."""
         c = self.config
         if not c.has_post_norms:
-            matmul(rec, layer[weight], inp, ws.x, n, y_accumulate=True)
+            matmul(rec, layer[weight], inp, ws.x, n, y_accumulate=True, x8=ws.x8)
             rec.barrier()
             return
-        matmul(rec, layer[weight], inp, ws.xb, n)
+        matmul(rec, layer[weight], inp, ws.xb, n, x8=ws.x8)
         rec.barrier()
         norm.rms_norm(rec, ws.xb, layer[post_norm], ws.xb, n, c.n_embd, c.norm_eps)
         rec.barrier()
@@ -272,6 +272,6 @@ class Model:
         x_in, folded = normed_input(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps,
                                     [layer["ffn_gate"], layer["ffn_up"]], glu=True)
         matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu,
-                      norm=folded)
+                      norm=folded, x8=ws.x8)
         rec.barrier()
         self.record_residual(rec, ws, layer, "ffn_down", ws.gate, "post_ffw_norm", n)

@@ -16,10 +16,12 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
     the shared expert's gated FFN(xb))."""
     c = config
     slots = n * c.n_expert_used
-    matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n)
-    if c.n_ff_shexp:
-        matmul(rec, layer["ffn_gate_inp_shexp"], ws.xb, ws.moe_shared_gate, n)
-        matmul_swiglu(rec, layer["ffn_gate_shexp"], layer["ffn_up_shexp"], ws.xb, ws.gate, n, up=ws.up)
+    matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n, x8=ws.x8)
+    if c.n_ff_shexp:   # on the mmq path each product quantizes xb into ws.x8 anew: a barrier between
+        rec.barrier()
+        matmul(rec, layer["ffn_gate_inp_shexp"], ws.xb, ws.moe_shared_gate, n, x8=ws.x8)
+        rec.barrier()
+        matmul_swiglu(rec, layer["ffn_gate_shexp"], layer["ffn_up_shexp"], ws.xb, ws.gate, n, up=ws.up, x8=ws.x8)
     rec.barrier()
     if c.ffn_oai:
         elementwise.add_bias(rec, ws.moe_logits, layer["ffn_gate_inp.bias"], n, c.n_expert)
@@ -42,7 +44,7 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
     experts.combine(rec, ws.moe_out, ws.moe_weights, ws.x, n, c.n_expert_used, c.n_embd)
     rec.barrier()
     if c.n_ff_shexp:   # moe_out is free again
-        matmul(rec, layer["ffn_down_shexp"], ws.gate, ws.moe_out, n)
+        matmul(rec, layer["ffn_down_shexp"], ws.gate, ws.moe_out, n, x8=ws.x8)
         rec.barrier()
         experts.combine(rec, ws.moe_out, ws.moe_shared_gate, ws.x, n, 1, c.n_embd, sigmoid=True)
         rec.barrier()

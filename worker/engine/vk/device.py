@@ -13,7 +13,8 @@ _TYPE_NAME = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete", vk.VK_PHYSICA
 _KIND_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4}
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
 COOPMAT = "VK_KHR_cooperative_matrix"
-_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget", COOPMAT)
+INTEGER_DOT = "VK_KHR_shader_integer_dot_product"
+_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget", COOPMAT, INTEGER_DOT)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class DeviceInfo:
     # (M, N, K) of the subgroup-scope cooperative matrices with f16 A and B and f32 C and result
     # (VK_KHR_cooperative_matrix): the shapes the mat-mat kernel can take; empty without it
     coopmat_shapes: tuple[tuple[int, int, int], ...] = ()
+    # VK_KHR_shader_integer_dot_product with its shaderIntegerDotProduct feature (the mmq
+    # mat-mat kernel can run), and whether the device says dot products of packed signed 8-bit
+    # 4-vectors are faster than the same arithmetic done by hand (lavapipe: no)
+    int8_dot: bool = False
+    int8_dot_accelerated: bool = False
 
     def describe(self) -> str:
         return (f"[{self.index}] {self.name} ({self.kind}, {self.device_local_bytes / 2**30:.1f} GiB, "
@@ -72,6 +78,18 @@ def _coopmat_shapes(instance, physical_device, extensions) -> tuple[tuple[int, i
                          and p.scope == vk.VK_SCOPE_SUBGROUP_KHR and not p.saturatingAccumulation}))
 
 
+def _int8_dot(physical_device, extensions) -> tuple[bool, bool]:
+    if INTEGER_DOT not in extensions:
+        return False, False
+    features = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures()
+    features2 = vk.VkPhysicalDeviceFeatures2(pNext=features)
+    vk.vkGetPhysicalDeviceFeatures2(physical_device, features2)
+    props = vk.VkPhysicalDeviceShaderIntegerDotProductProperties()
+    props2 = vk.VkPhysicalDeviceProperties2(pNext=props)
+    vk.vkGetPhysicalDeviceProperties2(physical_device, props2)
+    return bool(features.shaderIntegerDotProduct), bool(props.integerDotProduct4x8BitPackedSignedAccelerated)
+
+
 def describe_physical_device(instance, index, physical_device) -> DeviceInfo:
     subgroup = vk.VkPhysicalDeviceSubgroupProperties()
     maintenance3 = vk.VkPhysicalDeviceMaintenance3Properties(pNext=subgroup)
@@ -82,6 +100,7 @@ def describe_physical_device(instance, index, physical_device) -> DeviceInfo:
     local = sum(memory.memoryHeaps[i].size for i in range(memory.memoryHeapCount)
                 if memory.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
     extensions = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical_device, None))
+    int8_dot, int8_dot_accelerated = _int8_dot(physical_device, extensions)
     return DeviceInfo(
         index=index, name=vk.ffi.string(props.deviceName).decode(), kind=_TYPE_NAME[props.deviceType],
         device_local_bytes=local, subgroup_size=subgroup.subgroupSize,
@@ -92,7 +111,8 @@ def describe_physical_device(instance, index, physical_device) -> DeviceInfo:
         extensions=extensions,
         max_workgroup_size=min(limits.maxComputeWorkGroupSize[0], limits.maxComputeWorkGroupInvocations),
         max_shared_memory=limits.maxComputeSharedMemorySize, driver_version=props.driverVersion,
-        api_version=props.apiVersion, coopmat_shapes=_coopmat_shapes(instance, physical_device, extensions))
+        api_version=props.apiVersion, coopmat_shapes=_coopmat_shapes(instance, physical_device, extensions),
+        int8_dot=int8_dot, int8_dot_accelerated=int8_dot_accelerated)
 
 
 def list_devices(instance) -> list[tuple[DeviceInfo, object]]:
@@ -125,14 +145,18 @@ def compute_queue_family(physical_device) -> int:
 
 
 def create_logical_device(physical_device, info: DeviceInfo, family: int):
-    extensions = [e for e in _WANTED_DEVICE_EXTENSIONS
-                  if e in info.extensions and (e != COOPMAT or info.coopmat_shapes)]
+    usable = {COOPMAT: bool(info.coopmat_shapes), INTEGER_DOT: info.int8_dot}
+    extensions = [e for e in _WANTED_DEVICE_EXTENSIONS if e in info.extensions and usable.get(e, True)]
     priorities = [1.0]
     queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=priorities)
     # cooperative-matrix kernels are compiled to the Vulkan memory model (glslang does so for them)
     coopmat = COOPMAT in extensions
-    coopmat_features = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(cooperativeMatrix=vk.VK_TRUE) if coopmat else None
-    features12 = vk.VkPhysicalDeviceVulkan12Features(pNext=coopmat_features, shaderFloat16=vk.VK_TRUE,
+    chain = None   # the extensions' feature structs, linked through pNext
+    if INTEGER_DOT in extensions:
+        chain = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(shaderIntegerDotProduct=vk.VK_TRUE)
+    if coopmat:
+        chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=vk.VK_TRUE)
+    features12 = vk.VkPhysicalDeviceVulkan12Features(pNext=chain, shaderFloat16=vk.VK_TRUE,
                                                      shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
                                                      uniformAndStorageBuffer8BitAccess=vk.VK_TRUE,
                                                      vulkanMemoryModel=vk.VK_TRUE if coopmat else vk.VK_FALSE)

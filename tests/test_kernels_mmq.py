@@ -1,0 +1,233 @@
+"""The mmq path (mul_mmq.comp over quantize_x8.comp's 8-bit activations) on lavapipe, which has
+VK_KHR_shader_integer_dot_product, against numpy: the activations' blocks against a numpy
+quantization, the products against two references.
+
+- The exact one: gguf.quants.dequantize(W) @ (d * q) in float64, where d and q are the
+  activations quantized as the kernel does (per block of 32: d = max |x| / 127, q = x / d
+  rounded to even). Per 16-value slice the kernel computes a * d * (w . q) + b * d * sum(q)
+  with the integer dot exact, which is that product summed differently: within 1e-5, as for
+  the float kernels. The activations are built so that x / d are integers (each block is
+  integers times a power of two, one of them +-127): rounding at a tie, where the GPU's x / d
+  may fall one ulp either side of numpy's, never decides a quant.
+- The float one: dequantize(W) @ x of the f32 activations, within 1e-2. Rounding x to 127
+  steps of its block's max errs by up to d / 2 per value, uniformly: an RMS of
+  max|x| / 127 / sqrt(12), which for Gaussian blocks of 32 (max ~ 2-2.5 sigma) is ~0.5% of x's
+  RMS, and the products' relative error is the same (observed 0.49-0.55%)."""
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+from tests.kernel_io import own_context
+from tests.test_kernels_matmul import assert_close, random_weights
+from vkllm.errors import VkllmError
+from worker.engine.config import Settings
+from worker.engine.kernels.matmul import (_path, mat_mat_path, matmul, matmul_swiglu, mmq_types, paths,
+                                          quantize_x8, x8_bytes)
+from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.vk.device import INTEGER_DOT, DeviceInfo
+
+MMQ_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
+FLOAT_RTOL = 1e-2
+X8 = np.dtype([("qs", np.int8, 32), ("ds", np.float32, 4)])
+
+
+@pytest.fixture(autouse=True)
+def offered(vk_ctx):
+    if "mmq" not in paths(vk_ctx):
+        pytest.skip(f"{vk_ctx.info.name} has no integer dot products")
+
+
+def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d [n, k/32], q [n, k/32, 32]) of f32 x [n, k] as quantize_x8.comp makes them."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(blocks).max(-1)
+    d = amax / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=amax > 0)
+    return d, np.rint(blocks * inv[..., None]).astype(np.int64)
+
+
+def dequantized(x: np.ndarray) -> np.ndarray:
+    d, q = quantized(x)
+    return (d.astype(np.float64)[..., None] * q).reshape(x.shape)
+
+
+def exact_activations(n: int, k: int, seed: int) -> np.ndarray:
+    """Blocks of integers in [-127, 127] times a power of two, one of each block +-127."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-127, 128, (n, k // 32, 32))
+    q[..., 0] = rng.choice([-127, 127], (n, k // 32))
+    q = np.take_along_axis(q, rng.permuted(np.tile(np.arange(32), (n, k // 32, 1)), axis=-1), -1)
+    scale = np.exp2(rng.integers(-8, 1, (n, k // 32, 1)).astype(np.float64))
+    return (q * scale).reshape(n, k).astype(np.float32)
+
+
+def cols_of(qtype: T) -> int:
+    return {32: 96, 256: 512}[GGML_QUANT_SIZES[qtype][0]]
+
+
+def run_mmq(ctx, qtype, raw, cols, x, n, y0=None):
+    tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
+    xb, yb, x8 = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows), ctx.alloc(x8_bytes(n, cols))
+    ctx.upload(xb, x.astype(np.float32))
+    if y0 is not None:
+        ctx.upload(yb, y0.astype(np.float32))
+    rec = ctx.recording()
+    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path="mmq", x8=x8)
+    ctx.run(rec.finish())
+    y = ctx.download(yb, count=n * tensor.rows).reshape(n, tensor.rows)
+    rec.destroy()
+    parts = len(tensor.parts)
+    free_tensor(ctx, tensor)
+    for buffer in (xb, yb, x8):
+        ctx.free(buffer)
+    return y, parts
+
+
+def test_the_mmq_types_are_the_quantized_types():
+    assert mmq_types() == frozenset(MMQ_TYPES)
+
+
+def test_quantize_x8_blocks(vk_ctx, dev):
+    """Exact activations give numpy's quants, scales and slice sums exactly (scales to an ulp);
+    Gaussian ones the same quants but for a rare tie, each sum d times its slice's quants."""
+    n, k = 5, 96
+    for exact in (True, False):
+        x = exact_activations(n, k, seed=1) if exact else np.random.default_rng(2).standard_normal((n, k))
+        x = x.astype(np.float32)
+        xb, x8 = dev.put(x), dev.empty(x8_bytes(n, k))
+        dev.run(lambda rec: quantize_x8(rec, xb, x8, n, k))
+        got = dev.get(x8, np.uint8, x8_bytes(n, k)).view(X8).reshape(n, k // 32)
+        d, q = quantized(x)
+        np.testing.assert_allclose(got["ds"][..., 0], d, rtol=1e-6)
+        qs = got["qs"].astype(np.int64)
+        assert np.abs(qs - q).max() <= (0 if exact else 1) and (qs != q).mean() < 1e-2
+        sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * got["ds"][..., :1]
+        np.testing.assert_allclose(got["ds"][..., 1:3], sums, rtol=1e-6)
+        assert (got["ds"][..., 3] == 0).all()
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+def test_mmq_every_type(vk_ctx, qtype):
+    """Partial tiles in both directions (67 rows; 17 and 70 columns)."""
+    cols = cols_of(qtype)
+    raw, w = random_weights(qtype, 67, cols, seed=3)
+    for n in (17, 70):
+        x = exact_activations(n, cols, seed=n)
+        y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n)
+        assert_close(y, x.astype(np.float64) @ w.T)
+        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+        y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n)
+        assert_close(y, dequantized(x) @ w.T, 1e-4)   # a rare tie may round the other way
+        assert_close(y, x.astype(np.float64) @ w.T, FLOAT_RTOL)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_mmq_over_many_tiles(vk_ctx, qtype):
+    raw, w = random_weights(qtype, 301, 512, seed=8)
+    x = exact_activations(150, 512, seed=4)
+    y, _ = run_mmq(vk_ctx, qtype, raw, 512, x, 150)
+    assert_close(y, x.astype(np.float64) @ w.T)
+
+
+def test_mmq_accumulates_and_splits_rows(vk_settings):
+    """y += W x, and a weight split into parts by a binding range of 1000 bytes."""
+    raw, w = random_weights(T.Q4_K, 41, 256, seed=5)
+    x = exact_activations(17, 256, seed=6)
+    y0 = np.random.default_rng(2).standard_normal((17, 41)).astype(np.float32)
+    with own_context(vk_settings, block_size=16 << 20, max_binding_range=1000) as ctx:
+        y, parts = run_mmq(ctx, T.Q4_K, raw, 256, x, 17, y0)
+    assert parts > 3
+    assert_close(y, y0 + x.astype(np.float64) @ w.T)
+
+
+def test_float_weights_take_the_tiled_kernel(vk_ctx):
+    """F16 on the mmq path: the float kernel's result (within fp32 rounding, which 8-bit
+    activations would miss by far), and no 8-bit scratch needed."""
+    raw, w = random_weights(T.F16, 33, 96, seed=7)
+    x = np.random.default_rng(3).standard_normal((17, 96)).astype(np.float32)
+    tensor = upload_tensor(vk_ctx, "w", T.F16, (96, 33), raw)
+    xb, yb = vk_ctx.alloc(x.nbytes), vk_ctx.alloc(4 * 17 * 33)
+    vk_ctx.upload(xb, x)
+    rec = vk_ctx.recording()
+    matmul(rec, tensor, xb, yb, 17, path="mmq")
+    vk_ctx.run(rec.finish())
+    y = vk_ctx.download(yb, count=17 * 33).reshape(17, 33)
+    rec.destroy()
+    free_tensor(vk_ctx, tensor)
+    vk_ctx.free(xb)
+    vk_ctx.free(yb)
+    assert_close(y, x.astype(np.float64) @ w.T)
+
+
+def test_swiglu_over_one_quantization(vk_ctx, dev):
+    """Gate and up on the mmq path share one quantization of x (one quantize_x8 dispatch)."""
+    n, cols, rows = 17, 256, 40
+    (raw_g, w_g), (raw_u, w_u) = random_weights(T.Q4_K, rows, cols, seed=9), random_weights(T.Q6_K, rows, cols, seed=10)
+    gate, up = (upload_tensor(vk_ctx, name, t, (cols, rows), raw)
+                for name, t, raw in (("g", T.Q4_K, raw_g), ("u", T.Q6_K, raw_u)))
+    x = exact_activations(n, cols, seed=11) / 64   # exact still; gate values within exp's range
+    xb, out, scratch, x8 = dev.put(x), dev.empty(4 * n * rows), dev.empty(4 * n * rows), dev.empty(x8_bytes(n, cols))
+    rec = vk_ctx.recording(max_sets=16, profile=True)
+    matmul_swiglu(rec, gate, up, xb, out, n, up=scratch, path="mmq", x8=x8)
+    vk_ctx.run(rec.finish())
+    kernels = [label for label, _ in rec.timings_ns()]
+    rec.destroy()
+    assert kernels == ["quantize_x8", "mul_mmq_q4_k", "mul_mmq_q6_k", "swiglu"], kernels
+    g, u = x.astype(np.float64) @ w_g.T, x.astype(np.float64) @ w_u.T
+    assert_close(dev.get(out, count=n * rows).reshape(n, rows), g / (1 + np.exp(-g)) * u)
+    free_tensor(vk_ctx, gate)
+    free_tensor(vk_ctx, up)
+
+
+def test_missing_scratch_is_an_error(vk_ctx):
+    raw, _ = random_weights(T.Q4_0, 8, 64)
+    tensor = upload_tensor(vk_ctx, "w", T.Q4_0, (64, 8), raw)
+    xb, yb = vk_ctx.alloc(4 * 17 * 64), vk_ctx.alloc(4 * 17 * 8)
+    rec = vk_ctx.recording()
+    try:
+        with pytest.raises(ValueError, match="needs 1632 bytes of scratch"):
+            matmul(rec, tensor, xb, yb, 17, path="mmq")
+    finally:
+        rec.destroy()
+        free_tensor(vk_ctx, tensor)
+        vk_ctx.free(xb)
+        vk_ctx.free(yb)
+
+
+def test_lavapipe_keeps_its_paths_unless_told(vk_ctx, vk_settings):
+    """CPU drivers: the mat-vec groups for prefill, and the tiled kernel as the mat-mat kernel
+    (lavapipe's dot products are not accelerated); Settings.prefill_kernel forces mmq."""
+    if vk_ctx.info.kind != "cpu":
+        pytest.skip("a GPU's own rule: test_gpus_take_mmq_where_accelerated_without_matrix_units")
+    assert _path(vk_ctx, 70, 256) == "mat_vec" and mat_mat_path(vk_ctx) == "tiled"
+    with own_context(dataclasses.replace(vk_settings, prefill_kernel="mmq")) as ctx:
+        assert _path(ctx, 70, 256) == "mmq" and _path(ctx, 8, 256) == "mat_vec"
+    with own_context(dataclasses.replace(vk_settings, prefill_kernel="coopmat")) as ctx:
+        if "coopmat" not in paths(ctx):
+            with pytest.raises(VkllmError, match="VKLLM_PREFILL_KERNEL=coopmat: .* has no coopmat kernel"):
+                _path(ctx, 70, 256)
+
+
+@pytest.mark.parametrize("accelerated, coopmat, expected", [(True, False, "mmq"), (False, False, "tiled"),
+                                                            (True, True, "coopmat")])
+def test_gpus_take_mmq_where_accelerated_without_matrix_units(accelerated, coopmat, expected):
+    info = DeviceInfo(0, "gpu", "discrete", 8 << 30, 32, 1 << 32, 64, 1 << 30, 65535, 128, 1.0, frozenset(),
+                      coopmat_shapes=((16, 16, 16),) if coopmat else (), int8_dot=True,
+                      int8_dot_accelerated=accelerated)
+    extensions = {INTEGER_DOT} | ({"VK_KHR_cooperative_matrix"} if coopmat else set())
+    device = SimpleNamespace(info=info, extensions=frozenset(extensions), settings=Settings())
+    assert _path(device, 512, 4096) == expected
+
+
+@pytest.mark.parametrize("value, expected", [("", "auto"), ("MMQ", "mmq"), ("tiled", "tiled")])
+def test_prefill_kernel_from_the_environment(value, expected):
+    assert Settings.from_env({"VKLLM_PREFILL_KERNEL": value}).prefill_kernel == expected
+
+
+def test_bad_prefill_kernel_is_refused():
+    with pytest.raises(VkllmError, match="VKLLM_PREFILL_KERNEL must be one of auto, tiled, mmq, coopmat"):
+        Settings.from_env({"VKLLM_PREFILL_KERNEL": "int8"})
