@@ -17,6 +17,8 @@ def register(sub) -> None:
     p.add_argument("-m", "--model", action="append", help="model(s) to serve (default: the demo model)")
     p.add_argument("--devices", help="the worker's Vulkan devices, its models' layers split across them (0,1)")
     p.add_argument("--split", help="each device's share of the layers (40,60; default: by free memory)")
+    p.add_argument("--gpu-memory-utilization", metavar="SHARE",
+                   help="share of each device's memory the worker may have in use, 0 to 1 (default: 1)")
     p.set_defaults(func=_up, api_key=env.api_key)
 
     for name, text in (("submit", "submit a job over the REST API"), ("jobs", "list jobs"),

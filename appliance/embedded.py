@@ -104,10 +104,12 @@ class _Supervised:
 
 
 def worker_command(args, redis_url: str, models: list[str]) -> list[str]:
-    """The `vkllm worker` that `up` supervises, with its --devices and --split as typed."""
+    """The `vkllm worker` that `up` supervises, with its --devices, --split and
+    --gpu-memory-utilization as typed."""
     return [sys.executable, "-m", "vkllm.cli", "worker", "--redis-url", redis_url, "--metrics-port", "0",
             "--metrics-host", args.host, *[a for m in models for a in ("-m", m)],
-            *[a for name in ("devices", "split") if getattr(args, name) for a in (f"--{name}", getattr(args, name))]]
+            *[a for name in ("devices", "split", "gpu_memory_utilization") if getattr(args, name)
+              for a in (f"--{name.replace('_', '-')}", getattr(args, name))]]
 
 
 def run(args, api_key: str | None) -> int:

@@ -116,8 +116,9 @@ def test_devices_and_split_from_the_environment_and_the_commands(monkeypatch):
         args = parser.parse_args([*command, "--devices", "1,0", "--split", "1,3"])
         assert (settings(args).devices, settings(args).split) == (("1", "0"), (1.0, 3.0))
     from appliance.embedded import worker_command
-    up = parser.parse_args(["up", "--devices", "0,1", "--split", "40,60"])
-    assert worker_command(up, "redis://r", ["m.gguf"])[-4:] == ["--devices", "0,1", "--split", "40,60"]
+    up = parser.parse_args(["up", "--devices", "0,1", "--split", "40,60", "--gpu-memory-utilization", "0.8"])
+    assert worker_command(up, "redis://r", ["m.gguf"])[-6:] == ["--devices", "0,1", "--split", "40,60",
+                                                                 "--gpu-memory-utilization", "0.8"]
     assert "--devices" not in worker_command(parser.parse_args(["up"]), "redis://r", ["m.gguf"])
 
 
