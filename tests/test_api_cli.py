@@ -26,13 +26,30 @@ def appliance(tmp_path_factory, tiny_model):
         "VKLLM_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "vkcache-workers")}
     proc = subprocess.Popen([sys.executable, "-c", VKLLM, "up", "--port", "0", "--data-dir", str(data),
                              "--models-dir", str(tiny_model.parent), "-m", tiny_model.name],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=interruptible)
     lines = [proc.stdout.readline() for _ in range(3)]
     url = re.search(r"vkllm is up: (http://\S+)/", lines[0]).group(1)
     key = re.search(r"API key .*: (\S+)$", lines[1]).group(1)
     yield proc, url, key, data
+    stop(proc)
+
+
+def interruptible():
+    """In a child about to run `vkllm up`: Ctrl-C (SIGINT) as a terminal delivers it, even where the
+    tests run as a background job, which starts with SIGINT ignored (and `up` would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """A `vkllm up` the test left running stops as a service manager stops it (SIGTERM: redis and
+    the worker with it), killed only if it does not."""
     if proc.poll() is None:
-        proc.kill()
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def test_up_submit_follow_jobs_then_ctrl_c(appliance):

@@ -12,7 +12,7 @@ from redis import Redis
 
 from vkllm import protocol
 from tests.conftest import API_KEY, VKLLM
-from tests.test_api_cli import _children, _state
+from tests.test_api_cli import _children, _state, stop
 from tests.test_resilience import http, submit, wait_for
 
 
@@ -27,9 +27,7 @@ def up(tmp_path, tmp_path_factory, tiny_model):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = re.search(r"vkllm is up: (http://\S+)/", proc.stdout.readline()).group(1)
     yield proc, url, tmp_path
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+    stop(proc)
 
 
 def _cmdline(pid: int) -> list[str]:
