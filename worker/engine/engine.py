@@ -19,7 +19,7 @@ from worker.engine.config import Settings
 from worker.engine.errors import PromptTooLong
 from worker.engine.generation import Event, Timings, TokenLogprobs
 from worker.engine.grammar import Constraint, GrammarError, grammar, lltokenizer
-from worker.engine.kernels.matmul import paths
+from worker.engine.kernels.matmul import mat_mat_path
 from worker.engine.kernels.paged import row_bytes
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tile_tuning import model_tiles
@@ -114,7 +114,8 @@ class Engine:
             if max_batch is not None:
                 chunks = (max_batch,)
             else:
-                chunks = MATRIX_UNIT_CHUNKS if "coopmat" in paths(ctx) else (PREFILL_CHUNK,)
+                # bigger chunks only where every device's prefill takes its matrix units
+                chunks = MATRIX_UNIT_CHUNKS if all(mat_mat_path(c) == "coopmat" for c in ctxs) else (PREFILL_CHUNK,)
             sequences = settings.max_sequences
             plans = plan_split(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, budgets,
                                [stage.layers for stage in placement],
