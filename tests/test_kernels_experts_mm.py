@@ -139,9 +139,9 @@ def test_which_kernels_a_pass_takes(vk_ctx, vk_settings):
 
 
 def test_the_plan_counts_the_mat_mat_expert_scratch(vk_settings, tmp_path):
-    """qwen3-30b-a3b's expert shape at a chunk of 512: tiles of 64 slots, the up products per
-    slot and, on mmq, the down products' 8-bit input per slot (8 x 768 values of 1.5 bytes each)
-    beyond the tokens' widest (2048); none of them through the tiled kernel's path but the tiles."""
+    """qwen3-30b-a3b's expert shape at a chunk of 512: tiles of 64 slots and the up products per
+    slot on both paths; the 8-bit input (mmq only) per token of the widest product input, the
+    expert down products taking f32 input (models/moe.py)."""
     tiny = ModelFile.open(_model(tmp_path, "tiny-qwen3moe", "Q8_0")).config
     config = dataclasses.replace(tiny, n_embd=2048, n_ff=768, n_expert=128, n_expert_used=8, n_ff_exp=768)
     shape = AttentionShape.from_config(config, 1024)
@@ -155,5 +155,4 @@ def test_the_plan_counts_the_mat_mat_expert_scratch(vk_settings, tmp_path):
         assert s["moe_tiles"] == 4 * (slots + 3 * (slots // 64 + 128))
         assert s["moe_up"] == 4 * slots * 768
     assert sizes["tiled"]["x8"] == 0
-    widest = max(2048, config.n_head * config.head_dim)
-    assert sizes["mmq"]["x8"] == max(512 * widest, slots * 768) * 3 // 2
+    assert sizes["mmq"]["x8"] == 512 * max(2048, config.n_head * config.head_dim) * 3 // 2

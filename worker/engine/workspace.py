@@ -94,9 +94,8 @@ class Workspace:
                 "moe_tiles": experts.tiles_bytes(slots, c.n_expert, experts.group_cols(ctx, expert_path))
                 if expert_path != "mat_vec" else 0,
                 "moe_up": 4 * slots * c.n_ff_exp if expert_path in experts.MAT_MAT_PATHS else 0,
-                # the products' inputs, and on the mmq expert path the down products' per slot
-                "x8": max(x8_bytes(n, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)),
-                          x8_bytes(slots, c.n_ff_exp) if expert_path == "mmq" else 0) if mmq else 0}
+                # the products' inputs per token (the expert down products take f32 input: models/moe.py)
+                "x8": x8_bytes(n, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)) if mmq else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, staged: bool = False) -> Workspace:
