@@ -42,9 +42,10 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
         experts.matmul_experts_glu_mm(rec, chosen, layer["ffn_gate_exps"], layer["ffn_up_exps"], ws.xb, ws.moe_gate,
                                       ws.moe_up, tiles, slots, c.n_expert_used, biases, x8=ws.x8)
         rec.barrier()
-        # the down products take f32 input on the mmq path too: through 8-bit input tiny-gpt-oss
-        # lost one token's logits (22% off at 11 tokens) though the kernel matches numpy on that
-        # layer's data (tests/test_kernels_experts_mm.py); not yet understood
+        # the down products take f32 input on the mmq path too: with 8-bit input as well (the
+        # kernel gathers slots' 8-bit rows alike and is exact, tests/test_kernels_experts_mm.py;
+        # ~1% per slot in the engine) tiny-gpt-oss's router logits drift enough that layer 3
+        # flips token 2's second expert (margin 0.22, drift 0.12), 22% of its logits off
         experts.matmul_experts_mm(rec, "tiled", layer["ffn_down_exps"], ws.moe_gate, ws.moe_out, tiles, slots,
                                   c.n_expert_used, x_per_slot=True, bias=down_bias)
     else:
