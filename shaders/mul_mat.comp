@@ -10,7 +10,8 @@
 // others load the BN x BK activation tile as 4-vectors along K (neighbouring threads read
 // neighbouring memory); then each thread accumulates the 4 x 4 outputs of 4 consecutive rows
 // and 4 consecutive columns in fp32, from two 4-vector loads of shared memory per step of k.
-// TILE 64: 256 threads, half of them loading weights.
+// TILE 64: 256 threads, half of them loading weights. With EXPERT_TILES the columns are one
+// expert tile's slots (mul_mat_base.glsl).
 layout(constant_id = 1) const uint TILE = 64;
 const uint BM = TILE;
 const uint BN = TILE;
@@ -41,7 +42,10 @@ void load_tiles(uint tid, uint row0, uint col0, uint k0) {
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
-    const uint row0 = gl_WorkGroupID.x * BM, col0 = gl_WorkGroupID.y * BN;
+    const uint row0 = gl_WorkGroupID.x * BM, col0 = first_col(BN);
+    if (col0 >= cols_end()) {   // an empty expert tile (mul_mat_base.glsl)
+        return;
+    }
     const uint tr = tid % THREADS_PER_COL, tc = tid / THREADS_PER_COL;
     mat4 acc = mat4(0.0);  // acc[j][i]: column 4 tc + j, row 4 tr + i
     for (uint k0 = 0; k0 < p.ncols; k0 += BK) {

@@ -1,6 +1,12 @@
 // What the mat-mat kernels (mul_mat.comp, mul_mat_coopmat.comp, mul_mmq.comp) share: the
-// bindings of x (f32; with MMQ, 8-bit blocks of x8.glsl) and y, the push constants and the load
-// of 16 consecutive weights of a row. Included after dequant.glsl.
+// bindings of x (f32; with MMQ, 8-bit blocks of x8.glsl) and y, the push constants, the
+// workgroup's columns and the load of 16 consecutive weights of a row. Included after dequant.glsl.
+// With EXPERT_TILES (a mixture-of-experts prefill, mul_mat.comp and mul_mmq.comp) the weights are
+// the 3-D expert tensor of one part (experts expert_first .. + expert_count, `rows` rows each)
+// and workgroup y is tile y of moe_group.comp (up to BN slots of one expert): the workgroup's
+// column c is the tile's c-th slot s, reading x column s (x_per_slot: the down product) or its
+// token s / n_used, and writing y row s; an empty tile, or one whose expert lies in another part,
+// does nothing. EXPERT_BIAS adds the expert's bias row ([n_expert, rows], binding 4).
 
 #if defined(MMQ)
 #include "x8.glsl"
@@ -10,6 +16,13 @@ layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 #endif
 layout(std430, binding = 2) buffer Y { float y[]; };
+#if defined(EXPERT_TILES)
+// moe_group.comp's output: the slots by expert, then (expert, first, count) per tile
+layout(std430, binding = 3) readonly buffer Tiles { uint tiles[]; };
+#if defined(EXPERT_BIAS)
+layout(std430, binding = 4) readonly buffer Bias { float bias[]; };
+#endif
+#endif
 
 // The same block as mul_mat_vec_base.glsl's: matmul.py packs both alike.
 layout(push_constant) uniform Push {
@@ -19,11 +32,37 @@ layout(push_constant) uniform Push {
     uint y_offset;    // index in a column of y of this part's first row
     uint y_stride;    // length of a column of y: all rows of the tensor
     uint accumulate;  // 1: add to what y holds (residual), 0: overwrite
+#if defined(EXPERT_TILES)
+    // as mul_mat_vec_base.glsl's EXPERTS block; n counts the slots
+    uint n_used;        // experts per token: slot s is token s / n_used
+    uint expert_first;  // the part's first expert
+    uint expert_count;  // experts in the part
+    uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
+#endif
 } p;
+
+#if defined(EXPERT_TILES)
+uint tile_word(uint i) { return tiles[p.n + 3 * gl_WorkGroupID.y + i]; }
+// The workgroup's first column (columns first_col(bn) .. cols_end() - 1 are real ones).
+uint first_col(uint bn) { return 0; }
+uint cols_end() { return tile_word(0) - p.expert_first < p.expert_count ? tile_word(2) : 0; }
+uint tile_slot(uint col) { return tiles[tile_word(1) + col]; }
+uint x_col(uint col) { return p.x_per_slot != 0 ? tile_slot(col) : tile_slot(col) / p.n_used; }
+uint y_col(uint col) { return tile_slot(col); }
+// Row `row` of the expert in the part's weights.
+uint a_row(uint row) { return (tile_word(0) - p.expert_first) * p.rows + row; }
+#else
+uint first_col(uint bn) { return gl_WorkGroupID.y * bn; }
+uint cols_end() { return p.n; }
+uint x_col(uint col) { return col; }
+uint y_col(uint col) { return col; }
+uint a_row(uint row) { return row; }
+#endif
 
 // Weights k .. k+15 of a row (k a multiple of 16); float rows may end within them (zeros past
 // the end).
-mat4 load_a16(uint row, uint k) {
+mat4 load_a16(uint part_row, uint k) {
+    const uint row = a_row(part_row);
 #if QUANT_K == 1
     if (k + 16 > p.ncols) {
         mat4 v = mat4(0.0);
@@ -37,11 +76,12 @@ mat4 load_a16(uint row, uint k) {
 }
 
 #if !defined(MMQ)
-// x[col, k .. k+3], zeros past the end of the row or of the columns.
+// x[col, k .. k+3] (col: of the workgroup's columns), zeros past the end of the row or of the
+// columns.
 vec4 load_x4(uint col, uint k) {
     vec4 xv = vec4(0.0);
-    if (col < p.n && k < p.ncols) {
-        const uint i = col * p.ncols + k;
+    if (col < cols_end() && k < p.ncols) {
+        const uint i = x_col(col) * p.ncols + k;
         if (p.ncols % 4 == 0) {
             xv = x4[i / 4];
         } else {
@@ -54,10 +94,13 @@ vec4 load_x4(uint col, uint k) {
 }
 #endif
 
-// y[col, y_offset + row] (+)= v, inside the part and the columns.
+// y[col, y_offset + row] (+)= v (+ the expert's bias), inside the part and the columns.
 void store_y(uint row, uint col, float v) {
-    if (row < p.rows && col < p.n) {
-        const uint idx = col * p.y_stride + p.y_offset + row;
+    if (row < p.rows && col < cols_end()) {
+#if defined(EXPERT_BIAS)
+        v += bias[tile_word(0) * p.rows + row];
+#endif
+        const uint idx = y_col(col) * p.y_stride + p.y_offset + row;
         y[idx] = p.accumulate != 0 ? y[idx] + v : v;
     }
 }

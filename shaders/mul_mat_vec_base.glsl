@@ -64,11 +64,7 @@ const uint NUM_MATS = 2;
 #include "gelu.glsl"
 float glu_act(float v) { return gelu(v); }
 #elif defined(GLU_OAI)
-const float OAI_ALPHA = 1.702, OAI_LIMIT = 7.0;
-float glu_oai(float g, float u) {
-    g = min(g, OAI_LIMIT);
-    return g / (1.0 + exp(-OAI_ALPHA * g)) * (clamp(u, -OAI_LIMIT, OAI_LIMIT) + 1.0);
-}
+#include "glu_oai.glsl"
 #else
 float glu_act(float v) { return v / (1.0 + exp(-v)); }
 #endif

@@ -12,7 +12,8 @@
 // accumulates 4 rows x 4 columns: per slice an exact integer dot of the quants, scaled once,
 // plus the weight offset times the activation slice's sum,
 //   y += a * d * (w . q) + b * d * sum(q).
-// TILE 64: 256 threads, of which 192 load.
+// TILE 64: 256 threads, of which 192 load. With EXPERT_TILES the columns are one expert tile's
+// slots (mul_mat_base.glsl), x8 quantized per row of x (token, or slot for the down product).
 layout(constant_id = 1) const uint TILE = 64;
 const uint BM = TILE;
 const uint BN = TILE;
@@ -29,7 +30,7 @@ void load_tiles(uint tid, uint row0, uint col0, uint k0) {
         vec2 ab = vec2(0.0);
         ivec4 q = ivec4(0);
         if (row0 + row < p.rows) {
-            q = quants16((row0 + row) * (p.ncols / QUANT_K) + k / QUANT_K, (k % QUANT_K) / 16, ab);
+            q = quants16(a_row(row0 + row) * (p.ncols / QUANT_K) + k / QUANT_K, (k % QUANT_K) / 16, ab);
         }
         tile_q[s][row] = q;
         tile_ab[s][row] = ab;
@@ -37,8 +38,8 @@ void load_tiles(uint tid, uint row0, uint col0, uint k0) {
     }
     const uint col = tid - 2 * BM;
     if (col < BN) {
-        const bool inside = col0 + col < p.n;
-        const uint b = (col0 + col) * (p.ncols / 32) + k0 / 32;
+        const bool inside = col0 + col < cols_end();
+        const uint b = inside ? x_col(col0 + col) * (p.ncols / 32) + k0 / 32 : 0;
         tile_xq[0][col] = inside ? x8[b].qs[0] : ivec4(0);
         tile_xq[1][col] = inside ? x8[b].qs[1] : ivec4(0);
         tile_xd[col] = inside ? x8[b].ds : vec4(0.0);
@@ -47,7 +48,10 @@ void load_tiles(uint tid, uint row0, uint col0, uint k0) {
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
-    const uint row0 = gl_WorkGroupID.x * BM, col0 = gl_WorkGroupID.y * BN;
+    const uint row0 = gl_WorkGroupID.x * BM, col0 = first_col(BN);
+    if (col0 >= cols_end()) {   // an empty expert tile (mul_mat_base.glsl)
+        return;
+    }
     const uint tr = tid % THREADS_PER_COL, tc = tid / THREADS_PER_COL;
     mat4 acc = mat4(0.0);  // acc[j][i]: column 4 tc + j, row 4 tr + i
     for (uint k0 = 0; k0 < p.ncols; k0 += 32) {

@@ -8,8 +8,9 @@ Tolerance: max |logit error| <= 4e-2 * max |logit|, where the float paths keep 2
 (~0.5% RMS error per product, tests/test_kernels_mmq.py, whose exact references show the
 kernels add nothing to it), and these tiny random models compound that through two layers:
 observed 0.4-2.1e-2 (tiny-llama Q4_K_M: 1.9e-2 through mmq, 4e-4 through the tiled kernel),
-the limit twice the largest. A mixture of experts' attention and router products take mmq; its
-experts' own kernels (mul_mat_vec_id) are unchanged."""
+the limit twice the largest. A mixture of experts' attention and router products take mmq, and
+its experts' gate and up products mul_mmq_id_tiles (their down products the tiled kernel's
+mul_mat_id_tiles: tests/test_engine_moe_mm.py)."""
 import dataclasses
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Push constants packed by name: the layout read from the compiled SPIR-V must be the GLSL
 block's (shaders/rms_norm.comp: `{ uint cols; float eps; }`, mul_mat.comp and
-mul_mat_vec_base.glsl and mul_mmq.comp: the same six uints), and packing must refuse what the block lacks."""
+mul_mat_vec_base.glsl and mul_mmq.comp: the same six uints; their expert variants four more), and packing must
+refuse what the block lacks."""
 import struct
 
 import pytest
@@ -26,6 +27,17 @@ def test_mat_vec_and_mat_mat_share_one_block(cache):
                    "mul_mat_cols_glu_c2_q4_0", "mul_mmq_q4_0"):
         fields = shaderbuild.load_spirv(kernel, cache).push.fields
         assert fields == tuple(PushField(name, 4 * i, "I") for i, name in enumerate(names))
+
+
+def test_expert_kernels_share_one_block(cache):
+    """The mat-mat expert tiles (mul_mat_base.glsl's EXPERT_TILES) pack as the mat-vec ones
+    (mul_mat_vec_base.glsl's EXPERTS): kernels/experts.py fills both from one dict."""
+    names = ("ncols", "rows", "n", "y_offset", "y_stride", "accumulate", "n_used", "expert_first", "expert_count",
+             "x_per_slot")
+    for kernel in ("mul_mat_vec_id_tiles_q4_0", "mul_mat_id_tiles_q4_0", "mul_mat_id_bias_tiles_f16",
+                   "mul_mmq_id_tiles_q4_0", "mul_mmq_id_bias_tiles_mxfp4"):
+        fields = shaderbuild.load_spirv(kernel, cache).push.fields
+        assert fields == tuple(PushField(name, 4 * i, "I") for i, name in enumerate(names)), kernel
 
 
 @pytest.mark.parametrize("values, message", [

@@ -37,6 +37,7 @@ class Workspace:
     moe_gate: Buffer | None     # f32 [n * n_expert_used, n_ff_exp] the experts' SwiGLU
     moe_out: Buffer | None      # f32 [n * n_expert_used, n_embd] their down products
     moe_tiles: Buffer | None    # the slots grouped by expert (kernels/experts.py's group), prefill only
+    moe_up: Buffer | None       # f32 [n * n_expert_used, n_ff_exp] the up products of the mat-mat expert path
     moe_shared_gate: Buffer | None  # f32 [n]: the shared expert's gate logit per token (None: no shared expert)
     logits: Buffer      # f32 [sequences, vocab], read back when the sampler needs them all
     batch_logits: Buffer   # f32 [sequences, vocab] in device memory: a batched pass's rows (Runner)
@@ -84,14 +85,17 @@ class Workspace:
         from worker.engine.kernels import attention, experts, select
         from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, mat_mat_path, x8_bytes
         vocab, c = config.vocab_size, config
-        grouped = c.n_expert and n > MAT_VEC_MAX_COLS
+        slots = n * c.n_expert_used
+        expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
+        mmq = n > MAT_VEC_MAX_COLS and mat_mat_path(ctx) == "mmq"
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
                               select.scratch_bytes(ctx, sequences, vocab, min(MAX_K, vocab))),
-                "moe_tiles": experts.tiles_bytes(n * c.n_expert_used, c.n_expert, experts.tile_cols(ctx))
-                if grouped else 0,
-                "x8": x8_bytes(n, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim))
-                if n > MAT_VEC_MAX_COLS and mat_mat_path(ctx) == "mmq" else 0}
+                "moe_tiles": experts.tiles_bytes(slots, c.n_expert, experts.group_cols(ctx, expert_path))
+                if expert_path != "mat_vec" else 0,
+                "moe_up": 4 * slots * c.n_ff_exp if expert_path in experts.MAT_MAT_PATHS else 0,
+                # the products' inputs per token (the expert down products take f32 input: models/moe.py)
+                "x8": x8_bytes(n, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)) if mmq else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, staged: bool = False) -> Workspace:

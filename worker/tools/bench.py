@@ -101,6 +101,7 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
     from pathlib import Path
 
     from worker.engine.engine import Engine
+    from worker.engine.kernels import experts
     from worker.engine.kernels.matmul import mat_mat_path
     from worker.engine.modelfile import ModelFile
     from worker.tools.roofline import read_bandwidth
@@ -115,6 +116,8 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
             print(f"{path}:")
             print_profile(engine, args.n_prompt)
         vocab, prefill_kernel = engine.config.vocab_size, mat_mat_path(engine.ctx)
+        if engine.config.n_expert:
+            prefill_kernel += f", experts {experts.path(engine.ctx, engine.chunk)}"
     finally:
         engine.close()
     print(f"{path}: {per_token / 1e9:.3f} GB of weights read per token; measured read roofline "

@@ -29,3 +29,8 @@ def geglu(rec: Recording, gate: Buffer, up: Buffer, out: Buffer, n: int):
 def swiglu(rec: Recording, gate: Buffer, up: Buffer, out: Buffer, n: int):
     """out = silu(gate) * up, the Llama feed-forward gate."""
     _binary(rec, "swiglu", [gate, up, out], n, n)
+
+
+def swiglu_oai(rec: Recording, gate: Buffer, up: Buffer, out: Buffer, n: int):
+    """out = gpt-oss's clamped SwiGLU of gate and up (shaders/glu_oai.glsl)."""
+    _binary(rec, "swiglu_oai", [gate, up, out], n, n)

@@ -7,10 +7,15 @@ slot's expert id and weight on the GPU and the expert mat-vecs read the ids ther
 goes back to the host. In decode every slot is one column of mul_mat_vec.comp's EXPERTS
 variants. A prefill chunk's slots are grouped by expert first (`group`, on the GPU too) into
 tiles of up to tile_cols slots of one expert, each a workgroup column of the EXPERT_TILES
-variants: an expert's weights are read once per tile rather than once per slot."""
+variants: an expert's weights are read once per tile rather than once per slot. On the tiled
+and mmq mat-mat paths (matmul.py's mat_mat_path) the tiles hold up to MAT_MAT_TILE slots and each
+is a workgroup column of mul_mat.comp's or mul_mmq.comp's EXPERT_TILES variants (`path`): the
+expert's weights are read once per 64 of its slots."""
 from worker.engine.intmath import cdiv
+from worker.engine.kernels import elementwise
 from worker.engine.kernels.launch import stride_groups, threads
-from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, mat_vec_shape
+from worker.engine.kernels.matmul import (MAT_MAT_THREADS, MAT_MAT_TILE, MAT_VEC_MAX_COLS, mat_mat_path, mat_vec_shape,
+                                          mmq_types, quantize_x8)
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
@@ -40,6 +45,28 @@ def tile_cols(ctx) -> int:
     return max(1, min(most, ctx.info.max_shared_memory // (4 * 2 * rows_per_group * threads_per_group)))
 
 
+# The mat-mat paths that have expert-tile kernels; the coopmat path keeps the mat-vec tiles.
+MAT_MAT_PATHS = ("tiled", "mmq")
+
+
+def path(ctx, n: int) -> str:
+    """The expert products' kernels for a pass of n tokens: "mat_vec" up to MAT_VEC_MAX_COLS
+    tokens (decode: a mat-vec column per slot), else mat_mat_path's kernel over tiles where it
+    is one of MAT_MAT_PATHS and the device takes mat-mat products at all (a CPU driver only when
+    Settings.prefill_kernel names one, as matmul.py's rule), else "mat_vec_tiles"."""
+    if n <= MAT_VEC_MAX_COLS:
+        return "mat_vec"
+    if ctx.info.kind == "cpu" and ctx.settings.prefill_kernel == "auto":
+        return "mat_vec_tiles"
+    chosen = mat_mat_path(ctx)
+    return chosen if chosen in MAT_MAT_PATHS else "mat_vec_tiles"
+
+
+def group_cols(ctx, chosen: str) -> int:
+    """Slots per tile of `group` for the kernels of path `chosen`."""
+    return MAT_MAT_TILE if chosen in MAT_MAT_PATHS else tile_cols(ctx)
+
+
 def max_tiles(n_slots: int, n_expert: int, cols: int) -> int:
     """Tiles at most: every expert that has slots adds at most one partial tile."""
     return cdiv(n_slots, cols) + min(n_expert, n_slots)
@@ -60,10 +87,10 @@ def route(rec: Recording, logits: Buffer, ids: Buffer, weights: Buffer, n: int, 
                  dict(n_expert=n_expert, n_used=n_used, softmax_chosen=int(softmax_chosen), norm=int(norm)))
 
 
-def group(rec: Recording, ids: Buffer, tiles: Buffer, n_slots: int, n_expert: int):
-    """The slots' expert ids (route's) -> tiles of up to tile_cols slots of one expert
-    (moe_group.comp), in `tiles` of tiles_bytes."""
-    cols = tile_cols(rec.ctx)
+def group(rec: Recording, ids: Buffer, tiles: Buffer, n_slots: int, n_expert: int, cols: int | None = None):
+    """The slots' expert ids (route's) -> tiles of up to `cols` slots of one expert
+    (moe_group.comp; tile_cols's by default, group_cols's for a path), in `tiles` of tiles_bytes."""
+    cols = cols or tile_cols(rec.ctx)
     rec.dispatch(rec.ctx.kernel("moe_group", {0: GROUP_THREADS}), [ids, tiles], (1, 1, 1),
                  dict(n_slots=n_slots, n_expert=n_expert, cols=cols, max_tiles=max_tiles(n_slots, n_expert, cols)))
 
@@ -119,6 +146,56 @@ def matmul_experts_glu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor,
     _dispatch(rec, f"mul_mat_vec_id_{op}", w_gate,
               lambda part: [part[0], ups[part[1]], x, out, routing, *extra], n_slots, n_used, False,
               tiles is not None)
+
+
+def _mat_mat(rec: Recording, chosen: str, products: list, x: Buffer, tiles: Buffer, n_slots: int, n_used: int,
+             x_per_slot: bool, x8: Buffer | None):
+    """y (+ bias) = the expert products of `products` ((w, y, bias or None), weights of one K)
+    over x and group's tiles of MAT_MAT_TILE slots, through the mat-mat kernels of path `chosen`.
+    On "mmq" x's rows (tokens, or slots with x_per_slot) are quantized once for all of them into
+    x8 (then a barrier) and each kernel gathers its slots' 8-bit rows; a weight of a type without
+    an mmq kernel takes the tiled one."""
+    ctx, types = rec.ctx, mmq_types() if chosen == "mmq" else frozenset()
+    quantized = [w for w, _, _ in products if w.ggml_type in types]
+    if quantized:
+        quantize_x8(rec, x, x8, n_slots if x_per_slot else n_slots // n_used, quantized[0].cols)
+        rec.barrier()
+    for w, y, bias in products:
+        op, x_in = ("mul_mmq", x8) if w.ggml_type in types else ("mul_mat", x)
+        kernel = ctx.kernel(f"{op}_id{'_bias' if bias is not None else ''}_tiles_{w.ggml_type.name.lower()}",
+                            {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
+        per_expert = w.rows // w.experts
+        groups = (cdiv(per_expert, MAT_MAT_TILE), max_tiles(n_slots, w.experts, MAT_MAT_TILE), 1)
+        for buffer, first, count in w.parts:
+            rec.dispatch(kernel, [buffer, x_in, y, tiles, *([bias] if bias is not None else [])], groups,
+                         dict(ncols=w.cols, rows=per_expert, n=n_slots, y_offset=0, y_stride=per_expert, accumulate=0,
+                              n_used=n_used, expert_first=first // per_expert, expert_count=count // per_expert,
+                              x_per_slot=int(x_per_slot)))
+
+
+def matmul_experts_mm(rec: Recording, chosen: str, w: DeviceTensor, x: Buffer, y: Buffer, tiles: Buffer,
+                      n_slots: int, n_used: int, x_per_slot: bool, bias: Buffer | None = None,
+                      x8: Buffer | None = None):
+    """What matmul_experts computes, over `tiles` (group's with group_cols(ctx, chosen) slots
+    each) through the mat-mat kernels of path `chosen` (one of MAT_MAT_PATHS; "mmq" takes x8 of
+    x8_bytes(rows of x, w.cols))."""
+    _mat_mat(rec, chosen, [(w, y, bias)], x, tiles, n_slots, n_used, x_per_slot, x8)
+
+
+def matmul_experts_glu_mm(rec: Recording, chosen: str, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer,
+                          out: Buffer, up: Buffer, tiles: Buffer, n_slots: int, n_used: int,
+                          biases: tuple[Buffer, Buffer] | None = None, x8: Buffer | None = None):
+    """What matmul_experts_glu computes, as the dense mat-mat path does it (matmul_swiglu): the
+    gate products into out and the up products into `up` (f32 [n_slots, rows]), both over x
+    quantized once on "mmq", a barrier, then swiglu (with `biases` added by the products:
+    gpt-oss's clamped swiglu_oai) into out. Tiles and x8 as matmul_experts_mm's."""
+    if (w_gate.rows, w_gate.cols, w_gate.experts) != (w_up.rows, w_up.cols, w_up.experts):
+        raise ValueError(f"expert gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
+    bias_gate, bias_up = biases if biases is not None else (None, None)
+    _mat_mat(rec, chosen, [(w_gate, out, bias_gate), (w_up, up, bias_up)], x, tiles, n_slots, n_used, False, x8)
+    rec.barrier()
+    size = n_slots * (w_gate.rows // w_gate.experts)
+    (elementwise.swiglu_oai if biases is not None else elementwise.swiglu)(rec, out, up, out, size)
 
 
 def combine(rec: Recording, y: Buffer, weights: Buffer, x: Buffer, n: int, n_used: int, n_embd: int,

@@ -3,12 +3,14 @@ runs its gate, up and down): router mat-vec, routing on the GPU, the chosen expe
 gate+up and their down products, and the weighted sum into the residual stream. The buffers are
 the Workspace's moe_* ones (worker/engine/workspace.py). Passes of more than MAT_VEC_MAX_COLS
 tokens (prefill) group the slots by expert first, so that each expert's weights are read once
-per tile of its slots (kernels/experts.py). A shared expert (Qwen2-MoE) is a dense SwiGLU FFN
+per tile of its slots (kernels/experts.py): tiles of the mat-vec kernels, or on the tiled and
+mmq paths of their mat-mat kernels (gate and up then two products and a SwiGLU, as the dense
+mat-mat path does, through moe_up and on mmq the 8-bit x8; the down products f32). A shared expert (Qwen2-MoE) is a dense SwiGLU FFN
 through the dense kernels, its gate logit one more mat-vec row, both recorded with the router
 (they read the same input); its down product is weighed by the gate's sigmoid into the residual
 after the chosen experts' sum."""
 from worker.engine.kernels import elementwise, experts
-from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, matmul, matmul_swiglu
+from worker.engine.kernels.matmul import matmul, matmul_swiglu
 
 
 def record_moe_ffn(rec, ws, layer, config, n: int):
@@ -29,17 +31,29 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
     experts.route(rec, ws.moe_logits, ws.moe_ids, ws.moe_weights, n, c.n_expert, c.n_expert_used,
                   c.expert_softmax_chosen, c.expert_weights_norm)
     rec.barrier()
-    tiles = ws.moe_tiles if n > MAT_VEC_MAX_COLS else None
+    chosen = experts.path(rec.ctx, n)
+    tiles = ws.moe_tiles if chosen != "mat_vec" else None
     if tiles is not None:
-        experts.group(rec, ws.moe_ids, tiles, slots, c.n_expert)
+        experts.group(rec, ws.moe_ids, tiles, slots, c.n_expert, experts.group_cols(rec.ctx, chosen))
         rec.barrier()
     biases = (layer["ffn_gate_exps.bias"], layer["ffn_up_exps.bias"]) if c.ffn_oai else None
-    experts.matmul_experts_glu(rec, layer["ffn_gate_exps"], layer["ffn_up_exps"], ws.xb, ws.moe_gate, ws.moe_ids,
-                               slots, c.n_expert_used, biases, tiles)
-    rec.barrier()
-    experts.matmul_experts(rec, layer["ffn_down_exps"], ws.moe_gate, ws.moe_out, ws.moe_ids, slots,
-                           c.n_expert_used, x_per_slot=True,
-                           bias=layer["ffn_down_exps.bias"] if c.ffn_oai else None, tiles=tiles)
+    down_bias = layer["ffn_down_exps.bias"] if c.ffn_oai else None
+    if chosen in experts.MAT_MAT_PATHS:
+        experts.matmul_experts_glu_mm(rec, chosen, layer["ffn_gate_exps"], layer["ffn_up_exps"], ws.xb, ws.moe_gate,
+                                      ws.moe_up, tiles, slots, c.n_expert_used, biases, x8=ws.x8)
+        rec.barrier()
+        # the down products take f32 input on the mmq path too: with 8-bit input as well (the
+        # kernel gathers slots' 8-bit rows alike and is exact, tests/test_kernels_experts_mm.py;
+        # ~1% per slot in the engine) tiny-gpt-oss's router logits drift enough that layer 3
+        # flips token 2's second expert (margin 0.22, drift 0.12), 22% of its logits off
+        experts.matmul_experts_mm(rec, "tiled", layer["ffn_down_exps"], ws.moe_gate, ws.moe_out, tiles, slots,
+                                  c.n_expert_used, x_per_slot=True, bias=down_bias)
+    else:
+        experts.matmul_experts_glu(rec, layer["ffn_gate_exps"], layer["ffn_up_exps"], ws.xb, ws.moe_gate,
+                                   ws.moe_ids, slots, c.n_expert_used, biases, tiles)
+        rec.barrier()
+        experts.matmul_experts(rec, layer["ffn_down_exps"], ws.moe_gate, ws.moe_out, ws.moe_ids, slots,
+                               c.n_expert_used, x_per_slot=True, bias=down_bias, tiles=tiles)
     rec.barrier()
     experts.combine(rec, ws.moe_out, ws.moe_weights, ws.x, n, c.n_expert_used, c.n_embd)
     rec.barrier()
