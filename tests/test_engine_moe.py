@@ -85,26 +85,27 @@ def test_chunked_prefill_and_decode_match_one_pass(vk_ctx, synth_dir, preset, mi
     assert_chunked_then_decoded(vk_ctx, path, ids, ref, 20, 6, 2e-3 * np.abs(ref).max())
 
 
-def test_inspect_shows_the_experts(synth_dir):
-    path = _model(synth_dir, "tiny-qwen3moe", "Q8_0")
+def inspect(path) -> str:
     done = subprocess.run([sys.executable, "-c", "import sys; from vkllm.cli import main; sys.exit(main())",
                            "models", "inspect", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "experts         2 of 8 per token, 256 rows each, weights softmax, renormalised\n" in done.stdout
+    return done.stdout
+
+
+def test_inspect_shows_the_experts(synth_dir):
+    path = _model(synth_dir, "tiny-qwen3moe", "Q8_0")
+    shown = inspect(path)
+    assert "experts         2 of 8 per token, 256 rows each, weights softmax, renormalised\n" in shown
     # the plan counts every expert's weights, chosen or not
     model = ModelFile.open(path)
     expert_bytes = sum(t.n_bytes for name, t in model.tensors.items() if "_exps." in name)
     assert expert_bytes > sum(t.n_bytes for t in model.tensors.values()) / 2
     total = sum(t.n_bytes for t in model.tensors.values())
-    assert f"weights {total / 2**20:.2f} MiB" in done.stdout
+    assert f"weights {total / 2**20:.2f} MiB" in shown
 
 
 def test_inspect_shows_the_shared_expert(synth_dir):
     """A qwen2moe file: softmax weights not renormalised, and the shared expert's width."""
-    path = _model(synth_dir, "tiny-qwen2moe", "Q8_0")
-    done = subprocess.run([sys.executable, "-c", "import sys; from vkllm.cli import main; sys.exit(main())",
-                           "models", "inspect", str(path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert "architecture    qwen2moe\n" in done.stdout
-    assert "experts         2 of 8 per token, 256 rows each, weights softmax, shared expert of 384 rows\n" \
-        in done.stdout
+    shown = inspect(_model(synth_dir, "tiny-qwen2moe", "Q8_0"))
+    assert "architecture    qwen2moe\n" in shown
+    assert "experts         2 of 8 per token, 256 rows each, weights softmax, shared expert of 384 rows\n" in shown
