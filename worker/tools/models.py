@@ -52,7 +52,8 @@ def _device(settings, config, n_ctx: int):
         return None, f"unavailable ({e})", 0, None
     except Exception as e:   # no driver, no device: inspect still shows the plan
         return None, f"unavailable ({type(e).__name__}: {e})", 0, None
-    limit = "" if settings.gpu_memory_utilization == 1 else f" (--gpu-memory-utilization {settings.gpu_memory_utilization:g})"
+    share = settings.gpu_memory_utilization
+    limit = "" if share == 1 else f" (--gpu-memory-utilization {share:g})"
     return free, f"{_size(free)} available of {_size(total)}{limit}", scratch, index
 
 

@@ -136,7 +136,8 @@ def matmul_experts_glu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor,
     and the up's, [n_expert, rows]) they are added first and the activation is gpt-oss's clamped
     SwiGLU. Both weights must have one type and shape (as a model file's always do). `tiles` as
     for matmul_experts."""
-    if (w_gate.ggml_type, w_gate.rows, w_gate.cols, w_gate.experts) != (w_up.ggml_type, w_up.rows, w_up.cols, w_up.experts):
+    if (w_gate.ggml_type, w_gate.rows, w_gate.cols, w_gate.experts) != \
+            (w_up.ggml_type, w_up.rows, w_up.cols, w_up.experts):
         raise ValueError(f"expert gate ({w_gate.ggml_type.name} {w_gate.rows}x{w_gate.cols}) and up "
                          f"({w_up.ggml_type.name} {w_up.rows}x{w_up.cols}) differ")
     op = "glu_oai" if biases is not None else "glu"

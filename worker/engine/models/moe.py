@@ -5,10 +5,10 @@ the Workspace's moe_* ones (worker/engine/workspace.py). Passes of more than MAT
 tokens (prefill) group the slots by expert first, so that each expert's weights are read once
 per tile of its slots (kernels/experts.py): tiles of the mat-vec kernels, or on the tiled and
 mmq paths of their mat-mat kernels (gate and up then two products and a SwiGLU, as the dense
-mat-mat path does, through moe_up and on mmq the 8-bit x8; the down products f32). A shared expert (Qwen2-MoE) is a dense SwiGLU FFN
-through the dense kernels, its gate logit one more mat-vec row, both recorded with the router
-(they read the same input); its down product is weighed by the gate's sigmoid into the residual
-after the chosen experts' sum."""
+mat-mat path does, through moe_up and on mmq the 8-bit x8; the down products f32). A shared
+expert (Qwen2-MoE) is a dense SwiGLU FFN through the dense kernels, its gate logit one more
+mat-vec row, both recorded with the router (they read the same input); its down product is
+weighed by the gate's sigmoid into the residual after the chosen experts' sum."""
 from worker.engine.kernels import elementwise, experts
 from worker.engine.kernels.matmul import matmul, matmul_swiglu
 
