@@ -114,3 +114,40 @@ def test_utilization_from_the_environment(value, expected):
 def test_bad_utilization_is_refused(value):
     with pytest.raises(VkllmError, match="VKLLM_GPU_MEMORY_UTILIZATION must be a share of the device's memory"):
         Settings.from_env({"VKLLM_GPU_MEMORY_UTILIZATION": value})
+
+
+def test_one_worker_serves_two_models_at_once(start_worker, client, vk_session, tmp_path, redis_url):
+    """`vkllm worker -m A -m B`: jobs for both, submitted together, run in the same steps on the
+    context the models share, and each streams what its model gives alone."""
+    from tests.conftest import API_KEY
+    from tests.test_api import sse_events
+    from worker.tools.synth import write_model
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    prompt = "The weather is nice, so we will go for a walk"
+    paths = [write_model("tiny-llama", tmp_path / "llama-a.gguf"),
+             write_model("tiny-qwen2", tmp_path / "qwen-b.gguf", "Q4_0")]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    expected = {}
+    for path in paths:
+        engine = Engine.load(path, ctx=vk_session, max_batch=64)
+        try:
+            expected[path.stem] = "".join(e.text for e in engine.generate(prompt, params))
+        finally:
+            engine.close()
+    start_worker("two-models", model=paths[0], args=("-m", str(paths[1])))
+    jobs = {}
+    for model in expected:
+        r = client.post("/api/v1/jobs", json={"model": model, "prompt": prompt, "max_tokens": 16,
+                                              "temperature": 0, "ignore_eos": True}, headers=auth)
+        assert r.status_code == 202, r.json
+        jobs[model] = r.json["id"]
+    for model, job_id in jobs.items():
+        events = sse_events(client.get(f"/api/v1/jobs/{job_id}/stream", headers=auth).get_data(as_text=True))
+        assert events[-1][1] == "end"
+        assert "".join(d["text"] for _, kind, d in events if kind == "token") == expected[model]
+    assert all(expected.values()) and len(set(expected.values())) == 2
+    # at once: each job started before the other ended
+    from redis import Redis
+    from rq.job import Job
+    first, second = Job.fetch_many(list(jobs.values()), connection=Redis.from_url(redis_url))
+    assert first.started_at < second.ended_at and second.started_at < first.ended_at
