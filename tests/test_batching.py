@@ -96,7 +96,9 @@ def test_jobs_join_and_leave_while_a_long_one_runs(app, client, worker, redis_ur
 
 def test_a_cancelled_job_stops_within_a_few_steps_and_the_others_go_on(app, client, worker, redis_url):
     r = Redis.from_url(redis_url)
-    jobs = [enqueue(app, prompt=f"Tale {i}", max_tokens=80) for i in range(3)]
+    # long enough to be running still when the cancelled one has ended: no end of text, and many
+    # steps (a CI machine may take seconds to see the cancel through)
+    jobs = [enqueue(app, prompt=f"Tale {i}", max_tokens=400, ignore_eos=True) for i in range(3)]
     while min(stream_tokens(r, j) for j in jobs) < 3:
         time.sleep(0.01)
     before = stream_tokens(r, jobs[1])

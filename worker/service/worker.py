@@ -197,12 +197,17 @@ class GPUWorker(SimpleWorker):
 
     def _take_queued(self) -> None:
         """Jobs waiting in this worker's queues join while their model's batch has room; none
-        while a stop is requested or Redis is away (the batch does not wait for it)."""
+        while a stop is requested or Redis is away (the batch does not wait for it: the pop goes
+        through the link, which fails at once, so an outage that begins after a step's round trip
+        does not hold the next step until Redis is back)."""
         while not self._stop_requested and self.outbox.up:
             queues = [q for q in self._ordered_queues if self.engines[self.model_of[q.name]].batch.room()]
             if not queues:
                 return
-            taken = self._pop_first(queues)
+            try:
+                taken = self._pop_first(queues)
+            except UNREACHABLE:
+                return   # gone since the last step: that step's flush notices, and no job joins meanwhile
             if taken is None:
                 return
             job, queue = taken
@@ -210,9 +215,11 @@ class GPUWorker(SimpleWorker):
             self._start(job, queue)
 
     def _pop_first(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
-        """The job at the front of the first non-empty queue, and its queue (dequeue_any's answer)."""
+        """The job at the front of the first non-empty queue, and its queue (dequeue_any's answer).
+        The pop goes through the link (raising UNREACHABLE at once when Redis is away); a popped
+        job is fetched through the patient connection, which does not give it up."""
         while True:
-            popped = self._pop_script(keys=[q.key for q in queues])
+            popped = self._pop_script(keys=[q.key for q in queues], client=self.link)
             if popped is None:
                 return None
             key, job_id = (v.decode() for v in popped)
