@@ -131,5 +131,6 @@ def test_counter_thread_counts_and_reports_template_errors(app, redis_url, tiny_
             assert "Conversation roles must alternate" in refused.value.message
     finally:
         counter.stop()
+        counter.join(5)
         engine.close()
     assert not counter.is_alive()

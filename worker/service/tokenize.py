@@ -67,6 +67,5 @@ class TokenCounter(threading.Thread):
             pipe.execute()
 
     def stop(self) -> None:
-        """Ends the thread within one poll."""
+        """Tells the thread to end within one poll (join it to wait for that)."""
         self._done.set()
-        self.join()

@@ -23,6 +23,7 @@ import contextvars
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -115,20 +116,32 @@ class GPUWorker(SimpleWorker):
         return 2 * self.liveness_ttl + int(self.interval)
 
     def work(self, *args, **kwargs) -> bool:
-        self._forget_dead_namesake()
+        # RQ installs its stop handlers only after its start-up round trips; until then a stop
+        # would kill the worker uncleanly (in an outage the start-up waits for Redis)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._stop_while_starting)
         counter = TokenCounter(self.engines, self.connection)
-        counter.start()   # before publish: the web app asks for counts once it sees the models
-        self.publish()
-        self.fail_orphans()
         stop = threading.Event()
         beat = threading.Thread(target=self._beat, args=(stop,), name="vkllm-heartbeat", daemon=True)
-        beat.start()
         try:
-            return super().work(*args, **kwargs)
+            self._forget_dead_namesake()
+            counter.start()   # before publish: the web app asks for counts once it sees the models
+            self.publish()
+            self.fail_orphans()
+            beat.start()
+            return super().work(*args, **kwargs)   # its loop's first turn ends on a stop noted before
+        except UNREACHABLE:
+            if not self._stop_requested:
+                raise
+            log.info("worker %s stopped while starting, with Redis away", self.name)
+            self.teardown()
+            return False
         finally:
             stop.set()
-            beat.join()
             counter.stop()
+            for thread in (beat, counter):   # either may not have started
+                if thread.is_alive():
+                    thread.join()
             try:
                 self.link.delete(protocol.worker_key(self.name))
             except UNREACHABLE:   # the key expires by itself
@@ -140,6 +153,12 @@ class GPUWorker(SimpleWorker):
         if not self.connection.exists(protocol.worker_key(self.name)) and \
                 not self.connection.hexists(self.key, "death"):
             self.connection.delete(self.key)
+
+    def _stop_while_starting(self, signum, frame):
+        """A stop before RQ's loop is noted, not raised as RQ's handler does (an exception from a
+        handler can strike anywhere, inside a held lock too); commands waiting for Redis give up."""
+        self.connection.get_retry().update_retries(3)
+        self._stop_requested = True
 
     def request_stop(self, signum, frame):
         """A stop ends the patience: from now on every Redis command (those waiting included) is
