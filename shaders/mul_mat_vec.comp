@@ -1,4 +1,7 @@
 #version 450
+#if defined(X8)
+#include "int_dot.glsl"
+#endif
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "mul_mat_vec_base.glsl"
@@ -51,6 +54,31 @@ void main() {
                     for (uint c = 0; c < NUM_COLS; c++) {
                         acc[c][m][r] += w * xv[c];
                     }
+                }
+            }
+        }
+    }
+#elif defined(X8)
+    // Quantized weights against 8-bit activations (x8.glsl blocks of 32, quantize_x8.comp): thread
+    // t takes the 32-value blocks t, t + BLOCK_SIZE, ... of the row; per 16-value slice an exact
+    // integer dot of the weight's quants with the activations', scaled once (as mul_mmq.comp):
+    //   a * d * (w . q) + b * d * sum(q).
+    const uint blocks_per_row = p.ncols / QUANT_K, x_blocks = p.ncols / 32;
+    for (uint kb = tid; kb < x_blocks; kb += BLOCK_SIZE) {
+        const uint ib = 32 * kb / QUANT_K, s = (32 * kb % QUANT_K) / 16;
+        block_x8 xb[NUM_COLS];
+        [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
+            xb[c] = x8[clamped_col(col0 + c) * x_blocks + kb];
+        }
+        [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+            [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                const uint b = clamped_row(row0 + r) * blocks_per_row + ib;
+                vec2 ab0, ab1;
+                const ivec4 q0 = WEIGHTS(m, quants16, (b, s, ab0)), q1 = WEIGHTS(m, quants16, (b, s + 1, ab1));
+                [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
+                    const vec4 ds = xb[c].ds;
+                    acc[c][m][r] += ds.x * (ab0.x * float(idot16(q0, xb[c].qs[0], 0)) + ab1.x * float(idot16(q1, xb[c].qs[1], 0)))
+                                    + ab0.y * ds.y + ab1.y * ds.z;
                 }
             }
         }

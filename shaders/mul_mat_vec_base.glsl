@@ -36,7 +36,7 @@
 // column group fastest: the column groups of one row block run side by side, so that the
 // weights they share come from memory once and from the L2 cache for the others.
 #include "types.glsl"
-#if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4)) && !defined(COLS)
+#if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4)) && !defined(COLS) && !defined(X8)
 #define MAT_VEC_ITEMS
 #endif
 
@@ -96,6 +96,10 @@ const uint NUM_OUTS = 1;
 #endif
 layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };
 layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
+#if defined(X8)
+#include "x8.glsl"
+layout(std430, binding = NUM_MATS) readonly buffer Activations8 { block_x8 x8[]; };
+#endif
 layout(std430, binding = NUM_MATS + 1) buffer Y { float y[]; };
 #if defined(EXPERT_TILES)
 // moe_group.comp's output: the slots by expert, then (expert, first, count) per tile

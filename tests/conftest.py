@@ -33,8 +33,11 @@ def pytest_collection_modifyitems(items):
 def vk_settings(tmp_path_factory):
     validation = os.environ.get("VKLLM_TEST_NO_VALIDATION") != "1"
     # Engines keep the fixed mat-vec shapes (on a GPU, auto would time every weight at each new
-    # shape); test_tuning.py turns tuning on where it is the subject.
-    return Settings(validation=validation, cache_dir=tmp_path_factory.getbasetemp() / "vkcache", tune=False)
+    # shape); test_tuning.py turns tuning on where it is the subject. Decode takes f32 activations
+    # on every device, so that the float tolerances hold on GPUs too (whose default rounds them to
+    # 8 bits: test_engine_decode_x8.py, with its own tolerance).
+    return Settings(validation=validation, cache_dir=tmp_path_factory.getbasetemp() / "vkcache", tune=False,
+                    decode_kernel="mat_vec")
 
 
 @pytest.fixture(scope="session")

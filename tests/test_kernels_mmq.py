@@ -69,14 +69,14 @@ def cols_of(qtype: T) -> int:
     return {32: 96, 256: 512}[GGML_QUANT_SIZES[qtype][0]]
 
 
-def run_mmq(ctx, qtype, raw, cols, x, n, y0=None):
+def run_mmq(ctx, qtype, raw, cols, x, n, y0=None, path="mmq"):
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
     xb, yb, x8 = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows), ctx.alloc(x8_bytes(n, cols))
     ctx.upload(xb, x.astype(np.float32))
     if y0 is not None:
         ctx.upload(yb, y0.astype(np.float32))
     rec = ctx.recording()
-    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path="mmq", x8=x8)
+    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path=path, x8=x8)
     ctx.run(rec.finish())
     y = ctx.download(yb, count=n * tensor.rows).reshape(n, tensor.rows)
     rec.destroy()
@@ -123,6 +123,18 @@ def test_mmq_every_type(vk_ctx, qtype):
         y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n)
         assert_close(y, dequantized(x) @ w.T, 1e-4)   # a rare tie may round the other way
         assert_close(y, x.astype(np.float64) @ w.T, FLOAT_RTOL)
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+def test_mat_vec_x8_every_type(vk_ctx, qtype):
+    """The mat-vec kernel over 8-bit activations, one column and a group of three (y += W x)."""
+    cols = cols_of(qtype)
+    raw, w = random_weights(qtype, 67, cols, seed=3)
+    for n in (1, 3):
+        x = exact_activations(n, cols, seed=n)
+        y0 = np.random.default_rng(n).standard_normal((n, 67)).astype(np.float32)
+        y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n, y0, path="mat_vec_x8")
+        assert_close(y, y0 + x.astype(np.float64) @ w.T)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)

@@ -18,6 +18,10 @@ BATCH_KERNELS = ("auto", "mat_vec", "mat_cols")
 # the device accelerates them, else the tiled kernel; CPU drivers: the mat-vec groups), or one of
 # the mat-mat kernels on every device that has it (tests, `vkllm bench`).
 PREFILL_KERNELS = ("auto", "tiled", "mmq", "coopmat")
+# Which kernel one-column products (decode) of quantized weights take (kernels/matmul.py
+# `decode_x8`): auto (over 8-bit activations on GPUs with integer dot products, else f32), mat_vec
+# (f32 activations, with norms folded in), x8 (8-bit activations on every device that has them).
+DECODE_KERNELS = ("auto", "mat_vec", "x8")
 
 
 def _default_cache() -> Path:
@@ -35,6 +39,7 @@ class Settings:
     kv_type: str = "f16"               # KV cache values: f16, or q8_0 (8-bit, half the memory)
     batch_kernel: str = "mat_vec"      # products of 2..64 columns: one of BATCH_KERNELS
     prefill_kernel: str = "auto"       # products past the mat-vec groups: one of PREFILL_KERNELS
+    decode_kernel: str = "auto"        # one-column products of quantized weights: one of DECODE_KERNELS
     # Devices (index or name substring each) whose contexts a model's layers are split across,
     # in order; one may repeat (two contexts on one device). None: the one of `device`.
     devices: tuple[str, ...] | None = None
@@ -62,6 +67,7 @@ class Settings:
             batch_kernel=_choice("VKLLM_BATCH_KERNEL", env.get("VKLLM_BATCH_KERNEL", ""), BATCH_KERNELS, "mat_vec"),
             prefill_kernel=_choice("VKLLM_PREFILL_KERNEL", env.get("VKLLM_PREFILL_KERNEL", ""), PREFILL_KERNELS,
                                    "auto"),
+            decode_kernel=_choice("VKLLM_DECODE_KERNEL", env.get("VKLLM_DECODE_KERNEL", ""), DECODE_KERNELS, "auto"),
             devices=devices_list(env.get("VKLLM_DEVICES", "")),
             split=split_shares(env.get("VKLLM_SPLIT", "")),
             gpu_memory_utilization=memory_utilization("VKLLM_GPU_MEMORY_UTILIZATION",

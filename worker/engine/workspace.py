@@ -83,11 +83,12 @@ class Workspace:
         AttentionShape) with up to `sequences` logits rows, on the device of `ctx` (top-k's
         stages depend on its workgroup size, an expert tile's slots on its shared memory)."""
         from worker.engine.kernels import attention, experts, select
-        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, mat_mat_path, x8_bytes
+        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, decode_x8, mat_mat_path, x8_bytes
         vocab, c = config.vocab_size, config
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
         mmq = n > MAT_VEC_MAX_COLS and mat_mat_path(ctx) == "mmq"
+        x8_rows = n if mmq else 1 if decode_x8(ctx) else 0   # decode's products over 8-bit x: one column
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
                               select.scratch_bytes(ctx, sequences, vocab, min(MAX_K, vocab))),
@@ -95,7 +96,7 @@ class Workspace:
                 if expert_path != "mat_vec" else 0,
                 "moe_up": 4 * slots * c.n_ff_exp if expert_path in experts.MAT_MAT_PATHS else 0,
                 # the products' inputs per token (the expert down products take f32 input: models/moe.py)
-                "x8": x8_bytes(n, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)) if mmq else 0}
+                "x8": x8_bytes(x8_rows, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim))}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, staged: bool = False) -> Workspace:

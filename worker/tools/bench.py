@@ -102,7 +102,7 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
 
     from worker.engine.engine import Engine
     from worker.engine.kernels import experts
-    from worker.engine.kernels.matmul import mat_mat_path
+    from worker.engine.kernels.matmul import decode_x8, mat_mat_path
     from worker.engine.modelfile import ModelFile
     from worker.tools.roofline import read_bandwidth
     engine = Engine.load(path, settings(args), n_ctx=args.n_prompt + args.n_gen + 16,
@@ -116,13 +116,14 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
             print(f"{path}:")
             print_profile(engine, args.n_prompt)
         vocab, prefill_kernel = engine.config.vocab_size, mat_mat_path(engine.ctx)
+        decode_kernel = "x8" if decode_x8(engine.ctx) else "mat_vec"
         if engine.config.n_expert:
             prefill_kernel += f", experts {experts.path(engine.ctx, engine.chunk)}"
     finally:
         engine.close()
     print(f"{path}: {per_token / 1e9:.3f} GB of weights read per token; measured read roofline "
           f"{roofline / 1e12:.3f} TB/s -> at most {roofline / per_token:.0f} tok/s; mat-mat kernel "
-          f"{prefill_kernel} (VKLLM_PREFILL_KERNEL)", flush=True)
+          f"{prefill_kernel} (VKLLM_PREFILL_KERNEL); decode kernel {decode_kernel} (VKLLM_DECODE_KERNEL)", flush=True)
     if args.peer:
         from worker.tools.bench_peer import time_llama_cpp
         results["llama.cpp-vulkan"] = time_llama_cpp(path, vocab, args.n_prompt, args.n_gen, args.repetitions)

@@ -67,7 +67,7 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
     for w in weights:
         w.mat_vec_shape = shape
     x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
-    x8 = ctx.alloc(x8_bytes(n, cols)) if path == "mmq" else None
+    x8 = ctx.alloc(x8_bytes(n, cols)) if path in ("mmq", "mat_vec_x8") else None
     ctx.upload(x, np.ones(cols * n, np.float32))
     rec = record_products(ctx, weights, x, y, n, path=path, x8=x8)
     replay_for(ctx, rec, warmup)
@@ -113,6 +113,10 @@ def run(args):
                 threads, per_group = shape or mat_vec_shape(ctx)
                 line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {f'{threads}x{per_group}':>7} "
                         f"{seconds * 1e6:9.1f} {rate / 1e9:8.1f} {100 * rate / measured:6.1f}%")
+                if "mmq" in paths(ctx) and qtype in mmq_types():
+                    seconds, _ = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup, shape,
+                                             path="mat_vec_x8")
+                    line += f"   x8: {seconds * 1e6:7.1f} us {100 * nbytes / seconds / measured:5.1f}%"
                 for path in mat_mat_paths(ctx, qtype) if args.prefill else ():
                     seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs, warmup,
                                              path=path)

@@ -192,19 +192,34 @@ def mat_mat_path(ctx) -> str:
     return "mmq" if "mmq" in offered and ctx.info.int8_dot_accelerated else "tiled"
 
 
+def decode_x8(ctx) -> bool:
+    """Whether one-column products (decode) of the quantized types take the mat-vec kernel over
+    8-bit activations (`mat_vec_x8`): Settings.decode_kernel "x8" (an error where the device
+    lacks integer dot products), "mat_vec" never; with "auto" on GPUs that have them (on an H200
+    it beat the f32 kernel for every type at every Llama-8B shape, 1.7x on the gate+up
+    product, quantization of x included), not on CPU drivers (lavapipe has them unaccelerated)."""
+    choice = ctx.settings.decode_kernel
+    if choice == "x8" and "mmq" not in paths(ctx):
+        raise VkllmError(f"VKLLM_DECODE_KERNEL=x8: {ctx.info.name} has no integer dot products")
+    return choice == "x8" or (choice == "auto" and ctx.info.kind != "cpu" and "mmq" in paths(ctx))
+
+
 def x8_bytes(n: int, k: int) -> int:
     """Scratch of the mmq path's 8-bit activations for n columns of K values."""
     return n * cdiv(k, X8_BLOCK_VALUES) * X8_BLOCK_BYTES
 
 
-def _path(ctx, n: int, k: int = 0, folded: bool = False) -> str:
+def _path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None = None) -> str:
     """One column takes the mat-vec kernel, and so do products with a `folded` norm (only it
-    applies one). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
+    applies one); one column of a weight of `qtype` that has an 8-bit kernel over a K that is a
+    multiple of 32 takes that one where `decode_x8` says so (then no norm folds into it). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
     the caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols":
     on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
     on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
     tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
     MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel."""
+    if n == 1 and not folded and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0 and decode_x8(ctx):
+        return "mat_vec_x8"
     if n == 1 or folded:
         return "mat_vec"
     choice, cpu = ctx.settings.batch_kernel, ctx.info.kind == "cpu"
@@ -248,7 +263,7 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
     rule) with item loops, x itself and the norm for them to fold (no dispatch); otherwise the
     norm is recorded into `scratch`, then a barrier, and the products take scratch."""
     folding = GLU_ITEM_LOOP_TYPES if glu else ITEM_LOOP_TYPES
-    if _path(rec.ctx, n) == "mat_vec" and all(w.ggml_type in folding for w in consumers):
+    if all(_path(rec.ctx, n, w.cols, qtype=w.ggml_type) == "mat_vec" and w.ggml_type in folding for w in consumers):
         return x, FoldedNorm(weight, eps)
     rms_norm(rec, x, weight, scratch, n, cols, eps)
     rec.barrier()
@@ -267,7 +282,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     mmq kernel quantizes the activations to 8 bits per block of 32 into `x8` first.
     `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
-    path = path or _path(ctx, n, w.cols, norm is not None)
+    path = path or _path(ctx, n, w.cols, norm is not None, w.ggml_type)
     if path == "mmq":
         if norm is not None:
             raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
@@ -280,6 +295,9 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
             raise ValueError(f"the mat-cols kernel takes rows of a multiple of 16 values, not {w.cols}")
         _mat_cols(rec, "mul_mat_cols", w, [[part, x, y] for part, _, _ in w.parts], n,
                   _push(w, 0, 0, n, y_accumulate), 1, cols_shape)
+        return
+    if path == "mat_vec_x8":
+        _mat_vec_x8(rec, w, _quantized_x(rec, x, x8, n, w.cols, norm), y, n, y_accumulate)
         return
     if path == "mat_vec":
         threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
@@ -306,6 +324,27 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     for buffer, first, count in w.parts:
         groups = (cdiv(count, bm), cdiv(n, bn), 1)
         rec.dispatch(kernel, [buffer, x, y], groups, _push(w, first, count, n, y_accumulate))
+
+
+def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None) -> Buffer:
+    """x8 = x in 8-bit blocks (quantize_x8), then a barrier: the input of mat_vec_x8 products."""
+    if norm is not None:
+        raise ValueError("the 8-bit mat-vec kernel takes normalised input: a norm folds into f32 mat-vec products only")
+    quantize_x8(rec, x, x8, n, k)
+    rec.barrier()
+    return x8
+
+
+def _mat_vec_x8(rec: Recording, w: DeviceTensor, x8: Buffer, y: Buffer, n: int, accumulate: bool):
+    """y (+)= w x over x already quantized into x8 (mul_mat_vec_x8: the mat-vec kernel's shapes,
+    bindings and push constants)."""
+    threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
+    kernel = rec.ctx.kernel(f"mul_mat_vec_x8_{w.ggml_type.name.lower()}",
+                            {0: threads, 1: rows_per_group, 2: min(n, MAT_VEC_MAX_COLS)})
+    for buffer, first, count in w.parts:
+        x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
+        rec.dispatch(kernel, [buffer, x8, y], (x_groups, y_groups, cdiv(n, MAT_VEC_MAX_COLS)),
+                     _push(w, first, count, n, accumulate))
 
 
 def quantize_x8(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int):
@@ -348,7 +387,18 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
     weights it lacks, and all of them where a mat-mat kernel applies, take their own products
     (on the mmq path over x quantized once into `x8`)."""
     rest = list(zip(weights, outs))
-    path = path or _path(rec.ctx, n, weights[0].cols, norm is not None)
+    path = path or _path(rec.ctx, n, weights[0].cols, norm is not None, (fused or weights[0]).ggml_type)
+    if path == "mat_vec_x8":   # x quantized once for all the products; types without the kernel take f32 x
+        x8 = _quantized_x(rec, x, x8, n, weights[0].cols, norm)
+        if fused is not None:
+            _mat_vec_qkv(rec, fused, "mul_mat_vec_qkv_x8", x8, outs, n, None)
+            rest = rest[len(fused.sections):]
+        for w, y in rest:
+            if w.ggml_type in mmq_types():
+                _mat_vec_x8(rec, w, x8, y, n, False)
+            else:
+                matmul(rec, w, x, y, n, path="mat_vec")
+        return
     if fused is not None and path == "mat_cols" and norm is None:
         k_first, v_first = fused.sections[0], sum(fused.sections[:2])
         y_v = outs[2] if len(fused.sections) == 3 else outs[1]   # as below
@@ -356,24 +406,30 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
                   _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first), 1, None)
         rest = rest[len(fused.sections):]
     elif fused is not None and path == "mat_vec":
-        ctx, members = rec.ctx, len(fused.sections)
-        threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
-        cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
-        kernel = ctx.kernel(f"mul_mat_vec_qkv{_norm_suffix(norm)}_{fused.ggml_type.name.lower()}",
-                            {0: threads, 1: rows_per_group, 2: cols})
-        k_first, v_first = fused.sections[0], sum(fused.sections[:2])
-        y_q, y_k = outs[0], outs[1]
-        y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
-        for buffer, first, count in fused.parts:
-            x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
-            rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
-                         _push(fused, first, count, n, False, norm) | dict(k_first=k_first, v_first=v_first))
-        rest = rest[members:]
+        _mat_vec_qkv(rec, fused, f"mul_mat_vec_qkv{_norm_suffix(norm)}", x, outs, n, norm)
+        rest = rest[len(fused.sections):]
     if path == "mmq" and norm is None:
         _mmq_products(rec, rest, x, n, x8)
         return
     for w, y in rest:
         matmul(rec, w, x, y, n, norm=norm, path=path)
+
+
+def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int,
+                 norm: FoldedNorm | None):
+    """The fused Q/K/V weight in one mat-vec dispatch per part (kernel `op`_<type>) writing each
+    section's rows to its output."""
+    ctx, members = rec.ctx, len(fused.sections)
+    threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
+    cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
+    kernel = ctx.kernel(f"{op}_{fused.ggml_type.name.lower()}", {0: threads, 1: rows_per_group, 2: cols})
+    k_first, v_first = fused.sections[0], sum(fused.sections[:2])
+    y_q, y_k = outs[0], outs[1]
+    y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
+    for buffer, first, count in fused.parts:
+        x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
+        rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
+                     _push(fused, first, count, n, False, norm) | dict(k_first=k_first, v_first=v_first))
 
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
@@ -393,7 +449,7 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
-    path = path or _path(ctx, n, w_gate.cols, norm is not None)
+    path = path or _path(ctx, n, w_gate.cols, norm is not None, w_gate.ggml_type)
     same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
     if path == "mat_cols" and norm is None and w_gate.ggml_type == w_up.ggml_type and same_parts:
         bindings = [[gate, up_part, x, out] for (gate, _, _), (up_part, _, _) in zip(w_gate.parts, w_up.parts)]
@@ -403,18 +459,25 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
     sums = 2 * rows_per_group + (norm is not None)   # partial sums per column in shared memory
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
-    if path != "mat_vec" or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
+    if path not in ("mat_vec", "mat_vec_x8") or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
         if path == "mmq" and norm is None:
             _mmq_products(rec, [(w_gate, out), (w_up, up)], x, n, x8)
-        else:
-            matmul(rec, w_gate, x, out, n, norm=norm, path=path, cols_shape=cols_shape)
-            matmul(rec, w_up, x, up, n, norm=norm, path=path, cols_shape=cols_shape)
+        else:   # on the x8 path each product takes its own kernel's path (the up weight's type may lack it)
+            matmul(rec, w_gate, x, out, n, norm=norm, path=None if path == "mat_vec_x8" else path,
+                   cols_shape=cols_shape, x8=x8)
+            if path == "mat_vec_x8":
+                rec.barrier()   # both products quantize x into x8
+            matmul(rec, w_up, x, up, n, norm=norm, path=None if path == "mat_vec_x8" else path,
+                   cols_shape=cols_shape, x8=x8)
         rec.barrier()
         (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)
         return
     spec = {0: threads, 1: rows_per_group, 2: cols}
     op = "geglu" if gelu else "glu"
-    kernel = ctx.kernel(f"mul_mat_vec_{op}{_norm_suffix(norm)}_{w_gate.ggml_type.name.lower()}", spec)
+    name = f"mul_mat_vec_{op}{_norm_suffix(norm)}_{w_gate.ggml_type.name.lower()}"
+    if path == "mat_vec_x8":
+        name, x = f"mul_mat_vec_{op}_x8_{w_gate.ggml_type.name.lower()}", _quantized_x(rec, x, x8, n, w_gate.cols, norm)
+    kernel = ctx.kernel(name, spec)
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [gate, up_part, x, out, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),

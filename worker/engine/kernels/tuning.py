@@ -26,6 +26,8 @@ from worker.engine.kernels.matmul import (
     CPU_MAT_VEC_SHAPE,
     GPU_MAT_VEC_SHAPE,
     MAT_VEC_MAX_COLS,
+    _path,
+    x8_bytes,
 )
 from worker.engine.kernels.timing import record_glu_products, record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
@@ -121,16 +123,24 @@ class MatVecTuner:
         rotation = min(budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
         copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, cols))))
         record = record_glu_products if glu else record_products
+        # the kernel the weight's products take: over 8-bit x, its quantization is in each product
+        x8 = ctx.alloc(x8_bytes(1, cols)) if _path(ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else None
 
         def records(weights, x, y):
             for shape in candidates(ctx.info):
-                yield shape, record(ctx, [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights], x, y)
-        medians = time_on_copies(ctx, key, copies, np.ones(cols, np.float32), 4 * rows, records,
-                                 budget.warmup_seconds, budget.runs)
+                yield shape, record(ctx, [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights], x, y,
+                                    x8=x8)
+        try:
+            medians = time_on_copies(ctx, key, copies, np.ones(cols, np.float32), 4 * rows, records,
+                                     budget.warmup_seconds, budget.runs)
+        finally:
+            if x8 is not None:
+                ctx.free(x8)
         self.measured += 1
         return medians
 
     def _name(self, key: Key, glu: bool = False) -> str:
         qtype, rows, cols = key
-        kernel = f"mul_mat_vec{'_glu' if glu else ''}_{qtype.name.lower()}"
+        x8 = "_x8" if _path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else ""
+        kernel = f"mul_mat_vec{'_glu' if glu else ''}{x8}_{qtype.name.lower()}"
         return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self.cache.kernel_hash(kernel)}"

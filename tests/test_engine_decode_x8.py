@@ -1,0 +1,87 @@
+"""Decode over 8-bit activations (Settings.decode_kernel "x8"; GPUs with integer dot products
+take it by default, lavapipe only when told): one-column products of the quantized weights take
+the mul_mat_vec*_x8 kernels over x quantized once per input (no norm folded in: the norms get
+their own dispatch), and the logits of each decode step match the numpy reference
+(tests/refmodel.py) within test_engine_mmq.py's tolerance, for the reasons given there (every
+product's activations rounded to 8 bits per block of 32); greedy decoding gives the reference's
+tokens."""
+import dataclasses
+
+import numpy as np
+import pytest
+from refmodel import RefModel
+
+from tests.kernel_io import own_context
+from tests.test_engine import _model, assert_chunked_then_decoded, reference_logits
+from tests.test_engine_mmq import TOL
+from vkllm.errors import VkllmError
+from worker.engine.config import Settings
+from worker.engine.engine import Engine
+from worker.engine.kernels.matmul import _path, paths
+from worker.engine.modelfile import ModelFile
+from worker.engine.sampling import SamplingParams
+
+CASES = [("tiny-llama", "Q4_K_M"), ("tiny-qwen2", "Q4_0"), ("tiny-qwen3", "Q3_K_L"), ("tiny-gemma3", "Q5_0"),
+         ("tiny-qwen2moe", "Q4_K_M")]
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("synth_x8")
+
+
+@pytest.fixture(scope="module")
+def x8_ctx(vk_settings):
+    with own_context(dataclasses.replace(vk_settings, decode_kernel="x8")) as ctx:
+        if "mmq" not in paths(ctx):
+            pytest.skip(f"{ctx.info.name} has no integer dot products")
+        yield ctx
+
+
+def test_decode_takes_the_x8_kernels(x8_ctx, synth_dir):
+    """Q4_K_M, 2 layers: x quantized for Q/K/V, the attention output, gate+up, down and the head;
+    the norms in their own dispatches (attention, FFN, output), none folded."""
+    engine = Engine.load(_model(synth_dir, "tiny-llama", "Q4_K_M"), n_ctx=64, ctx=x8_ctx, max_batch=16)
+    try:
+        kernels = engine.runner.profile(1)
+    finally:
+        engine.close()
+    products = {k: count for k, (count, _) in kernels.items() if k.startswith(("mul_", "quantize", "rms_norm"))}
+    assert not any("norm_" in k for k in products), products
+    assert products["quantize_x8"] == 9 and products["rms_norm"] == 5, products
+    assert all(k.endswith(("_x8_q4_k", "_x8_q6_k")) for k in products if k.startswith("mul_")), products
+
+
+@pytest.mark.parametrize("preset,mix", CASES)
+def test_logits_of_each_decode_step_match_numpy_reference(x8_ctx, synth_dir, preset, mix):
+    """Two tokens prefilled (over f32 x), six decoded one by one over 8-bit x."""
+    path = _model(synth_dir, preset, mix)
+    ids = np.random.default_rng(3).integers(0, ModelFile.open(path).config.vocab_size, 8).tolist()
+    ref = reference_logits(ModelFile.open(path), ids)
+    assert_chunked_then_decoded(x8_ctx, path, ids, ref, 2, 16, TOL * np.abs(ref).max())
+
+
+def test_greedy_tokens_match_reference(x8_ctx, synth_dir):
+    path = _model(synth_dir, "tiny-llama", "Q8_0")
+    prompt = np.random.default_rng(5).integers(0, ModelFile.open(path).config.vocab_size, 6).tolist()
+    engine = Engine.load(path, n_ctx=64, ctx=x8_ctx, max_batch=16)
+    try:
+        events = list(engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)))
+    finally:
+        engine.close()
+    tokens = [e.token_id for e in events if e.token_id is not None]
+    assert tokens == RefModel(ModelFile.open(path)).greedy(prompt, 8)
+
+
+def test_lavapipe_decodes_over_f32_unless_told(vk_ctx):
+    from gguf import GGMLQuantizationType as T
+    if vk_ctx.info.kind != "cpu":
+        pytest.skip("a GPU's own rule")
+    assert _path(vk_ctx, 1, 256, qtype=T.Q4_K) == "mat_vec"
+
+
+def test_decode_kernel_from_the_environment():
+    assert Settings.from_env({}).decode_kernel == "auto"
+    assert Settings.from_env({"VKLLM_DECODE_KERNEL": "X8"}).decode_kernel == "x8"
+    with pytest.raises(VkllmError, match="VKLLM_DECODE_KERNEL must be one of auto, mat_vec, x8"):
+        Settings.from_env({"VKLLM_DECODE_KERNEL": "int8"})
