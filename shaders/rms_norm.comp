@@ -1,8 +1,12 @@
 #version 450
+#if defined(X8)
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 #include "common.glsl"
 #include "reduce.glsl"
 
-// One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. With GATHER,
+// One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight (with X8 in 8-bit
+// blocks, for rows of a multiple of 32 values: store4 below). With GATHER,
 // out[r] = that of x[rows[r]] (the output norm of a batched pass, over the tokens that get logits).
 // Rows whose length is a multiple of 4 are read as 4-vectors; each invocation keeps its first
 // 4-vector (a whole row of up to 4 x workgroup-size values) and that 4-vector's weight in
@@ -18,6 +22,38 @@ layout(std430, binding = 2) readonly buffer W4 { vec4 w4[]; };
 layout(std430, binding = 3) readonly buffer Rows { uint rows[]; };
 #endif
 layout(push_constant) uniform Push { uint cols; float eps; } p;
+
+#if defined(X8)
+// The output in x8.glsl's 8-bit blocks of 32 values (as quantize_x8.comp makes them), for the
+// 8-bit mat-vec kernels: the 8 invocations holding a block's 4-vectors (consecutive lanes: rows
+// are a multiple of 32 values and the workgroup of whole subgroups) find its max and its halves'
+// sums by shuffles; each writes its packed quants, the first of each half its sum.
+layout(std430, binding = 1) writeonly buffer Q { uint q8[]; };
+
+void store4(uint i4, vec4 v) {
+    const vec4 a = abs(v);
+    float amax = max(max(a.x, a.y), max(a.z, a.w));
+    amax = max(amax, subgroupShuffleXor(amax, 1));
+    amax = max(amax, subgroupShuffleXor(amax, 2));
+    amax = max(amax, subgroupShuffleXor(amax, 4));
+    const float d = amax / 127.0, id = amax > 0.0 ? 1.0 / d : 0.0;
+    const ivec4 qi = ivec4(roundEven(v * id));
+    int sum = qi.x + qi.y + qi.z + qi.w;
+    sum += subgroupShuffleXor(sum, 1);
+    sum += subgroupShuffleXor(sum, 2);
+    const uint word = 12 * (i4 / 8), lane = i4 % 8;
+    q8[word + lane] = pack32(i8vec4(qi));
+    if (lane % 4 == 0) {
+        q8[word + 9 + lane / 4] = floatBitsToUint(d * float(sum));
+    }
+    if (lane == 0) {
+        q8[word + 8] = floatBitsToUint(d);
+        q8[word + 11] = 0u;
+    }
+}
+#else
+void store4(uint i4, vec4 v) { o4[i4] = v; }
+#endif
 
 void main() {
     const uint tid = gl_LocalInvocationID.x, size = gl_WorkGroupSize.x;
@@ -38,10 +74,10 @@ void main() {
         }
         const float inv = inversesqrt(workgroup_sum(sum) / float(p.cols) + p.eps);
         if (first) {
-            o4[out_base + tid] = x0 * inv * w0;
+            store4(out_base + tid, x0 * inv * w0);
         }
         for (uint c = tid + size; c < n4; c += size) {
-            o4[out_base + c] = x4[base + c] * inv * w4[c];
+            store4(out_base + c, x4[base + c] * inv * w4[c]);
         }
         return;
     }

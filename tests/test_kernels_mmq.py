@@ -27,6 +27,7 @@ from vkllm.errors import VkllmError
 from worker.engine.config import Settings
 from worker.engine.kernels.matmul import (_path, mat_mat_path, matmul, matmul_swiglu, mmq_types, paths,
                                           quantize_x8, x8_bytes)
+from worker.engine.kernels.norm import rms_norm_x8
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.vk.device import INTEGER_DOT, DeviceInfo
 
@@ -108,6 +109,25 @@ def test_quantize_x8_blocks(vk_ctx, dev):
         sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * got["ds"][..., :1]
         np.testing.assert_allclose(got["ds"][..., 1:3], sums, rtol=1e-6)
         assert (got["ds"][..., 3] == 0).all()
+
+
+def test_rms_norm_x8_blocks(vk_ctx, dev):
+    """The norm's output in 8-bit blocks: numpy's norm quantized as quantize_x8 does (a value
+    whose x / d lands within rounding of a half may take the other quant)."""
+    n, k, eps = 3, 4096, 1e-5
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
+    xb, wb, x8 = dev.put(x), dev.put(w), dev.empty(x8_bytes(n, k))
+    dev.run(lambda rec: rms_norm_x8(rec, xb, wb, x8, n, k, eps))
+    got = dev.get(x8, np.uint8, x8_bytes(n, k)).view(X8).reshape(n, k // 32)
+    normed = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w
+    d, q = quantized(normed.astype(np.float32))
+    np.testing.assert_allclose(got["ds"][..., 0], d, rtol=1e-5)
+    qs = got["qs"].astype(np.int64)
+    assert np.abs(qs - q).max() <= 1 and (qs != q).mean() < 1e-2
+    sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * got["ds"][..., :1]
+    np.testing.assert_allclose(got["ds"][..., 1:3], sums, rtol=1e-6)
+    assert (got["ds"][..., 3] == 0).all()
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)

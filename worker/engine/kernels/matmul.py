@@ -10,6 +10,7 @@ loops, the mat-mat kernels of prefill) the products take the norm kernel's outpu
 The "mmq" mat-mat kernel takes 8-bit activations: its products quantize x into the scratch they
 are given (`x8`, x8_bytes of it) and record a barrier before the product; the caller's barrier
 after a product frees that scratch for the next."""
+from dataclasses import dataclass
 from functools import cache
 
 from gguf import GGMLQuantizationType as T
@@ -18,7 +19,7 @@ from vkllm.errors import VkllmError
 from worker.engine import compilers, shaderbuild
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
-from worker.engine.kernels.norm import FoldedNorm, rms_norm
+from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.device import COOPMAT, INTEGER_DOT
@@ -256,15 +257,29 @@ ITEM_LOOP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q
 GLU_ITEM_LOOP_TYPES = frozenset({T.MXFP4})
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """Activations already in 8-bit blocks (normed_input's, through rms_norm_x8): the 8-bit
+    mat-vec products take them as they are."""
+    x8: Buffer
+
+
 def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: int, cols: int, eps: float,
-                 consumers: list[DeviceTensor], glu: bool = False) -> tuple[Buffer, FoldedNorm | None]:
+                 consumers: list[DeviceTensor], glu: bool = False,
+                 x8: Buffer | None = None) -> tuple[Buffer | Quantized, FoldedNorm | None]:
     """The input of the products of rms_norm(x) * weight over n rows of cols by the `consumers`
     (through the fused gate+up kernel: `glu`): where they all take the mat-vec kernel (matmul's
-    rule) with item loops, x itself and the norm for them to fold (no dispatch); otherwise the
-    norm is recorded into `scratch`, then a barrier, and the products take scratch."""
+    rule) with item loops, x itself and the norm for them to fold (no dispatch); where they all
+    take the 8-bit one, the norm quantized into `x8` in the same dispatch; otherwise the norm is
+    recorded into `scratch`; either of the last two then a barrier."""
     folding = GLU_ITEM_LOOP_TYPES if glu else ITEM_LOOP_TYPES
-    if all(_path(rec.ctx, n, w.cols, qtype=w.ggml_type) == "mat_vec" and w.ggml_type in folding for w in consumers):
+    taken = {_path(rec.ctx, n, w.cols, qtype=w.ggml_type) for w in consumers}
+    if taken == {"mat_vec"} and all(w.ggml_type in folding for w in consumers):
         return x, FoldedNorm(weight, eps)
+    if taken == {"mat_vec_x8"}:
+        rms_norm_x8(rec, x, weight, x8, n, cols, eps)
+        rec.barrier()
+        return Quantized(x8), None
     rms_norm(rec, x, weight, scratch, n, cols, eps)
     rec.barrier()
     return scratch, None
@@ -327,7 +342,10 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
 
 
 def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None) -> Buffer:
-    """x8 = x in 8-bit blocks (quantize_x8), then a barrier: the input of mat_vec_x8 products."""
+    """x8 = x in 8-bit blocks (quantize_x8), then a barrier: the input of mat_vec_x8 products
+    (x already Quantized: its blocks as they are)."""
+    if isinstance(x, Quantized):
+        return x.x8
     if norm is not None:
         raise ValueError("the 8-bit mat-vec kernel takes normalised input: a norm folds into f32 mat-vec products only")
     quantize_x8(rec, x, x8, n, k)

@@ -25,6 +25,14 @@ def rms_norm_threads(ctx, cols: int) -> int:
     return max(sg, min(round_up(cdiv(cols, 4), sg), MAX_SUBGROUPS * sg, ctx.info.max_workgroup_size))
 
 
+def rms_norm_x8(rec: Recording, x: Buffer, weight: Buffer, x8: Buffer, rows: int, cols: int, eps: float):
+    """rms_norm's output (out may not be x) in 8-bit blocks of 32 (shaders/x8.glsl) into x8, for
+    the 8-bit mat-vec kernels: one dispatch for the norm and quantize_x8. cols: a multiple of 32."""
+    assert cols % 32 == 0 and rows <= rec.ctx.info.max_workgroup_count, (rows, cols)
+    rec.dispatch(rec.ctx.kernel("rms_norm_x8", {0: rms_norm_threads(rec.ctx, cols)}), [x, x8, weight], (rows, 1, 1),
+                 dict(cols=cols, eps=float(eps)))
+
+
 def rms_norm(rec: Recording, x: Buffer, weight: Buffer, out: Buffer, rows: int, cols: int, eps: float,
              gather: Buffer | None = None):
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight; out may be x. With `gather` (uint32

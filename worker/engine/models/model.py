@@ -217,13 +217,14 @@ class Model:
             rows = n if all_logits else 1
             last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
             x_in, folded = normed_input(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps,
-                                        [self.output])
+                                        [self.output], x8=ws.x8)
         matmul(rec, self.output, x_in, logits, rows, norm=folded, x8=ws.x8)
 
     def record_attention(self, rec, ws, step, i, layer, n):
         c = self.config
         projections = [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
-        x_in, folded = normed_input(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections)
+        x_in, folded = normed_input(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections,
+                                    x8=ws.x8)
         matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8)
         rec.barrier()
         if c.has_qkv_bias:
@@ -270,7 +271,7 @@ class Model:
             record_moe_ffn(rec, ws, layer, c, n)
             return
         x_in, folded = normed_input(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps,
-                                    [layer["ffn_gate"], layer["ffn_up"]], glu=True)
+                                    [layer["ffn_gate"], layer["ffn_up"]], glu=True, x8=ws.x8)
         matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu,
                       norm=folded, x8=ws.x8)
         rec.barrier()
