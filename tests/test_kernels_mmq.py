@@ -92,6 +92,21 @@ def test_the_mmq_types_are_the_quantized_types():
     assert mmq_types() == frozenset(MMQ_TYPES)
 
 
+def assert_blocks(raw: np.ndarray, x: np.ndarray, max_quant_error: int, scale_rtol: float):
+    """raw (the x8 buffer's bytes) holds x [n, k] quantized as numpy's `quantized` does: its
+    scales within scale_rtol, its quants within max_quant_error (and rarely off at all), each
+    half's sum d times its quants, the fourth word 0."""
+    n, k = x.shape
+    got = raw.view(X8).reshape(n, k // 32)
+    d, q = quantized(x)
+    np.testing.assert_allclose(got["ds"][..., 0], d, rtol=scale_rtol)
+    qs = got["qs"].astype(np.int64)
+    assert np.abs(qs - q).max() <= max_quant_error and (qs != q).mean() < 1e-2
+    sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * got["ds"][..., :1]
+    np.testing.assert_allclose(got["ds"][..., 1:3], sums, rtol=1e-6)
+    assert (got["ds"][..., 3] == 0).all()
+
+
 def test_quantize_x8_blocks(vk_ctx, dev):
     """Exact activations give numpy's quants, scales and slice sums exactly (scales to an ulp);
     Gaussian ones the same quants but for a rare tie, each sum d times its slice's quants."""
@@ -101,14 +116,7 @@ def test_quantize_x8_blocks(vk_ctx, dev):
         x = x.astype(np.float32)
         xb, x8 = dev.put(x), dev.empty(x8_bytes(n, k))
         dev.run(lambda rec: quantize_x8(rec, xb, x8, n, k))
-        got = dev.get(x8, np.uint8, x8_bytes(n, k)).view(X8).reshape(n, k // 32)
-        d, q = quantized(x)
-        np.testing.assert_allclose(got["ds"][..., 0], d, rtol=1e-6)
-        qs = got["qs"].astype(np.int64)
-        assert np.abs(qs - q).max() <= (0 if exact else 1) and (qs != q).mean() < 1e-2
-        sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * got["ds"][..., :1]
-        np.testing.assert_allclose(got["ds"][..., 1:3], sums, rtol=1e-6)
-        assert (got["ds"][..., 3] == 0).all()
+        assert_blocks(dev.get(x8, np.uint8, x8_bytes(n, k)), x, 0 if exact else 1, 1e-6)
 
 
 def test_rms_norm_x8_blocks(vk_ctx, dev):
@@ -119,15 +127,8 @@ def test_rms_norm_x8_blocks(vk_ctx, dev):
     x, w = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
     xb, wb, x8 = dev.put(x), dev.put(w), dev.empty(x8_bytes(n, k))
     dev.run(lambda rec: rms_norm_x8(rec, xb, wb, x8, n, k, eps))
-    got = dev.get(x8, np.uint8, x8_bytes(n, k)).view(X8).reshape(n, k // 32)
     normed = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w
-    d, q = quantized(normed.astype(np.float32))
-    np.testing.assert_allclose(got["ds"][..., 0], d, rtol=1e-5)
-    qs = got["qs"].astype(np.int64)
-    assert np.abs(qs - q).max() <= 1 and (qs != q).mean() < 1e-2
-    sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * got["ds"][..., :1]
-    np.testing.assert_allclose(got["ds"][..., 1:3], sums, rtol=1e-6)
-    assert (got["ds"][..., 3] == 0).all()
+    assert_blocks(dev.get(x8, np.uint8, x8_bytes(n, k)), normed.astype(np.float32), 1, 1e-5)
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
