@@ -194,8 +194,8 @@ def mat_mat_path(ctx) -> str:
 
 
 def decode_x8(ctx) -> bool:
-    """Whether one-column products (decode) of the quantized types take the mat-vec kernel over
-    8-bit activations (`mat_vec_x8`): Settings.decode_kernel "x8" (an error where the device
+    """Whether mat-vec products (decode: up to MAT_VEC_MAX_COLS columns) of the quantized types
+    take the kernel over 8-bit activations (`mat_vec_x8`): Settings.decode_kernel "x8" (an error where the device
     lacks integer dot products), "mat_vec" never; with "auto" on GPUs that have them (on an H200
     it beat the f32 kernel for every type at every Llama-8B shape, 1.7x on the gate+up
     product, quantization of x included), not on CPU drivers (lavapipe has them unaccelerated)."""
@@ -212,15 +212,22 @@ def x8_bytes(n: int, k: int) -> int:
 
 def _path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None = None) -> str:
     """One column takes the mat-vec kernel, and so do products with a `folded` norm (only it
-    applies one); one column of a weight of `qtype` that has an 8-bit kernel over a K that is a
-    multiple of 32 takes that one where `decode_x8` says so (then no norm folds into it). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
+    applies one). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
     the caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols":
     on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
     on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
     tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
-    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel."""
-    if n == 1 and not folded and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0 and decode_x8(ctx):
+    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Mat-vec products of up to
+    MAT_VEC_MAX_COLS columns of a weight of `qtype` that has an 8-bit kernel, over a K that is a
+    multiple of 32, take that one where `decode_x8` says so (then no norm folds into them)."""
+    path = _f32_path(ctx, n, k, folded)
+    if (path == "mat_vec" and not folded and n <= MAT_VEC_MAX_COLS and qtype in mmq_types()
+            and k % X8_BLOCK_VALUES == 0 and decode_x8(ctx)):
         return "mat_vec_x8"
+    return path
+
+
+def _f32_path(ctx, n: int, k: int, folded: bool) -> str:
     if n == 1 or folded:
         return "mat_vec"
     choice, cpu = ctx.settings.batch_kernel, ctx.info.kind == "cpu"
