@@ -80,7 +80,8 @@ class Engine:
     def load(cls, path, settings: Settings | None = None, n_ctx: int | None = None, ctx=None,
              max_batch: int | None = None, progress: bool = False, reserve: int = 0,
              pool_share: float = POOL_SHARE) -> "Engine":
-        """Opens, checks against the device's memory budget, and uploads a GGUF model. Without
+        """Opens (`path`: a GGUF's path, or the ModelFile already opened), checks against the
+        device's memory budget, and uploads a GGUF model. Without
         `n_ctx` the context is DEFAULT_CONTEXT, capped by the model's and by what fits. `ctx`
         shares an existing Vulkan context (tests, several models in one worker), or a list of
         them, across which the layers are split (in proportion to settings.split, else to each
@@ -94,7 +95,7 @@ class Engine:
         settings.gpu_memory_utilization, less its share of `reserve` (bytes kept for models loaded
         after it), its KV pool at most `pool_share` of what one context leaves of that
         (worker/engine/resident.py)."""
-        model_file = ModelFile.open(path)
+        model_file = path if isinstance(path, ModelFile) else ModelFile.open(path)
         config = model_file.config
         tokenizer = Tokenizer.from_metadata(model_file.metadata)
         owns_ctx = ctx is None

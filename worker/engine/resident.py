@@ -36,10 +36,10 @@ def load_resident(paths: list, settings: Settings, n_ctx: int | None = None) -> 
                                 kv_type=settings.kv_type).total for f in files]
     resident = Resident([], open_contexts(settings))
     try:
-        for i, path in enumerate(paths):
+        for i, (path, file) in enumerate(zip(paths, files)):
             reserve = sum(needs[i + 1:])
             try:
-                engine = Engine.load(path, settings, n_ctx=n_ctx, ctx=resident.contexts, reserve=reserve,
+                engine = Engine.load(file, settings, n_ctx=n_ctx, ctx=resident.contexts, reserve=reserve,
                                      pool_share=POOL_SHARE / (len(paths) - i))
             except VkllmError as e:
                 if not reserve:

@@ -1,7 +1,8 @@
 """`vkllm bench kernels --cols 1,2,4,8,16,32`: the products of batched decode (n token columns)
 on Llama-3.1-8B's Q4_K_M weights, through each kernel that can take them: the mat-vec kernel
-(its column groups of up to 8, the rule before the mat-cols kernel up to 8 columns), the
-mat-cols kernel (mul_mat_cols.comp) and the cooperative-matrix mat-mat kernel (the old rule's
+(its column groups of up to 8, the rule before the mat-cols kernel up to 8 columns; over f32
+x, and for the quantized types over 8-bit x, quantization included, decode's default on GPUs
+with integer dot products), the mat-cols kernel (mul_mat_cols.comp) and the cooperative-matrix mat-mat kernel (the old rule's
 choice past 8 columns). Per weight and n: microseconds, the ratio to the one-column mat-vec
 (1.0 = the batch costs one weight read), the share of the measured read bandwidth, and the
 mat-cols result's relative difference from the mat-vec kernel's on the same random input (a
@@ -15,7 +16,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, mat_cols_columns, mat_cols_shape, mat_cols_tile, paths
+from worker.engine.kernels.matmul import (MAT_VEC_MAX_COLS, mat_cols_columns, mat_cols_shape, mat_cols_tile, mmq_types,
+                                          paths, x8_bytes)
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
 from worker.engine.weight_types import row_bytes
@@ -45,8 +47,8 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
     """Prints the table; returns {(weight, type): {n: the check}} (mat-cols vs mat-vec)."""
     counts, checks = args.cols, {}
     passes = {rule: {n: 0.0 for n in counts} for rule in ("old rule", "mat_cols", "best")}
-    have_coopmat = "coopmat" in paths(ctx)
-    print(f"{'weight':12} {'type':5} {'rows x K':>12} {'n':>3} {'mat_vec us':>10} {'mat_cols us':>11} "
+    have_coopmat, have_x8 = "coopmat" in paths(ctx), "mmq" in paths(ctx)
+    print(f"{'weight':12} {'type':5} {'rows x K':>12} {'n':>3} {'mat_vec us':>10} {'x8 us':>8} {'mat_cols us':>11} "
           f"{'shape':>8} {'coopmat us':>10} {'cols/1col':>9} {'% read':>7} {'check':>8}")
     for name, qtype, rows, cols, glu, per_pass in QUICK_WEIGHTS if args.quick else WEIGHTS_8B:
         if qtype.name not in args.types:
@@ -55,6 +57,8 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
             one = w.time(1, "mat_vec", None, args.runs, warmup)
             for n in counts:
                 times = {"mat_vec": one if n == 1 else w.time(n, "mat_vec", None, args.runs, warmup)}
+                if have_x8 and qtype in mmq_types() and n <= MAT_VEC_MAX_COLS:   # 8-bit x, quantization included
+                    times["mat_vec_x8"] = w.time(n, "mat_vec_x8", None, args.runs, warmup)
                 if n > 1:
                     times["mat_cols"] = w.time(n, "mat_cols", None, args.runs, warmup)
                     if have_coopmat:
@@ -70,7 +74,7 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                     checks.setdefault((name, qtype.name), {})[n] = w.check(n)
                 check = f"{checks[name, qtype.name][n]:8.1e}" if n > 1 else "       -"
                 print(f"{name:12} {qtype.name:5} {f'{rows}x{cols}':>12} {n:3d} {us(times['mat_vec'])} "
-                      f"{us(times.get('mat_cols'), 11)} {shape:>8} {us(times.get('coopmat'))} {new / one:9.2f} "
+                      f"{us(times.get('mat_vec_x8'), 8)} {us(times.get('mat_cols'), 11)} {shape:>8} {us(times.get('coopmat'))} {new / one:9.2f} "
                       f"{100 * w.nbytes / new / measured:6.1f}% {check}", flush=True)
                 if args.cols_shapes and n > 1:
                     lanes = ctx.info.subgroup_size
@@ -108,12 +112,13 @@ class Copies:
         data = sane_scales(qtype, random_weights(qtype, rows * row_bytes(qtype, cols)))
         self.weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
         self.x, self.y, self.up = (ctx.alloc(4 * c * most) for c in (cols, rows, rows))
+        self.x8 = ctx.alloc(x8_bytes(min(most, MAT_VEC_MAX_COLS), cols))
         ctx.upload(self.x, (np.random.default_rng(0).standard_normal(cols * most) / np.sqrt(cols)).astype(np.float32))
 
     def _record(self, n: int, **options):
         if self.glu:
-            return record_glu_products(self.ctx, self.weights, self.x, self.y, n, up=self.up, **options)
-        return record_products(self.ctx, self.weights, self.x, self.y, n, **options)
+            return record_glu_products(self.ctx, self.weights, self.x, self.y, n, up=self.up, x8=self.x8, **options)
+        return record_products(self.ctx, self.weights, self.x, self.y, n, x8=self.x8, **options)
 
     def time(self, n: int, path: str, shape, runs: int, warmup: float) -> float:
         """Median seconds of one product (a gate+up pair under GLU) of n columns."""
@@ -146,5 +151,5 @@ class Copies:
     def __exit__(self, *exc):
         for w in self.weights:
             free_tensor(self.ctx, w)
-        for buffer in (self.x, self.y, self.up):
+        for buffer in (self.x, self.y, self.up, self.x8):
             self.ctx.free(buffer)

@@ -39,7 +39,8 @@ def record_glu_products(ctx, weights, x, y, n: int = 1, up=None, **options):
     the up weight of product i (y holds the SwiGLU output; `up`, y-sized scratch, is taken only
     where the path is unfused: the mat-mat kernels). `options`: matmul_swiglu's (path,
     cols_shape)."""
-    rec = ctx.recording(max_sets=2 * len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
+    # unfused (the mat-mat kernels): two products, maybe an 8-bit quantization, and the SwiGLU
+    rec = ctx.recording(max_sets=4 * len(weights) * len(weights[0].parts) + 1, max_timestamps=len(weights) + 1)
     rec.timestamp("start")
     for i, gate in enumerate(weights):
         matmul_swiglu(rec, gate, weights[(i + 1) % len(weights)], x, y, n, up=y if up is None else up, **options)
