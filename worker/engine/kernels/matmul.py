@@ -7,9 +7,11 @@ An RMSNorm in front of products (`normed_input`) is folded into the mat-vec kern
 pays: they take the raw x and a `FoldedNorm` and normalise it on load; elsewhere (other inner
 loops, the mat-mat kernels of prefill) the products take the norm kernel's output.
 
-The "mmq" mat-mat kernel takes 8-bit activations: its products quantize x into the scratch they
-are given (`x8`, x8_bytes of it) and record a barrier before the product; the caller's barrier
-after a product frees that scratch for the next."""
+The "mmq" mat-mat kernel and the "mat_vec_x8" mat-vec kernel (decode, `decode_x8`) take 8-bit
+activations: their products quantize x into the scratch they are given (`x8`, x8_bytes of it)
+and record a barrier before the product, unless x is already `Quantized` (normed_input's norm
+writes its output so for products that all take mat_vec_x8); the caller's barrier after a
+product frees that scratch for the next."""
 from dataclasses import dataclass
 from functools import cache
 
@@ -301,7 +303,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     mat-vec workgroup shape is the weight's tuned one, else the device kind's fixed one; the
     mat-cols one `cols_shape` (as mat_cols_shape gives it), else `mat_cols_shape`'s. The
     cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32), the
-    mmq kernel quantizes the activations to 8 bits per block of 32 into `x8` first.
+    mmq and mat_vec_x8 kernels quantize the activations to 8 bits per block of 32 into `x8` first.
     `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     path = path or _path(ctx, n, w.cols, norm is not None, w.ggml_type)
