@@ -46,3 +46,26 @@ def test_every_job_of_a_dead_worker_fails_with_its_partial_output(redis_url):
         assert 0 < r.ttl(protocol.stream_key(job.id)) <= 100
     assert all(job.get_status(refresh=True) == JobStatus.STARTED for job in alive)
     assert sorted(queue.started_job_registry.get_job_ids()) == sorted(job.id for job in alive)
+
+
+def test_a_sweeper_killed_mid_sweep_holds_the_queue_seconds_not_minutes(redis_url):
+    """A worker killed while it sweeps (its heartbeat sweeps every interval) leaves the queue's
+    sweep lock behind: the next sweep waits out its few seconds, then fails the dead worker's
+    jobs. RQ's 15-minute maintenance lock, taken by RQ's own registry cleaning, does not stop it
+    (the sweep used to take that one: a kill mid-sweep left a dead worker's jobs unfailed for 15
+    minutes, and a batch with them unfinished)."""
+    r = Redis.from_url(redis_url)
+    queue = Queue("vkllm:orphans-lock-test", connection=r)
+    dead = start_jobs(r, queue, "killed-mid-sweep", "gone", 2)
+    assert queue.acquire_maintenance_lock()
+    r.set(protocol.sweep_lock_key(queue.name), 1, ex=orphans.SWEEP_LOCK_SECONDS)   # as the killed sweeper left it
+    assert orphans.reap([queue], 100) == []   # another sweeper (the dead one) holds the lock
+    assert 0 < r.ttl(protocol.sweep_lock_key(queue.name)) <= orphans.SWEEP_LOCK_SECONDS
+    deadline = time.monotonic() + orphans.SWEEP_LOCK_SECONDS + 5
+    failed = []
+    while not failed and time.monotonic() < deadline:
+        failed = orphans.reap([queue], 100)
+        time.sleep(0.2)
+    assert sorted(failed) == sorted(job.id for job in dead)
+    assert r.ttl(queue.registry_cleaning_key) > 800 and not r.exists(protocol.sweep_lock_key(queue.name))
+    queue.release_maintenance_lock()

@@ -17,6 +17,10 @@ from rq.job import Job
 from vkllm import protocol
 
 DEFAULT_LIVENESS = 15   # seconds, for jobs whose worker did not say (a worker's default: 3 x 5 s)
+# A sweep takes milliseconds. Its lock is ours, not RQ's maintenance lock, which lasts 15 minutes:
+# a sweeper killed mid-sweep (a worker's heartbeat sweeps every interval) held that one so long
+# that its own jobs stayed unfailed for 15 minutes.
+SWEEP_LOCK_SECONDS = 5
 
 
 def reap(queues: list[Queue], stream_ttl: int) -> list[str]:
@@ -26,12 +30,13 @@ def reap(queues: list[Queue], stream_ttl: int) -> list[str]:
     ids of the jobs failed."""
     failed = []
     for queue in queues:
-        if not queue.acquire_maintenance_lock():   # another sweeper is at it
+        lock = protocol.sweep_lock_key(queue.name)
+        if not queue.connection.set(lock, 1, nx=True, ex=SWEEP_LOCK_SECONDS):   # another sweeper is at it
             continue
         try:
             failed += _reap(queue, stream_ttl)
         finally:
-            queue.release_maintenance_lock()
+            queue.connection.delete(lock)
     return failed
 
 

@@ -65,6 +65,11 @@ def orphan_key(job_id: str) -> str:
     return f"vkllm:orphan:{job_id}"
 
 
+def sweep_lock_key(queue_name: str) -> str:
+    """Held by the one sweeper of a queue's orphaned jobs (vkllm.orphans), briefly."""
+    return f"vkllm:sweep-lock:{queue_name}"
+
+
 # Stream records: field "type" is one of these, field "data" a JSON object. A token's data is
 # {"text"} with "logprobs" (OpenAI's chat entry) when the job asked for them; the end's is
 # {"finish_reason", "usage", "timings"} with "tool_calls" (OpenAI's shape) when the model made any.
