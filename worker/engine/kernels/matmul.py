@@ -321,16 +321,10 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
                   _push(w, 0, 0, n, y_accumulate), 1, cols_shape)
         return
     if path == "mat_vec_x8":
-        _mat_vec_x8(rec, w, _quantized_x(rec, x, x8, n, w.cols, norm), y, n, y_accumulate)
+        _mat_vec(rec, w, "mul_mat_vec_x8", _quantized_x(rec, x, x8, n, w.cols, norm), y, n, y_accumulate)
         return
     if path == "mat_vec":
-        threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
-        cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
-        kernel = ctx.kernel(f"mul_mat_vec{_norm_suffix(norm)}_{type_name}", {0: threads, 1: rows_per_group, 2: cols})
-        for buffer, first, count in w.parts:
-            x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
-            rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
-                         _push(w, first, count, n, y_accumulate, norm))
+        _mat_vec(rec, w, f"mul_mat_vec{_norm_suffix(norm)}", x, y, n, y_accumulate, norm)
         return
     if norm is not None:
         raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
@@ -362,16 +356,18 @@ def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, n
     return x8
 
 
-def _mat_vec_x8(rec: Recording, w: DeviceTensor, x8: Buffer, y: Buffer, n: int, accumulate: bool):
-    """y (+)= w x over x already quantized into x8 (mul_mat_vec_x8: the mat-vec kernel's shapes,
-    bindings and push constants)."""
+def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: int, accumulate: bool,
+             norm: FoldedNorm | None = None):
+    """y (+)= w x through mat-vec kernel `op`_<type> (mul_mat_vec, its norm-folding or 8-bit
+    variant: x then holds 8-bit blocks): the weight's tuned workgroup shape, else the device
+    kind's; one dispatch per part."""
     threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
-    kernel = rec.ctx.kernel(f"mul_mat_vec_x8_{w.ggml_type.name.lower()}",
-                            {0: threads, 1: rows_per_group, 2: min(n, MAT_VEC_MAX_COLS)})
+    cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm)
+    kernel = rec.ctx.kernel(f"{op}_{w.ggml_type.name.lower()}", {0: threads, 1: rows_per_group, 2: cols})
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
-        rec.dispatch(kernel, [buffer, x8, y], (x_groups, y_groups, cdiv(n, MAT_VEC_MAX_COLS)),
-                     _push(w, first, count, n, accumulate))
+        rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
+                     _push(w, first, count, n, accumulate, norm))
 
 
 def quantize_x8(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int):
@@ -422,7 +418,7 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
             rest = rest[len(fused.sections):]
         for w, y in rest:
             if w.ggml_type in mmq_types():
-                _mat_vec_x8(rec, w, x8, y, n, False)
+                _mat_vec(rec, w, "mul_mat_vec_x8", x8, y, n, False)
             else:
                 matmul(rec, w, x, y, n, path="mat_vec")
         return
