@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType
 
 from worker.engine.config import Settings
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import mat_vec_shape, mmq_types, paths, x8_bytes
+from worker.engine.kernels.matmul import Quantized, mat_vec_shape, mmq_types, paths, quantize_x8, x8_bytes
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_products, replay_for
 from worker.engine.kernels.tuning import MatVecTuner
@@ -59,7 +59,9 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
                 runs: int, warmup: float, shape=None, path: str | None = None) -> tuple[float, int]:
     """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
     token columns (1: the mat-vec kernel), with mat-vec workgroup shape `shape` (None: fixed),
-    through matmul's kernel `path` (None: the one it picks; "mmq" includes quantizing x)."""
+    through matmul's kernel `path` (None: the one it picks). "mmq" includes quantizing x;
+    "mat_vec_x8" takes x already in 8-bit blocks, as a model's products do (rms_norm_x8 writes
+    them)."""
     nbytes = rows * row_bytes(qtype, cols)
     copies = max(2, cdiv(rotation_bytes, nbytes))
     data = random_weights(qtype, nbytes)
@@ -67,9 +69,15 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
     for w in weights:
         w.mat_vec_shape = shape
     x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
-    x8 = ctx.alloc(x8_bytes(n, cols)) if path in ("mmq", "mat_vec_x8") else None
+    x8 = ctx.alloc(x8_bytes(n, cols)) if qtype in mmq_types() else None
     ctx.upload(x, np.ones(cols * n, np.float32))
-    rec = record_products(ctx, weights, x, y, n, path=path, x8=x8)
+    if path == "mat_vec_x8":
+        prepare = ctx.recording(max_sets=1)
+        quantize_x8(prepare, x, x8, n, cols)
+        prepare = prepare.finish()
+        ctx.run(prepare)
+        prepare.destroy()
+    rec = record_products(ctx, weights, Quantized(x8) if path == "mat_vec_x8" else x, y, n, path=path, x8=x8)
     replay_for(ctx, rec, warmup)
     times = []
     for _ in range(runs):
@@ -108,7 +116,8 @@ def run(args):
             for rows, cols in shapes:
                 nbytes = rows * row_bytes(qtype, cols)
                 shape = tuner.shapes([(qtype, rows, cols)])[qtype, rows, cols] if tuner else None
-                seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup, shape)
+                seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup, shape,
+                                              path="mat_vec")
                 rate = nbytes / seconds
                 threads, per_group = shape or mat_vec_shape(ctx)
                 line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {f'{threads}x{per_group}':>7} "
