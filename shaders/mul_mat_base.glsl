@@ -10,7 +10,7 @@
 
 #if defined(MMQ)
 #include "x8.glsl"
-layout(std430, binding = 1) readonly buffer X8 { block_x8 x8[]; };
+layout(std430, binding = 1) readonly buffer X8 { ivec4 x8[]; };
 #else
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };

@@ -58,6 +58,56 @@ void main() {
             }
         }
     }
+#elif defined(X8_ITEMS)
+    // Quantized weights against 8-bit activations (x8.glsl), through the item loads below: per
+    // item, all loads first; per 32-value block of x, each load of x serving all rows and
+    // weights, an exact integer dot of each 16-value group's quants with the activations', scaled
+    // once (as mul_mmq.comp): a * d * (w . q) + b * d * sum(q).
+    items_setup();
+    const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
+    uint row_byte[NUM_ROWS];
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+        row_byte[r] = clamped_row(row0 + r) * (p.ncols / QUANT_K) * BLOCK_BYTES;
+    }
+    for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
+        item_raw raw[UNROLL][NUM_MATS][NUM_ROWS];
+        [[unroll]] for (uint u = 0; u < UNROLL; u++) {
+            const uint item = min(i0 + u * BLOCK_SIZE, items - 1);
+            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                    raw[u][m][r] = WEIGHTS(m, load_item, (row_byte[r], item));
+                }
+            }
+        }
+        [[unroll]] for (uint u = 0; u < UNROLL; u++) {
+            const uint item = i0 + u * BLOCK_SIZE;
+            if (item >= items) {
+                break;
+            }
+            item_words w[NUM_MATS][NUM_ROWS];
+            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                    w[m][r] = align_item(raw[u][m][r], item);
+                }
+            }
+            [[unroll]] for (uint g = 0; g < ITEM_GROUPS; g += 2) {
+                const uint kb = group_x(item, g) / 32;
+                [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
+                    const uint col = clamped_col(col0 + c);
+                    const ivec4 x0 = x8[x8_word(col, x_blocks, kb, 0)], x1 = x8[x8_word(col, x_blocks, kb, 1)];
+                    const vec4 ds = intBitsToFloat(x8[x8_word(col, x_blocks, kb, 2)]);
+                    [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                        [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                            vec2 ab0, ab1;
+                            const ivec4 q0 = group_quants(w[m][r], item, g, ab0), q1 = group_quants(w[m][r], item, g + 1, ab1);
+                            acc[c][m][r] += ds.x * (ab0.x * float(idot16(q0, x0, 0)) + ab1.x * float(idot16(q1, x1, 0)))
+                                            + ab0.y * ds.y + ab1.y * ds.z;
+                        }
+                    }
+                }
+            }
+        }
+    }
 #elif defined(X8)
     // Quantized weights against 8-bit activations (x8.glsl blocks of 32, quantize_x8.comp): thread
     // t takes the 32-value blocks t, t + BLOCK_SIZE, ... of the row; per 16-value slice an exact
@@ -66,9 +116,13 @@ void main() {
     const uint blocks_per_row = p.ncols / QUANT_K, x_blocks = p.ncols / 32;
     for (uint kb = tid; kb < x_blocks; kb += BLOCK_SIZE) {
         const uint ib = 32 * kb / QUANT_K, s = (32 * kb % QUANT_K) / 16;
-        block_x8 xb[NUM_COLS];
+        ivec4 xq[NUM_COLS][2];
+        vec4 xd[NUM_COLS];
         [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
-            xb[c] = x8[clamped_col(col0 + c) * x_blocks + kb];
+            const uint col = clamped_col(col0 + c);
+            xq[c][0] = x8[x8_word(col, x_blocks, kb, 0)];
+            xq[c][1] = x8[x8_word(col, x_blocks, kb, 1)];
+            xd[c] = intBitsToFloat(x8[x8_word(col, x_blocks, kb, 2)]);
         }
         [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
             [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
@@ -76,8 +130,8 @@ void main() {
                 vec2 ab0, ab1;
                 const ivec4 q0 = WEIGHTS(m, quants16, (b, s, ab0)), q1 = WEIGHTS(m, quants16, (b, s + 1, ab1));
                 [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
-                    const vec4 ds = xb[c].ds;
-                    acc[c][m][r] += ds.x * (ab0.x * float(idot16(q0, xb[c].qs[0], 0)) + ab1.x * float(idot16(q1, xb[c].qs[1], 0)))
+                    const vec4 ds = xd[c];
+                    acc[c][m][r] += ds.x * (ab0.x * float(idot16(q0, xq[c][0], 0)) + ab1.x * float(idot16(q1, xq[c][1], 0)))
                                     + ab0.y * ds.y + ab1.y * ds.z;
                 }
             }

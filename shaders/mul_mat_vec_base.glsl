@@ -12,7 +12,8 @@
 // Quantized weights are read through mul_mat_vec_items.glsl (wide loads, several items in
 // flight, per-type inner loops) where that measured faster on an H200; Q6_K and Q8_0, and the
 // fused gate+up kernel of every type but MXFP4, read 16-value slices through dequant.glsl (as
-// float weights do): there the item loops measured slower.
+// float weights do): there the item loops measured slower. Over 8-bit x (X8), Q4_K and Q5_K
+// take the items (their quants from group_quants), the other types dequant.glsl's quants16.
 // With EXPERTS (a mixture-of-experts FFN) the weights are the 3-D expert tensor of one part
 // (experts expert_first .. + expert_count, `rows` rows each) and column z of the dispatch is the
 // slot (token t, j-th chosen expert): it multiplies the rows of expert ids[z] (moe_route.comp's
@@ -39,18 +40,25 @@
 #if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4)) && !defined(COLS) && !defined(X8)
 #define MAT_VEC_ITEMS
 #endif
+// Over 8-bit x, the types whose items give their quants (group_quants) take the item loops too.
+#if defined(X8) && (defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K))
+#define X8_ITEMS
+#endif
+#if defined(MAT_VEC_ITEMS) || defined(X8_ITEMS)
+#define ITEM_LOOPS
+#endif
 
 float dot16(mat4 a, mat4 b) {
     return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3]);
 }
 
-#if defined(MAT_VEC_ITEMS)
+#if defined(ITEM_LOOPS)
 #include "mul_mat_vec_items.glsl"
 #else
 #include "dequant.glsl"
 #endif
 #if defined(GLU)
-#if defined(MAT_VEC_ITEMS)
+#if defined(ITEM_LOOPS)
 #define ITEMS_UP
 #include "mul_mat_vec_items.glsl"
 #else
@@ -80,7 +88,7 @@ const uint NUM_COLS = COLS;
 #else
 layout(constant_id = 2) const uint NUM_COLS = 1;
 #endif
-#if defined(MAT_VEC_ITEMS)
+#if defined(ITEM_LOOPS)
 // Items each thread loads per row and weight before any math: as many as keep the loaded words
 // of all rows and weights within RAW_WORDS registers (up to 4), so that more rows per workgroup
 // or a second weight trade items in flight for rows instead of spilling registers.
@@ -98,7 +106,7 @@ layout(std430, binding = NUM_MATS) readonly buffer X { float x[]; };
 layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
 #if defined(X8)
 #include "x8.glsl"
-layout(std430, binding = NUM_MATS) readonly buffer Activations8 { block_x8 x8[]; };
+layout(std430, binding = NUM_MATS) readonly buffer Activations8 { ivec4 x8[]; };
 #endif
 layout(std430, binding = NUM_MATS + 1) buffer Y { float y[]; };
 #if defined(EXPERT_TILES)

@@ -20,6 +20,10 @@
 //   uint group_x(uint item, uint g)                 index in the row of group g's first value
 //   float group_dot(item_words w, uint item, uint g, mat4 x, float sx)
 //                                                   sum of w_i x_i over the group; sx = sum of x_i
+// and, for the kernel over 8-bit x (X8_ITEMS; Q4_K and Q5_K so far),
+//   ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab)
+//                                                   the group's quants as signed bytes (as
+//                                                   dequant.glsl's quants16), w_i = ab.x * q_i + ab.y
 // Layouts follow ggml's dequantize_row_* (as dequant.glsl, which the other kernels use).
 // A kernel over two weights (GLU) includes this file again with ITEMS_UP defined: the loaders
 // over binding 1, named *_up.
@@ -300,6 +304,18 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const mat4 f = COLUMNS(Q5_K_COLUMN);
 #endif
     return hi == 0 ? w.ab.x * dot16(f, x) + w.ab.y * sx : w.ab.z * dot16(f, x) + w.ab.w * sx;
+}
+
+// ab from align_item's form (w = a * (1 + q / 2^bits) + b) to a * q / 2^bits + (a + b).
+ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
+    const uint h = g & 1u, hi = g >> 1;
+    const vec2 f = hi == 0 ? w.ab.xy : w.ab.zw;
+    ab = vec2(f.x * (1.0 / float(1 << Q_BITS)), f.x + f.y);
+    uvec4 q = (w.r.qs[h] >> (4 * hi)) & 0x0F0F0F0Fu;
+#if defined(DATA_A_Q5_K)
+    q |= ((w.r.qh[h] >> (2 * (item & 3u) + hi)) << 4) & 0x10101010u;
+#endif
+    return ivec4(q);
 }
 
 #elif defined(DATA_A_Q2_K)

@@ -39,10 +39,10 @@ void load_tiles(uint tid, uint row0, uint col0, uint k0) {
     const uint col = tid - 2 * BM;
     if (col < BN) {
         const bool inside = col0 + col < cols_end();
-        const uint b = inside ? x_col(col0 + col) * (p.ncols / 32) + k0 / 32 : 0;
-        tile_xq[0][col] = inside ? x8[b].qs[0] : ivec4(0);
-        tile_xq[1][col] = inside ? x8[b].qs[1] : ivec4(0);
-        tile_xd[col] = inside ? x8[b].ds : vec4(0.0);
+        const uint nb = p.ncols / 32, c = inside ? x_col(col0 + col) : 0;
+        tile_xq[0][col] = inside ? x8[x8_word(c, nb, k0 / 32, 0)] : ivec4(0);
+        tile_xq[1][col] = inside ? x8[x8_word(c, nb, k0 / 32, 1)] : ivec4(0);
+        tile_xd[col] = inside ? intBitsToFloat(x8[x8_word(c, nb, k0 / 32, 2)]) : vec4(0.0);
     }
 }
 

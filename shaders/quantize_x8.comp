@@ -2,11 +2,11 @@
 #include "common.glsl"
 #include "x8.glsl"
 
-// x f32 [n, ncols] -> 8-bit blocks [n, ncols / 32] (x8.glsl), one thread per block: d = max |x| /
+// x f32 [n, ncols] -> 8-bit blocks, ncols / 32 per column (x8.glsl), one thread per block: d = max |x| /
 // 127, q = x / d rounded to nearest even (the tests' numpy reference rounds alike). ncols is a
 // multiple of 32 (every quantized weight's rows are).
 layout(std430, binding = 0) readonly buffer X4 { vec4 x4[]; };
-layout(std430, binding = 1) writeonly buffer Q { block_x8 q[]; };
+layout(std430, binding = 1) writeonly buffer Q { ivec4 q[]; };
 
 layout(push_constant) uniform Push {
     uint ncols;   // K
@@ -35,6 +35,8 @@ void main() {
         sums[i / 4] += qi.x + qi.y + qi.z + qi.w;
         qs[i / 4][i % 4] = pack4(qi);
     }
-    q[b].qs = qs;
-    q[b].ds = vec4(d, d * float(sums.x), d * float(sums.y), 0.0);
+    const uint nb = p.ncols / 32, col = b / nb, kb = b % nb;
+    q[x8_word(col, nb, kb, 0)] = qs[0];
+    q[x8_word(col, nb, kb, 1)] = qs[1];
+    q[x8_word(col, nb, kb, 2)] = floatBitsToInt(vec4(d, d * float(sums.x), d * float(sums.y), 0.0));
 }

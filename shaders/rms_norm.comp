@@ -4,6 +4,7 @@
 #endif
 #include "common.glsl"
 #include "reduce.glsl"
+#include "x8.glsl"
 
 // One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight (with X8 in 8-bit
 // blocks, for rows of a multiple of 32 values: store4 below). With GATHER,
@@ -31,6 +32,7 @@ layout(push_constant) uniform Push { uint cols; float eps; } p;
 layout(std430, binding = 1) writeonly buffer Q { uint q8[]; };
 
 void store4(uint i4, vec4 v) {
+    const uint n4 = p.cols / 4, nb = p.cols / 32, col = i4 / n4, b = i4 % n4 / 8, lane = i4 % 8;
     const vec4 a = abs(v);
     float amax = max(max(a.x, a.y), max(a.z, a.w));
     amax = max(amax, subgroupShuffleXor(amax, 1));
@@ -41,14 +43,14 @@ void store4(uint i4, vec4 v) {
     int sum = qi.x + qi.y + qi.z + qi.w;
     sum += subgroupShuffleXor(sum, 1);
     sum += subgroupShuffleXor(sum, 2);
-    const uint word = 12 * (i4 / 8), lane = i4 % 8;
-    q8[word + lane] = pack32(i8vec4(qi));
+    const uint ds = 4 * x8_word(col, nb, b, 2);
+    q8[4 * x8_word(col, nb, b, lane / 4) + lane % 4] = pack32(i8vec4(qi));
     if (lane % 4 == 0) {
-        q8[word + 9 + lane / 4] = floatBitsToUint(d * float(sum));
+        q8[ds + 1 + lane / 4] = floatBitsToUint(d * float(sum));
     }
     if (lane == 0) {
-        q8[word + 8] = floatBitsToUint(d);
-        q8[word + 11] = 0u;
+        q8[ds] = floatBitsToUint(d);
+        q8[ds + 3] = 0u;
     }
 }
 #else

@@ -33,7 +33,6 @@ from worker.engine.vk.device import INTEGER_DOT, DeviceInfo
 
 MMQ_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
 FLOAT_RTOL = 1e-2
-X8 = np.dtype([("qs", np.int8, 32), ("ds", np.float32, 4)])
 
 
 @pytest.fixture(autouse=True)
@@ -97,14 +96,15 @@ def assert_blocks(raw: np.ndarray, x: np.ndarray, max_quant_error: int, scale_rt
     scales within scale_rtol, its quants within max_quant_error (and rarely off at all), each
     half's sum d times its quants, the fourth word 0."""
     n, k = x.shape
-    got = raw.view(X8).reshape(n, k // 32)
+    planes = raw.reshape(n, 3, k // 32, 16)   # per column: quants 0..15, quants 16..31, ds (x8.glsl)
+    qs = np.concatenate([planes[:, 0], planes[:, 1]], axis=-1).view(np.int8).astype(np.int64)
+    ds = planes[:, 2].copy().view(np.float32)
     d, q = quantized(x)
-    np.testing.assert_allclose(got["ds"][..., 0], d, rtol=scale_rtol)
-    qs = got["qs"].astype(np.int64)
+    np.testing.assert_allclose(ds[..., 0], d, rtol=scale_rtol)
     assert np.abs(qs - q).max() <= max_quant_error and (qs != q).mean() < 1e-2
-    sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * got["ds"][..., :1]
-    np.testing.assert_allclose(got["ds"][..., 1:3], sums, rtol=1e-6)
-    assert (got["ds"][..., 3] == 0).all()
+    sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * ds[..., :1]
+    np.testing.assert_allclose(ds[..., 1:3], sums, rtol=1e-6)
+    assert (ds[..., 3] == 0).all()
 
 
 def test_quantize_x8_blocks(vk_ctx, dev):
