@@ -20,7 +20,7 @@
 //   uint group_x(uint item, uint g)                 index in the row of group g's first value
 //   float group_dot(item_words w, uint item, uint g, mat4 x, float sx)
 //                                                   sum of w_i x_i over the group; sx = sum of x_i
-// and, for the kernel over 8-bit x (X8_ITEMS; Q4_K and Q5_K so far),
+// and, for the kernel over 8-bit x (X8_ITEMS; Q4_K, Q5_K and Q6_K so far),
 //   ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab)
 //                                                   the group's quants as signed bytes (as
 //                                                   dequant.glsl's quants16), w_i = ab.x * q_i + ab.y
@@ -393,6 +393,45 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     return 8.0 * w.dl[g] * dot16(COLUMNS(Q3_K_COLUMN), x);
 }
 
+#elif defined(DATA_A_Q6_K)
+// 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), 16 signed scales, f16 d. An item is half
+// n (128 values): value 32 t + l takes nibble t / 2 of ql[64 n + 32 (t % 2) + l] and bits
+// 2t .. 2t + 1 of qh[32 n + l], scale 8 n + 2 t + l / 16: d * sc * (q - 32). Only the kernel over
+// 8-bit x reads Q6_K items (group_quants): the f32 one measured faster on dequant.glsl's slices.
+#define BLOCK_BYTES 210
+#define ITEM_VALUES 128
+#define ITEM_GROUPS 8
+#define ITEM_ALIGN 2
+#define ITEM_RAW_WORDS 40
+struct item_raw { uvec4 ql[5]; uvec4 qh[3]; uvec4 sd[2]; uint m; };
+struct item_words { uint ql[16]; uint qh[8]; float dl[8]; };
+
+item_words align_item(item_raw r, uint item) {
+    item_words o;
+    ALIGN_SPAN(o.ql, 16, r.ql, 5, r.m)
+    ALIGN_SPAN(o.qh, 8, r.qh, 3, r.m)
+    uint sd[5];   // from byte 192: the scales, then d in the low half of word 4
+    ALIGN_SPAN(sd, 5, r.sd, 2, r.m)
+    const float d = unpackHalf2x16(sd[4]).x;
+    const uint n = item & 1u;
+#define Q6_K_SCALE(g) o.dl[g] = d * float(bitfieldExtract(int(sd[2 * n + g / 4]), 8 * (g % 4), 8));
+    EACH_GROUP(Q6_K_SCALE)
+    return o;
+}
+
+uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
+
+// Group g is quarter t = g / 2, values 16 (g % 2) .. of it.
+ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
+    const uint t = g >> 1, h = g & 1u, l = 8 * (t & 1u) + 4 * h;
+    ab = vec2(w.dl[g], -32.0 * w.dl[g]);
+    uvec4 q;
+    [[unroll]] for (uint c = 0; c < 4; c++) {
+        q[c] = ((w.ql[l + c] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((w.qh[4 * h + c] >> (2 * t)) & 0x03030303u) << 4);
+    }
+    return ivec4(q);
+}
+
 #else
 #error "mul_mat_vec_items.glsl: no items for this type"
 #endif
@@ -428,6 +467,16 @@ item_raw load_item(uint row_byte, uint item) {
     LOAD_SPAN(r.sc, 2, block)
     LOAD_SPAN(r.qs, 3, block + 16 + 32 * n)
     LOAD_SPAN(r.dm, 1, block + 80)
+    r.m = block % 16;
+    return r;
+}
+#elif defined(DATA_A_Q6_K)
+item_raw load_item(uint row_byte, uint item) {
+    const uint block = row_byte + (item / 2) * BLOCK_BYTES, n = item & 1u;
+    item_raw r;
+    LOAD_SPAN(r.ql, 5, block + 64 * n)
+    LOAD_SPAN(r.qh, 3, block + 128 + 32 * n)
+    LOAD_SPAN(r.sd, 2, block + 192)
     r.m = block % 16;
     return r;
 }

@@ -158,6 +158,31 @@ def test_mat_vec_x8_every_type(vk_ctx, qtype):
         assert_close(y, y0 + x.astype(np.float64) @ w.T)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_glu_x8(vk_ctx, qtype):
+    """The fused gate+up kernel over 8-bit activations, silu(gate x) * (up x), one column and a
+    group of three: the types whose weights it reads through item loads (Q4_K, Q5_K, Q6_K) and
+    one through 16-value slices (every type's slices: test_mat_vec_x8_every_type)."""
+    cols = cols_of(qtype)
+    (raw_g, w_g), (raw_u, w_u) = random_weights(qtype, 67, cols, seed=4), random_weights(qtype, 67, cols, seed=5)
+    gate, up = (upload_tensor(vk_ctx, name, qtype, (cols, 67), raw) for name, raw in (("g", raw_g), ("u", raw_u)))
+    for n in (1, 3):
+        x = exact_activations(n, cols, seed=n)
+        xb, out, scratch, x8 = (vk_ctx.alloc(size) for size in (x.nbytes, 4 * n * 67, 4 * n * 67, x8_bytes(n, cols)))
+        vk_ctx.upload(xb, x)
+        rec = vk_ctx.recording()
+        matmul_swiglu(rec, gate, up, xb, out, n, scratch, path="mat_vec_x8", x8=x8)
+        vk_ctx.run(rec.finish())
+        y = vk_ctx.download(out, count=n * 67).reshape(n, 67)
+        rec.destroy()
+        for buffer in (xb, out, scratch, x8):
+            vk_ctx.free(buffer)
+        g, u = x.astype(np.float64) @ w_g.T, x.astype(np.float64) @ w_u.T
+        assert_close(y, g * (0.5 + 0.5 * np.tanh(g / 2)) * u)   # silu(g) * u
+    for tensor in (gate, up):
+        free_tensor(vk_ctx, tensor)
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_mmq_over_many_tiles(vk_ctx, qtype):
     raw, w = random_weights(qtype, 301, 512, seed=8)
