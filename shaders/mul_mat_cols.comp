@@ -20,7 +20,6 @@
 // The loops over columns, weights and rows are unrolled (COLS is compile-time, NUM_ROWS and
 // the tile size are specialization constants), so acc stays in registers. K must be a multiple
 // of 16 (matmul.py sends other weights to the mat-vec kernel).
-#define MAT_COLS
 #include "mul_mat_vec_base.glsl"
 #if !defined(COLS)
 #error "mul_mat_cols.comp needs COLS"

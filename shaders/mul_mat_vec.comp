@@ -8,27 +8,6 @@
 
 // Inner loops. Each dequantizes a piece of weights once and applies it to all NUM_COLS columns
 // of x; each load of x serves all NUM_ROWS rows of all NUM_MATS weights.
-
-#if defined(X8)
-// Block kb of x column c against the quants q[m][r][h] of two 16-value groups (values
-// 16h .. 16h+15 of the block) of each row and weight, their (a, b) in ab[m][r] (.xy, .zw): per
-// group an exact integer dot, scaled once (as mul_mmq.comp): a * d * (w . q) + b * d * sum(q).
-// Loaded per column, used at once: the columns' blocks are never all in registers together.
-// (Reads main's col0, x_blocks and acc.)
-#define X8_COLUMN_DOTS(c, kb, q, ab) { \
-    const uint col_ = clamped_col(col0 + (c)); \
-    const ivec4 x0_ = x8[x8_word(col_, x_blocks, kb, 0)], x1_ = x8[x8_word(col_, x_blocks, kb, 1)]; \
-    const vec4 ds_ = intBitsToFloat(x8[x8_word(col_, x_blocks, kb, 2)]); \
-    [[unroll]] for (uint m_ = 0; m_ < NUM_MATS; m_++) { \
-        [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
-            const vec4 f_ = ab[m_][r_]; \
-            acc[c][m_][r_] += ds_.x * (f_.x * float(idot16(q[m_][r_][0], x0_, 0)) + f_.z * float(idot16(q[m_][r_][1], x1_, 0))) \
-                              + f_.y * ds_.y + f_.w * ds_.z; \
-        } \
-    } \
-}
-#endif
-
 void main() {
     const uint row0 = first_row(), col0 = first_col();
     if (row0 >= p.rows) {
@@ -82,7 +61,8 @@ void main() {
 #elif defined(X8_ITEMS)
     // Quantized weights against 8-bit activations (x8.glsl), through the item loads below: per
     // item, all loads first; per 32-value block of x, each load of x serving all rows and
-    // weights (X8_COLUMN_DOTS).
+    // weights, an exact integer dot of each 16-value group's quants with the activations', scaled
+    // once (as mul_mmq.comp): a * d * (w . q) + b * d * sum(q).
     items_setup();
     const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
     uint row_byte[NUM_ROWS];
@@ -112,42 +92,49 @@ void main() {
             }
             [[unroll]] for (uint g = 0; g < ITEM_GROUPS; g += 2) {
                 const uint kb = group_x(item, g) / 32;
-                ivec4 q[NUM_MATS][NUM_ROWS][2];
-                vec4 ab[NUM_MATS][NUM_ROWS];   // the two groups' (a, b)
-                [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
-                    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-                        vec2 ab0, ab1;
-                        q[m][r][0] = group_quants(w[m][r], item, g, ab0);
-                        q[m][r][1] = group_quants(w[m][r], item, g + 1, ab1);
-                        ab[m][r] = vec4(ab0, ab1);
-                    }
-                }
                 [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
-                    X8_COLUMN_DOTS(c, kb, q, ab)
+                    const uint col = clamped_col(col0 + c);
+                    const ivec4 x0 = x8[x8_word(col, x_blocks, kb, 0)], x1 = x8[x8_word(col, x_blocks, kb, 1)];
+                    const vec4 ds = intBitsToFloat(x8[x8_word(col, x_blocks, kb, 2)]);
+                    [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                        [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                            vec2 ab0, ab1;
+                            const ivec4 q0 = group_quants(w[m][r], item, g, ab0), q1 = group_quants(w[m][r], item, g + 1, ab1);
+                            acc[c][m][r] += ds.x * (ab0.x * float(idot16(q0, x0, 0)) + ab1.x * float(idot16(q1, x1, 0)))
+                                            + ab0.y * ds.y + ab1.y * ds.z;
+                        }
+                    }
                 }
             }
         }
     }
 #elif defined(X8)
     // Quantized weights against 8-bit activations (x8.glsl blocks of 32, quantize_x8.comp): thread
-    // t takes the 32-value blocks t, t + BLOCK_SIZE, ... of the row, two 16-value slices each
-    // (X8_COLUMN_DOTS).
+    // t takes the 32-value blocks t, t + BLOCK_SIZE, ... of the row; per 16-value slice an exact
+    // integer dot of the weight's quants with the activations', scaled once (as mul_mmq.comp):
+    //   a * d * (w . q) + b * d * sum(q).
     const uint blocks_per_row = p.ncols / QUANT_K, x_blocks = p.ncols / 32;
     for (uint kb = tid; kb < x_blocks; kb += BLOCK_SIZE) {
         const uint ib = 32 * kb / QUANT_K, s = (32 * kb % QUANT_K) / 16;
-        ivec4 q[NUM_MATS][NUM_ROWS][2];
-        vec4 ab[NUM_MATS][NUM_ROWS];
+        ivec4 xq[NUM_COLS][2];
+        vec4 xd[NUM_COLS];
+        [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
+            const uint col = clamped_col(col0 + c);
+            xq[c][0] = x8[x8_word(col, x_blocks, kb, 0)];
+            xq[c][1] = x8[x8_word(col, x_blocks, kb, 1)];
+            xd[c] = intBitsToFloat(x8[x8_word(col, x_blocks, kb, 2)]);
+        }
         [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
             [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
                 const uint b = clamped_row(row0 + r) * blocks_per_row + ib;
                 vec2 ab0, ab1;
-                q[m][r][0] = WEIGHTS(m, quants16, (b, s, ab0));
-                q[m][r][1] = WEIGHTS(m, quants16, (b, s + 1, ab1));
-                ab[m][r] = vec4(ab0, ab1);
+                const ivec4 q0 = WEIGHTS(m, quants16, (b, s, ab0)), q1 = WEIGHTS(m, quants16, (b, s + 1, ab1));
+                [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
+                    const vec4 ds = xd[c];
+                    acc[c][m][r] += ds.x * (ab0.x * float(idot16(q0, xq[c][0], 0)) + ab1.x * float(idot16(q1, xq[c][1], 0)))
+                                    + ab0.y * ds.y + ab1.y * ds.z;
+                }
             }
-        }
-        [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
-            X8_COLUMN_DOTS(c, kb, q, ab)
         }
     }
 #elif defined(MAT_VEC_ITEMS)

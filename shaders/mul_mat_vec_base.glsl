@@ -31,15 +31,13 @@
 // dispatch for the three projections.
 // Bindings: the weights (one or two), x, y (QKV: y_q, y_k, y_v), then with EXPERTS the ids and
 // the biases, with NORM the norm weight.
-// With COLS defined NUM_COLS is that compile-time count (else a specialization constant): the
-// 8-bit kernels take one per count (their loops over columns unroll, the sums stay in
-// registers). With MAT_COLS (mul_mat_cols.comp, several columns: batched decode, COLS defined
-// too) NUM_ROWS is the rows of each subgroup; the kernel has its own loops and
+// With COLS defined (mul_mat_cols.comp, several columns: batched decode) NUM_COLS is that
+// compile-time count and NUM_ROWS the rows of each subgroup; the kernel has its own loops and
 // reduction (neither the item loops nor reduce_and_store below), and workgroups are numbered
 // column group fastest: the column groups of one row block run side by side, so that the
 // weights they share come from memory once and from the L2 cache for the others.
 #include "types.glsl"
-#if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4)) && !defined(MAT_COLS) && !defined(X8)
+#if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4)) && !defined(COLS) && !defined(X8)
 #define MAT_VEC_ITEMS
 #endif
 // Over 8-bit x, the types whose items give their quants (group_quants) take the item loops too.
@@ -161,7 +159,7 @@ float sumsq[NUM_COLS];
 #else
 const uint NUM_SUMS = 0;
 #endif
-#if !defined(MAT_COLS)
+#if !defined(COLS)
 shared float partial[NUM_COLS * (NUM_MATS * NUM_ROWS + NUM_SUMS)][BLOCK_SIZE];
 #endif
 
@@ -196,7 +194,7 @@ uint clamped_col(uint col) { return p.x_per_slot != 0 ? column_slot(col) : colum
 // The row of y that column `col` writes.
 uint out_col(uint col) { return column_slot(col); }
 #else
-#if defined(MAT_COLS)
+#if defined(COLS)
 // mul_mat_cols.comp's layout: ROW_LANES lanes share each row (split its K), each group of them
 // over NUM_ROWS rows: a subgroup covers NUM_ROWS x (subgroup size / ROW_LANES) rows.
 layout(constant_id = 4) const uint ROW_LANES = 32;
@@ -216,7 +214,7 @@ uint first_row() {
 // Rows past the end are computed on a clamped row (no branch in the loop) and never stored.
 uint clamped_row(uint row) { return min(row, p.rows - 1); }
 
-#if defined(MAT_COLS)
+#if defined(COLS)
 uint first_col() { return workgroup_index() % column_groups() * NUM_COLS; }
 #else
 uint first_col() {
@@ -308,7 +306,7 @@ void store(uint col, uint row, float v) {
 #endif
 }
 
-#if !defined(MAT_COLS)
+#if !defined(COLS)
 // acc[c][m][r]: column col0 + c, weight m, row row0 + r.
 void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][NUM_ROWS]) {
     for (uint c = 0; c < NUM_COLS; c++) {

@@ -158,18 +158,6 @@ def test_mat_vec_x8_every_type(vk_ctx, qtype):
         assert_close(y, y0 + x.astype(np.float64) @ w.T)
 
 
-@pytest.mark.parametrize("qtype,n", [(T.Q4_0, 12), (T.Q4_K, 40)], ids=["Q4_0", "Q4_K"])
-def test_mat_vec_x8_many_columns(vk_ctx, qtype, n):
-    """Batched decode's counts: 12 columns in the 16-column kernel (16-value slices), 40 in two
-    workgroup columns of the 32-column one (item loads). One type each: lavapipe takes minutes
-    to compile the unrolled 32-column kernel of a type."""
-    cols = cols_of(qtype)
-    raw, w = random_weights(qtype, 67, cols, seed=6)
-    x = exact_activations(n, cols, seed=n)
-    y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n, path="mat_vec_x8")
-    assert_close(y, x.astype(np.float64) @ w.T)
-
-
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_glu_x8(vk_ctx, qtype):
     """The fused gate+up kernel over 8-bit activations, silu(gate x) * (up x), one column and a

@@ -83,12 +83,12 @@ class Workspace:
         AttentionShape) with up to `sequences` logits rows, on the device of `ctx` (top-k's
         stages depend on its workgroup size, an expert tile's slots on its shared memory)."""
         from worker.engine.kernels import attention, experts, select
-        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, X8_MAX_COLS, decode_x8, mat_mat_path, x8_bytes
+        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, decode_x8, mat_mat_path, x8_bytes
         vocab, c = config.vocab_size, config
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
         mmq = n > MAT_VEC_MAX_COLS and mat_mat_path(ctx) == "mmq"
-        x8_rows = n if mmq else min(n, X8_MAX_COLS) if decode_x8(ctx) else 0   # decode's 8-bit mat-vec products
+        x8_rows = n if mmq else min(n, MAT_VEC_MAX_COLS) if decode_x8(ctx) else 0   # decode's mat-vec groups
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
                               select.scratch_bytes(ctx, sequences, vocab, min(MAX_K, vocab))),

@@ -16,7 +16,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import (MAT_VEC_MAX_COLS, X8_MAX_COLS, mat_cols_columns, mat_cols_shape, mat_cols_tile, mmq_types,
+from worker.engine.kernels.matmul import (MAT_VEC_MAX_COLS, mat_cols_columns, mat_cols_shape, mat_cols_tile, mmq_types,
                                           paths, x8_bytes)
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
@@ -57,7 +57,7 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
             one = w.time(1, "mat_vec", None, args.runs, warmup)
             for n in counts:
                 times = {"mat_vec": one if n == 1 else w.time(n, "mat_vec", None, args.runs, warmup)}
-                if have_x8 and qtype in mmq_types() and n <= X8_MAX_COLS:   # 8-bit x, quantization included
+                if have_x8 and qtype in mmq_types() and n <= MAT_VEC_MAX_COLS:   # 8-bit x, quantization included
                     times["mat_vec_x8"] = w.time(n, "mat_vec_x8", None, args.runs, warmup)
                 if n > 1:
                     times["mat_cols"] = w.time(n, "mat_cols", None, args.runs, warmup)
@@ -112,7 +112,7 @@ class Copies:
         data = sane_scales(qtype, random_weights(qtype, rows * row_bytes(qtype, cols)))
         self.weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
         self.x, self.y, self.up = (ctx.alloc(4 * c * most) for c in (cols, rows, rows))
-        self.x8 = ctx.alloc(x8_bytes(min(most, X8_MAX_COLS), cols))
+        self.x8 = ctx.alloc(x8_bytes(min(most, MAT_VEC_MAX_COLS), cols))
         ctx.upload(self.x, (np.random.default_rng(0).standard_normal(cols * most) / np.sqrt(cols)).astype(np.float32))
 
     def _record(self, n: int, **options):

@@ -53,10 +53,6 @@ QUANTIZE_X8_THREADS = 64
 X8_BLOCK_VALUES = 32
 X8_BLOCK_BYTES = 48   # shaders/x8.glsl's block: 32 signed bytes and (d, two slice sums, 0) as f32, in planes
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
-# Column counts of the 8-bit mat-vec kernels (variants.toml's `columns`, each compiled for its
-# count so that its loops over columns unroll); products of up to X8_MAX_COLS columns take them.
-X8_COLUMNS = (1, 2, 4, 8, 16, 32)
-X8_MAX_COLS = X8_COLUMNS[-1]
 # mul_mat_cols.comp (batched decode, "mat_cols"): the column counts it is built for (variants.toml
 # `columns`); with Settings.batch_kernel "auto", products of 2 .. MAT_COLS_MAX columns take it on
 # GPUs (more than 16 in column groups side by side, which share the weights through the L2
@@ -200,7 +196,7 @@ def mat_mat_path(ctx) -> str:
 
 
 def decode_x8(ctx) -> bool:
-    """Whether mat-vec products (decode: up to X8_MAX_COLS columns) of the quantized types
+    """Whether mat-vec products (decode: up to MAT_VEC_MAX_COLS columns) of the quantized types
     take the kernel over 8-bit activations (`mat_vec_x8`): Settings.decode_kernel "x8" (an error where the device
     lacks integer dot products), "mat_vec" never; with "auto" on GPUs that have them (on an H200
     it beat the f32 kernel for every type at every Llama-8B shape, 1.7x on the gate+up
@@ -223,12 +219,11 @@ def _path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None = None)
     on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
     on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
     tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
-    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Products of up to X8_MAX_COLS columns
-    of a weight of `qtype` that has an 8-bit kernel, over a K that is a multiple of 32, take that
-    one where `decode_x8` says so (then no norm folds into them), unless Settings.batch_kernel
-    sends them to the mat-cols kernel."""
+    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Mat-vec products of up to
+    MAT_VEC_MAX_COLS columns of a weight of `qtype` that has an 8-bit kernel, over a K that is a
+    multiple of 32, take that one where `decode_x8` says so (then no norm folds into them)."""
     path = _f32_path(ctx, n, k, folded)
-    if (path != "mat_cols" and not folded and n <= X8_MAX_COLS and qtype in mmq_types()
+    if (path == "mat_vec" and not folded and n <= MAT_VEC_MAX_COLS and qtype in mmq_types()
             and k % X8_BLOCK_VALUES == 0 and decode_x8(ctx)):
         return "mat_vec_x8"
     return path
@@ -252,15 +247,6 @@ def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm: FoldedNo
     if norm is None:
         return min(n, MAT_VEC_MAX_COLS)
     return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows_per_group + 1) * threads))
-
-
-def _x8_kernel(ctx, op: str, qtype: T, n: int, threads: int, sums: int) -> tuple[str, int]:
-    """(name, columns) of the 8-bit mat-vec kernel `op` for n columns: the fewest X8_COLUMNS that
-    hold them, within shared memory for the workgroup's partial sums (`sums` floats per thread
-    and column), else the most that fit (the rest in more workgroup columns)."""
-    fits = [c for c in X8_COLUMNS if 4 * c * sums * threads <= ctx.info.max_shared_memory]
-    cols = next((c for c in fits if c >= n), fits[-1])
-    return f"{op}_c{cols}_{qtype.name.lower()}", cols
 
 
 def _norm_suffix(norm: FoldedNorm | None) -> str:
@@ -376,11 +362,8 @@ def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: 
     variant: x then holds 8-bit blocks): the weight's tuned workgroup shape, else the device
     kind's; one dispatch per part."""
     threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
-    if op.endswith("_x8"):
-        name, cols = _x8_kernel(rec.ctx, op, w.ggml_type, n, threads, rows_per_group)
-    else:
-        name, cols = f"{op}_{w.ggml_type.name.lower()}", _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm)
-    kernel = rec.ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
+    cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm)
+    kernel = rec.ctx.kernel(f"{op}_{w.ggml_type.name.lower()}", {0: threads, 1: rows_per_group, 2: cols})
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
@@ -461,11 +444,8 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
     section's rows to its output."""
     ctx, members = rec.ctx, len(fused.sections)
     threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
-    if op.endswith("_x8"):
-        name, cols = _x8_kernel(ctx, op, fused.ggml_type, n, threads, rows_per_group)
-    else:
-        name, cols = f"{op}_{fused.ggml_type.name.lower()}", _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
-    kernel = ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
+    cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
+    kernel = ctx.kernel(f"{op}_{fused.ggml_type.name.lower()}", {0: threads, 1: rows_per_group, 2: cols})
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_q, y_k = outs[0], outs[1]
     y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
@@ -515,12 +495,12 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         rec.barrier()
         (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)
         return
+    spec = {0: threads, 1: rows_per_group, 2: cols}
     op = "geglu" if gelu else "glu"
     name = f"mul_mat_vec_{op}{_norm_suffix(norm)}_{w_gate.ggml_type.name.lower()}"
     if path == "mat_vec_x8":
-        name, cols = _x8_kernel(ctx, f"mul_mat_vec_{op}_x8", w_gate.ggml_type, n, threads, sums)
-        x = _quantized_x(rec, x, x8, n, w_gate.cols, norm)
-    kernel = ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
+        name, x = f"mul_mat_vec_{op}_x8_{w_gate.ggml_type.name.lower()}", _quantized_x(rec, x, x8, n, w_gate.cols, norm)
+    kernel = ctx.kernel(name, spec)
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [gate, up_part, x, out, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),

@@ -141,6 +141,6 @@ class MatVecTuner:
 
     def _name(self, key: Key, glu: bool = False) -> str:
         qtype, rows, cols = key
-        x8 = "_x8_c1" if _path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else ""
+        x8 = "_x8" if _path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else ""
         kernel = f"mul_mat_vec{'_glu' if glu else ''}{x8}_{qtype.name.lower()}"
         return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self.cache.kernel_hash(kernel)}"
