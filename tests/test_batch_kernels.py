@@ -1,5 +1,5 @@
-"""Batched decode through the mat-cols kernel (Settings.batch_kernel "mat_cols"; "auto" takes it
-on GPUs only, and the default "mat_vec" nowhere until it is timed on one): tiny Q4_K_M models' batched passes take it, and
+"""Batched decode through the mat-cols kernel (Settings.batch_kernel "mat_cols"; the default
+"auto" takes it on GPUs only, "mat_vec" nowhere): tiny Q4_K_M models' batched passes take it, and
 sequences decoded together give the tokens each gives alone (one column: the mat-vec kernel)
 and the numpy reference's greedy continuation; Gemma 3's GeGLU and Qwen2's Q/K/V biases too."""
 import dataclasses
@@ -79,7 +79,7 @@ def test_other_families(cols_ctx, vk_settings, tmp_path, preset, kernel):
         engine.close()
 
 
-@pytest.mark.parametrize("value, expected", [("", "mat_vec"), ("MAT_COLS", "mat_cols"), ("auto", "auto")])
+@pytest.mark.parametrize("value, expected", [("", "auto"), ("MAT_COLS", "mat_cols"), ("mat_vec", "mat_vec")])
 def test_batch_kernel_from_the_environment(value, expected):
     assert Settings.from_env({"VKLLM_BATCH_KERNEL": value}).batch_kernel == expected
 

@@ -7,11 +7,10 @@ from vkllm.errors import VkllmError
 from worker.engine.kernels.paged import KV_TYPES
 
 _TUNE = {"auto": None, "": None, "0": False, "1": True}
-# Which kernel products of 2..64 columns (batched decode) take (kernels/matmul.py `_path`): auto
-# (the mat-cols kernel on GPUs, the mat-vec kernel on CPU drivers), mat_vec (the mat-vec
-# kernel's column groups up to 8 columns, then the mat-mat kernels), mat_cols (the mat-cols
-# kernel on every device). The default stays mat_vec, the rule measured on a GPU, until the
-# mat-cols kernel has been timed on one (`vkllm bench kernels --cols`).
+# Which kernel products of 2..16 columns (batched decode) take (kernels/matmul.py `_path`): auto,
+# the default (the mat-cols kernel on GPUs, measured faster there: kernels/matmul.py
+# MAT_COLS_MAX; the mat-vec kernel on CPU drivers), mat_vec (the mat-vec kernel's column groups
+# up to 8 columns, then the mat-mat kernels), mat_cols (the mat-cols kernel on every device).
 BATCH_KERNELS = ("auto", "mat_vec", "mat_cols")
 # Which kernel products past the mat-vec column groups (prefill) take (kernels/matmul.py
 # `mat_mat_path`): auto (cooperative matrices where offered, else 8-bit integer dot products where
@@ -37,7 +36,7 @@ class Settings:
     tune: bool | None = None           # time mat-vec shapes per device at load; None: on GPUs, not CPU drivers
     max_sequences: int = 16            # sequences one Engine's Batch decodes together (capped by the memory plan)
     kv_type: str = "f16"               # KV cache values: f16, or q8_0 (8-bit, half the memory)
-    batch_kernel: str = "mat_vec"      # products of 2..64 columns: one of BATCH_KERNELS
+    batch_kernel: str = "auto"         # products of 2..16 columns: one of BATCH_KERNELS
     prefill_kernel: str = "auto"       # products past the mat-vec groups: one of PREFILL_KERNELS
     decode_kernel: str = "auto"        # one-column products of quantized weights: one of DECODE_KERNELS
     # Devices (index or name substring each) whose contexts a model's layers are split across,
@@ -64,7 +63,7 @@ class Settings:
             tune=_tune(env.get("VKLLM_TUNE", "auto")),
             max_sequences=_positive("VKLLM_MAX_SEQUENCES", env.get("VKLLM_MAX_SEQUENCES", "16")),
             kv_type=_kv_type(env.get("VKLLM_KV_TYPE", "f16")),
-            batch_kernel=_choice("VKLLM_BATCH_KERNEL", env.get("VKLLM_BATCH_KERNEL", ""), BATCH_KERNELS, "mat_vec"),
+            batch_kernel=_choice("VKLLM_BATCH_KERNEL", env.get("VKLLM_BATCH_KERNEL", ""), BATCH_KERNELS, "auto"),
             prefill_kernel=_choice("VKLLM_PREFILL_KERNEL", env.get("VKLLM_PREFILL_KERNEL", ""), PREFILL_KERNELS,
                                    "auto"),
             decode_kernel=_choice("VKLLM_DECODE_KERNEL", env.get("VKLLM_DECODE_KERNEL", ""), DECODE_KERNELS, "auto"),

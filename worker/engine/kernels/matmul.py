@@ -54,14 +54,12 @@ X8_BLOCK_VALUES = 32
 X8_BLOCK_BYTES = 48   # shaders/x8.glsl's block: 32 signed bytes and (d, two slice sums, 0) as f32, in planes
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 # mul_mat_cols.comp (batched decode, "mat_cols"): the column counts it is built for (variants.toml
-# `columns`); with Settings.batch_kernel "auto", products of 2 .. MAT_COLS_MAX columns take it on
-# GPUs (more than 16 in column groups side by side, which share the weights through the L2
-# cache). The mat-vec kernel's
-# columns fell off a cliff on an H200 (8B pass: 5.9 ms at 1 column, 9.5 at 2, 89 at 4, 224 at 8)
-# and the cooperative-matrix tiles cost 43-50 ms a pass at 2-32 columns. Not yet timed on a GPU:
-# `vkllm bench kernels --cols` compares the paths per column count.
+# `columns`); with Settings.batch_kernel "auto" (the default), products of 2 .. MAT_COLS_MAX
+# columns take it on GPUs. On an H200 (`vkllm bench kernels --cols`, the products of one Llama-8B
+# pass) it took 15.3 ms at 8 columns and 25.6 at 16, where the mat-vec groups (8-bit x) took 51.1
+# and the cooperative-matrix tiles 38.3; at 32 the tiles won (41.6 against 47.7).
 MAT_COLS_VARIANTS = (2, 4, 8, 16)
-MAT_COLS_MAX = 64
+MAT_COLS_MAX = 16
 # Its workgroup: subgroups sharing one staged tile of x, threads over rows such that a thread's
 # partial sums (columns x rows x weights) stay within MAT_COLS_SUMS registers, up to 4 rows; a
 # row's K split over a whole subgroup below MAT_COLS_MANY columns, over MAT_COLS_ROW_LANES
