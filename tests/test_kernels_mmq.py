@@ -281,6 +281,20 @@ def test_gpus_take_mmq_where_accelerated_without_matrix_units(accelerated, coopm
     assert _path(device, 512, 4096) == expected
 
 
+@pytest.mark.parametrize("batch_kernel, expected", [
+    ("auto", {1: "mat_vec_x8", 8: "mat_vec_x8", 9: "mat_cols", 16: "mat_cols", 17: "coopmat"}),
+    ("mat_vec", {1: "mat_vec_x8", 8: "mat_vec_x8", 9: "coopmat", 16: "coopmat"}),
+    ("mat_cols", {1: "mat_vec_x8", 2: "mat_cols", 8: "mat_cols", 16: "mat_cols", 17: "coopmat"})])
+def test_gpus_decode_batches_by_rule(batch_kernel, expected):
+    """A GPU with integer dot products and matrix units (an H200): quantized products of up to 8
+    columns over 8-bit x, unless batch_kernel says mat-cols; mat-cols to 16 under auto."""
+    info = DeviceInfo(0, "gpu", "discrete", 8 << 30, 32, 1 << 32, 64, 1 << 30, 65535, 128, 1.0, frozenset(),
+                      coopmat_shapes=((16, 16, 16),), int8_dot=True, int8_dot_accelerated=True)
+    device = SimpleNamespace(info=info, extensions=frozenset({INTEGER_DOT, "VK_KHR_cooperative_matrix"}),
+                             settings=Settings(batch_kernel=batch_kernel))
+    assert {n: _path(device, n, 4096, qtype=T.Q4_K) for n in expected} == expected
+
+
 @pytest.mark.parametrize("value, expected", [("", "auto"), ("MMQ", "mmq"), ("tiled", "tiled")])
 def test_prefill_kernel_from_the_environment(value, expected):
     assert Settings.from_env({"VKLLM_PREFILL_KERNEL": value}).prefill_kernel == expected

@@ -55,9 +55,10 @@ X8_BLOCK_BYTES = 48   # shaders/x8.glsl's block: 32 signed bytes and (d, two sli
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 # mul_mat_cols.comp (batched decode, "mat_cols"): the column counts it is built for (variants.toml
 # `columns`); with Settings.batch_kernel "auto" (the default), products of 2 .. MAT_COLS_MAX
-# columns take it on GPUs. On an H200 (`vkllm bench kernels --cols`, the products of one Llama-8B
-# pass) it took 15.3 ms at 8 columns and 25.6 at 16, where the mat-vec groups (8-bit x) took 51.1
-# and the cooperative-matrix tiles 38.3; at 32 the tiles won (41.6 against 47.7).
+# columns take it on GPUs, but for those of up to 8 that the 8-bit mat-vec kernel takes (`_path`).
+# On an H200 (`vkllm bench kernels --cols`, the products of one Llama-8B pass) it took 25.6 ms at
+# 16 columns where the tiles took 38.3; at 32 the tiles won (41.6 against 47.7). At 8 sequences
+# a decode step took 23.3 ms through it, 17.1 through the 8-bit mat-vec kernel.
 MAT_COLS_VARIANTS = (2, 4, 8, 16)
 MAT_COLS_MAX = 16
 # Its workgroup: subgroups sharing one staged tile of x, threads over rows such that a thread's
@@ -217,12 +218,13 @@ def _path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None = None)
     on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
     on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
     tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
-    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Mat-vec products of up to
-    MAT_VEC_MAX_COLS columns of a weight of `qtype` that has an 8-bit kernel, over a K that is a
-    multiple of 32, take that one where `decode_x8` says so (then no norm folds into them)."""
+    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Products of up to MAT_VEC_MAX_COLS columns
+    of a weight of `qtype` that has an 8-bit kernel, over a K that is a multiple of 32, take that
+    one where `decode_x8` says so (then no norm folds into them), unless batch_kernel is
+    "mat_cols" (so with "auto" on a GPU: 8-bit mat-vec up to 8 columns, mat-cols 9 .. 16)."""
     path = _f32_path(ctx, n, k, folded)
-    if (path == "mat_vec" and not folded and n <= MAT_VEC_MAX_COLS and qtype in mmq_types()
-            and k % X8_BLOCK_VALUES == 0 and decode_x8(ctx)):
+    if ((path == "mat_vec" or (path == "mat_cols" and ctx.settings.batch_kernel == "auto")) and not folded
+            and n <= MAT_VEC_MAX_COLS and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0 and decode_x8(ctx)):
         return "mat_vec_x8"
     return path
 
@@ -245,6 +247,12 @@ def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm: FoldedNo
     if norm is None:
         return min(n, MAT_VEC_MAX_COLS)
     return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows_per_group + 1) * threads))
+
+
+def _x8_name(op: str, qtype: T, cols: int) -> str:
+    """The 8-bit mat-vec kernel `op` for workgroups of `cols` columns (variants.toml: several take
+    the _slices variant)."""
+    return f"{op}{'_slices' if cols > 1 else ''}_{qtype.name.lower()}"
 
 
 def _norm_suffix(norm: FoldedNorm | None) -> str:
@@ -361,7 +369,8 @@ def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: 
     kind's; one dispatch per part."""
     threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
     cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm)
-    kernel = rec.ctx.kernel(f"{op}_{w.ggml_type.name.lower()}", {0: threads, 1: rows_per_group, 2: cols})
+    name = _x8_name(op, w.ggml_type, cols) if op.endswith("_x8") else f"{op}_{w.ggml_type.name.lower()}"
+    kernel = rec.ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
@@ -443,7 +452,8 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
     ctx, members = rec.ctx, len(fused.sections)
     threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
     cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
-    kernel = ctx.kernel(f"{op}_{fused.ggml_type.name.lower()}", {0: threads, 1: rows_per_group, 2: cols})
+    name = _x8_name(op, fused.ggml_type, cols) if op.endswith("_x8") else f"{op}_{fused.ggml_type.name.lower()}"
+    kernel = ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_q, y_k = outs[0], outs[1]
     y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
@@ -497,7 +507,7 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     op = "geglu" if gelu else "glu"
     name = f"mul_mat_vec_{op}{_norm_suffix(norm)}_{w_gate.ggml_type.name.lower()}"
     if path == "mat_vec_x8":
-        name, x = f"mul_mat_vec_{op}_x8_{w_gate.ggml_type.name.lower()}", _quantized_x(rec, x, x8, n, w_gate.cols, norm)
+        name, x = _x8_name(f"mul_mat_vec_{op}_x8", w_gate.ggml_type, cols), _quantized_x(rec, x, x8, n, w_gate.cols, norm)
     kernel = ctx.kernel(name, spec)
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
