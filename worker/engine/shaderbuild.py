@@ -13,7 +13,7 @@ from pathlib import Path
 from worker.engine import compilers
 from worker.engine.compilers import ShaderBuildError
 from worker.engine.vk.spirv import PushLayout, push_layout
-from worker.engine.weight_types import WEIGHT_TYPES
+from worker.engine.weight_types import QUANTIZED_TYPES, WEIGHT_TYPES
 
 SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
 
@@ -37,8 +37,8 @@ class Shader:
 
 def _expand(op: str, entry: dict) -> list[Variant]:
     """One entry of the table: a plain kernel, or one variant per weight type (`weight_types`:
-    true, every type; or a list of type names), each once per column count of `columns` if it
-    has them."""
+    true, every type; "quantized", the quantized ones; or a list of type names), each once per
+    column count of `columns` if it has them."""
     base = tuple(sorted((k, str(v)) for k, v in entry.get("defines", {}).items()))
     requires = tuple(entry.get("requires", ()))
     unknown = set(requires) - set(compilers.FEATURES)
@@ -53,6 +53,8 @@ def _expand(op: str, entry: dict) -> list[Variant]:
         return [Variant(op, entry["source"], base, entry["bindings"], requires)]
     if types is True:
         types = [t.name for t in WEIGHT_TYPES]
+    elif types == "quantized":
+        types = [t.name for t in QUANTIZED_TYPES]
     unknown = set(types) - {t.name for t in WEIGHT_TYPES}
     if unknown:
         raise ShaderBuildError(f"variants.toml: {op} lists unknown weight types {sorted(unknown)}")
