@@ -18,7 +18,7 @@ from vkllm.errors import VkllmError
 from worker.engine.config import Settings
 from worker.engine.batch import Request
 from worker.engine.engine import Engine
-from worker.engine.kernels.matmul import _path, paths
+from worker.engine.kernels.paths import paths, product_path
 from worker.engine.modelfile import ModelFile
 from worker.engine.sampling import SamplingParams
 
@@ -106,7 +106,7 @@ def test_lavapipe_decodes_over_f32_unless_told(vk_ctx):
     from gguf import GGMLQuantizationType as T
     if vk_ctx.info.kind != "cpu":
         pytest.skip("a GPU's own rule")
-    assert _path(vk_ctx, 1, 256, qtype=T.Q4_K) == "mat_vec"
+    assert product_path(vk_ctx, 1, 256, qtype=T.Q4_K) == "mat_vec"
 
 
 def test_decode_kernel_from_the_environment():

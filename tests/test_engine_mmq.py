@@ -20,7 +20,7 @@ from refmodel import RefModel
 from tests.kernel_io import own_context
 from tests.test_engine import _model, reference_error
 from worker.engine.engine import Engine
-from worker.engine.kernels.matmul import mat_mat_path, paths
+from worker.engine.kernels.paths import mat_mat_path, paths
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.modelfile import ModelFile
 from worker.engine.sampling import SamplingParams

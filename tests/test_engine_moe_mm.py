@@ -13,7 +13,7 @@ from tests.kernel_io import own_context
 from tests.test_engine import _model, assert_chunked_then_decoded, reference_error
 from tests.test_engine_mmq import TOL as MMQ_TOL
 from worker.engine.engine import Engine
-from worker.engine.kernels.matmul import paths
+from worker.engine.kernels.paths import paths
 from worker.engine.modelfile import ModelFile
 
 TOL = {"tiled": 2e-3, "mmq": MMQ_TOL}

@@ -20,7 +20,8 @@ from tests.test_kernels_experts import expert_weights, oai_reference, upload_exp
 from tests.test_kernels_matmul import assert_close
 from tests.test_kernels_mmq import exact_activations
 from worker.engine.kernels import experts
-from worker.engine.kernels.matmul import MAT_MAT_TILE, mat_mat_path, paths, x8_bytes
+from worker.engine.kernels.matmul import MAT_MAT_TILE, x8_bytes
+from worker.engine.kernels.paths import mat_mat_path, paths
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import free_tensor
 from worker.engine.modelfile import ModelFile

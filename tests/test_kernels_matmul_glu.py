@@ -21,7 +21,8 @@ from tests.test_kernels_matmul import (  # noqa: F401
     random_weights,
     small_binding_ctx,
 )
-from worker.engine.kernels.matmul import matmul_swiglu, paths
+from worker.engine.kernels.matmul import matmul_swiglu
+from worker.engine.kernels.paths import paths
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_tensor
 from worker.engine.kernels.tuning import candidates
 

@@ -7,8 +7,9 @@ from gguf import GGMLQuantizationType as T
 
 from tests.test_kernels_matmul import ALL_TYPES, assert_close, cols_for, random_weights
 from tests.test_kernels_matmul_glu import Weights, reference
-from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, matmul, matmul_qkv, matmul_swiglu, normed_input
+from worker.engine.kernels.matmul import matmul, matmul_qkv, matmul_swiglu, normed_input
 from worker.engine.kernels.norm import FoldedNorm
+from worker.engine.kernels.paths import MAT_VEC_MAX_COLS
 from worker.engine.kernels.tensor import free_tensor, upload_rows
 
 EPS = 1e-5

@@ -25,9 +25,9 @@ from tests.kernel_io import own_context
 from tests.test_kernels_matmul import assert_close, random_weights
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
-from worker.engine.kernels.matmul import (_path, mat_mat_path, matmul, matmul_swiglu, mmq_types, paths,
-                                          quantize_x8, x8_bytes)
+from worker.engine.kernels.matmul import matmul, matmul_swiglu, quantize_x8, x8_bytes
 from worker.engine.kernels.norm import rms_norm_x8
+from worker.engine.kernels.paths import mat_mat_path, mmq_types, paths, product_path
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.vk.device import INTEGER_DOT, DeviceInfo
 
@@ -261,13 +261,13 @@ def test_lavapipe_keeps_its_paths_unless_told(vk_ctx, vk_settings):
     (lavapipe's dot products are not accelerated); Settings.prefill_kernel forces mmq."""
     if vk_ctx.info.kind != "cpu":
         pytest.skip("a GPU's own rule: test_gpus_take_mmq_where_accelerated_without_matrix_units")
-    assert _path(vk_ctx, 70, 256) == "mat_vec" and mat_mat_path(vk_ctx) == "tiled"
+    assert product_path(vk_ctx, 70, 256) == "mat_vec" and mat_mat_path(vk_ctx) == "tiled"
     with own_context(dataclasses.replace(vk_settings, prefill_kernel="mmq")) as ctx:
-        assert _path(ctx, 70, 256) == "mmq" and _path(ctx, 8, 256) == "mat_vec"
+        assert product_path(ctx, 70, 256) == "mmq" and product_path(ctx, 8, 256) == "mat_vec"
     with own_context(dataclasses.replace(vk_settings, prefill_kernel="coopmat")) as ctx:
         if "coopmat" not in paths(ctx):
             with pytest.raises(VkllmError, match="VKLLM_PREFILL_KERNEL=coopmat: .* has no coopmat kernel"):
-                _path(ctx, 70, 256)
+                product_path(ctx, 70, 256)
 
 
 @pytest.mark.parametrize("accelerated, coopmat, expected", [(True, False, "mmq"), (False, False, "tiled"),
@@ -278,7 +278,7 @@ def test_gpus_take_mmq_where_accelerated_without_matrix_units(accelerated, coopm
                       int8_dot_accelerated=accelerated)
     extensions = {INTEGER_DOT} | ({"VK_KHR_cooperative_matrix"} if coopmat else set())
     device = SimpleNamespace(info=info, extensions=frozenset(extensions), settings=Settings())
-    assert _path(device, 512, 4096) == expected
+    assert product_path(device, 512, 4096) == expected
 
 
 @pytest.mark.parametrize("batch_kernel, expected", [
@@ -292,7 +292,7 @@ def test_gpus_decode_batches_by_rule(batch_kernel, expected):
                       coopmat_shapes=((16, 16, 16),), int8_dot=True, int8_dot_accelerated=True)
     device = SimpleNamespace(info=info, extensions=frozenset({INTEGER_DOT, "VK_KHR_cooperative_matrix"}),
                              settings=Settings(batch_kernel=batch_kernel))
-    assert {n: _path(device, n, 4096, qtype=T.Q4_K) for n in expected} == expected
+    assert {n: product_path(device, n, 4096, qtype=T.Q4_K) for n in expected} == expected
 
 
 @pytest.mark.parametrize("value, expected", [("", "auto"), ("MMQ", "mmq"), ("tiled", "tiled")])

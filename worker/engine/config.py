@@ -7,7 +7,7 @@ from vkllm.errors import VkllmError
 from worker.engine.kernels.paged import KV_TYPES
 
 _TUNE = {"auto": None, "": None, "0": False, "1": True}
-# Which kernel products of 2..16 columns (batched decode) take (kernels/matmul.py `_path`): auto,
+# Which kernel products of 2..16 columns (batched decode) take (kernels/paths.py `product_path`): auto,
 # the default (the mat-cols kernel on GPUs, measured faster there: kernels/matmul.py
 # MAT_COLS_MAX; the mat-vec kernel on CPU drivers), mat_vec (the mat-vec kernel's column groups
 # up to 8 columns, then the mat-mat kernels), mat_cols (the mat-cols kernel on every device).

@@ -83,7 +83,8 @@ class Workspace:
         AttentionShape) with up to `sequences` logits rows, on the device of `ctx` (top-k's
         stages depend on its workgroup size, an expert tile's slots on its shared memory)."""
         from worker.engine.kernels import attention, experts, select
-        from worker.engine.kernels.matmul import MAT_VEC_MAX_COLS, decode_x8, mat_mat_path, x8_bytes
+        from worker.engine.kernels.matmul import x8_bytes
+        from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, decode_x8, mat_mat_path
         vocab, c = config.vocab_size, config
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"

@@ -102,7 +102,7 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
 
     from worker.engine.engine import Engine
     from worker.engine.kernels import experts
-    from worker.engine.kernels.matmul import decode_x8, mat_mat_path
+    from worker.engine.kernels.paths import decode_x8, mat_mat_path
     from worker.engine.modelfile import ModelFile
     from worker.tools.roofline import read_bandwidth
     engine = Engine.load(path, settings(args), n_ctx=args.n_prompt + args.n_gen + 16,

@@ -16,8 +16,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import (MAT_VEC_MAX_COLS, mat_cols_columns, mat_cols_shape, mat_cols_tile, mmq_types,
-                                          paths, x8_bytes)
+from worker.engine.kernels.matmul import mat_cols_columns, mat_cols_shape, mat_cols_tile, x8_bytes
+from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, mmq_types, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
 from worker.engine.weight_types import row_bytes

@@ -14,8 +14,8 @@ expert's weights are read once per 64 of its slots."""
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.launch import stride_groups, threads
-from worker.engine.kernels.matmul import (MAT_MAT_THREADS, MAT_MAT_TILE, MAT_VEC_MAX_COLS, mat_mat_path, mat_vec_shape,
-                                          mmq_types, quantize_x8)
+from worker.engine.kernels.matmul import MAT_MAT_THREADS, MAT_MAT_TILE, mat_vec_shape, quantize_x8
+from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, mat_mat_path, mmq_types
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer

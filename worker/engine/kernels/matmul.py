@@ -13,18 +13,16 @@ and record a barrier before the product, unless x is already `Quantized` (normed
 writes its output so for products that all take mat_vec_x8); the caller's barrier after a
 product frees that scratch for the next."""
 from dataclasses import dataclass
-from functools import cache
 
 from gguf import GGMLQuantizationType as T
 
-from vkllm.errors import VkllmError
-from worker.engine import compilers, shaderbuild
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
+from worker.engine.kernels.paths import (MAT_VEC_MAX_COLS, X8_BLOCK_VALUES, coopmat_shape, mmq_types,
+                                         product_path)
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
-from worker.engine.vk.device import COOPMAT, INTEGER_DOT
 from worker.engine.vk.memory import Buffer
 
 # Rows and columns of y per mul_mat.comp workgroup (its TILE), 4 x 4 per thread; 2 x TILE of the
@@ -43,24 +41,11 @@ COOPMAT_TILE = (128, 128, 64, 64, 32, 1)
 # (tune off; tiles tuned at the prefill chunk do not apply below it either).
 COOPMAT_FEW_COLS_TILE = (64, 64, 32, 32, 32, 1)
 COOPMAT_FEW_COLS = 64
-# The tuner's candidates (kernels/tile_tuning.py), sides that 16x16 and 8x8 shapes divide.
-COOPMAT_TILES = tuple((*t, stages) for t in ((64, 64, 32, 32, 32), (64, 64, 32, 32, 64), (128, 64, 64, 32, 32),
-                                              (64, 128, 32, 64, 32), (128, 128, 64, 64, 32), (128, 128, 64, 32, 32),
-                                              (128, 128, 64, 64, 64), (256, 128, 64, 64, 32))
-                      for stages in (1, 2))
 GET_ROWS_THREADS = 64
 QUANTIZE_X8_THREADS = 64
-X8_BLOCK_VALUES = 32
 X8_BLOCK_BYTES = 48   # shaders/x8.glsl's block: 32 signed bytes and (d, two slice sums, 0) as f32, in planes
-MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
-# mul_mat_cols.comp (batched decode, "mat_cols"): the column counts it is built for (variants.toml
-# `columns`); with Settings.batch_kernel "auto" (the default), products of 2 .. MAT_COLS_MAX
-# columns take it on GPUs, but for those of up to 8 that the 8-bit mat-vec kernel takes (`_path`).
-# On an H200 (`vkllm bench kernels --cols`, the products of one Llama-8B pass) it took 25.6 ms at
-# 16 columns where the tiles took 38.3; at 32 the tiles won (41.6 against 47.7). At 8 sequences
-# a decode step took 23.3 ms through it, 17.1 through the 8-bit mat-vec kernel.
+# mul_mat_cols.comp's column counts (variants.toml `columns`; paths.py says which products take it).
 MAT_COLS_VARIANTS = (2, 4, 8, 16)
-MAT_COLS_MAX = 16
 # Its workgroup: subgroups sharing one staged tile of x, threads over rows such that a thread's
 # partial sums (columns x rows x weights) stay within MAT_COLS_SUMS registers, up to 4 rows; a
 # row's K split over a whole subgroup below MAT_COLS_MANY columns, over MAT_COLS_ROW_LANES
@@ -146,98 +131,9 @@ def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool, nor
     return push if norm is None else push | dict(eps=float(norm.eps))
 
 
-def coopmat_shape(info) -> tuple[int, int, int] | None:
-    """The (TM, TN, TK) cooperative-matrix shape the mat-mat kernel takes on this device: one
-    that divides the subgroup tile and the K step, 16x16x16 where offered (every vendor's f16
-    shape), else the largest; None without cooperative matrices."""
-    wm, wn, bk = (min(t[i] for t in COOPMAT_TILES) for i in (2, 3, 4))
-    fitting = [s for s in info.coopmat_shapes if wm % s[0] == 0 and wn % s[1] == 0 and bk % s[2] == 0]
-    if not fitting:
-        return None
-    return (16, 16, 16) if (16, 16, 16) in fitting else max(fitting, key=lambda s: s[0] * s[1] * s[2])
-
-
-def paths(ctx) -> tuple[str, ...]:
-    """The kernels a product can take on this device: "mat_vec" (groups of up to
-    MAT_VEC_MAX_COLS columns), "mat_cols" (mul_mat_cols.comp, any number of columns, K a
-    multiple of 16), "tiled" (mul_mat.comp), with VK_KHR_shader_integer_dot_product "mmq"
-    (mul_mmq.comp: 8-bit activations, for the types of `mmq_types`; the others take the tiled
-    kernel) and, with cooperative matrices, "coopmat" (mul_mat_coopmat.comp), which also needs
-    a compiler for it (glslang >= 13)."""
-    mmq = INTEGER_DOT in ctx.extensions and compilers.supported("integer_dot_product")
-    coopmat = (COOPMAT in ctx.extensions and coopmat_shape(ctx.info) is not None
-               and compilers.supported("cooperative_matrix"))
-    return ("mat_vec", "mat_cols", "tiled") + (("mmq",) if mmq else ()) + (("coopmat",) if coopmat else ())
-
-
-@cache
-def mmq_types() -> frozenset:
-    """The weight types the mmq kernel is built for (shaders/variants.toml's mul_mmq entry)."""
-    return frozenset(t for t in T if f"mul_mmq_{t.name.lower()}" in shaderbuild.variants())
-
-
-def mat_mat_path(ctx) -> str:
-    """The kernel of products past the mat-vec kernel's column groups (prefill):
-    Settings.prefill_kernel where it names one (an error where the device lacks it); with
-    "auto" cooperative matrices where offered, else 8-bit dot products where the device says
-    they are accelerated (GPUs without matrix units: RDNA2, older NVIDIA and Intel), else the
-    tiled kernel (lavapipe has the extension, unaccelerated; its CPU driver takes the mat-vec
-    groups anyway, `_path`)."""
-    offered, choice = paths(ctx), ctx.settings.prefill_kernel
-    if choice != "auto":
-        if choice not in offered:
-            raise VkllmError(f"VKLLM_PREFILL_KERNEL={choice}: {ctx.info.name} has no {choice} kernel "
-                             f"(it offers {', '.join(p for p in offered if p not in ('mat_vec', 'mat_cols'))})")
-        return choice
-    if "coopmat" in offered:
-        return "coopmat"
-    return "mmq" if "mmq" in offered and ctx.info.int8_dot_accelerated else "tiled"
-
-
-def decode_x8(ctx) -> bool:
-    """Whether mat-vec products (decode: up to MAT_VEC_MAX_COLS columns) of the quantized types
-    take the kernel over 8-bit activations (`mat_vec_x8`): Settings.decode_kernel "x8" (an error where the device
-    lacks integer dot products), "mat_vec" never; with "auto" on GPUs that have them (on an H200
-    it beat the f32 kernel for every type at every Llama-8B shape, 1.7x on the gate+up
-    product, quantization of x included), not on CPU drivers (lavapipe has them unaccelerated)."""
-    choice = ctx.settings.decode_kernel
-    if choice == "x8" and "mmq" not in paths(ctx):
-        raise VkllmError(f"VKLLM_DECODE_KERNEL=x8: {ctx.info.name} has no integer dot products")
-    return choice == "x8" or (choice == "auto" and ctx.info.kind != "cpu" and "mmq" in paths(ctx))
-
-
 def x8_bytes(n: int, k: int) -> int:
     """Scratch of the mmq path's 8-bit activations for n columns of K values."""
     return n * cdiv(k, X8_BLOCK_VALUES) * X8_BLOCK_BYTES
-
-
-def _path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None = None) -> str:
-    """One column takes the mat-vec kernel, and so do products with a `folded` norm (only it
-    applies one). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
-    the caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols":
-    on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
-    on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
-    tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
-    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Products of up to MAT_VEC_MAX_COLS columns
-    of a weight of `qtype` that has an 8-bit kernel, over a K that is a multiple of 32, take that
-    one where `decode_x8` says so (then no norm folds into them), unless batch_kernel is
-    "mat_cols" (so with "auto" on a GPU: 8-bit mat-vec up to 8 columns, mat-cols 9 .. 16)."""
-    path = _f32_path(ctx, n, k, folded)
-    if ((path == "mat_vec" or (path == "mat_cols" and ctx.settings.batch_kernel == "auto")) and not folded
-            and n <= MAT_VEC_MAX_COLS and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0 and decode_x8(ctx)):
-        return "mat_vec_x8"
-    return path
-
-
-def _f32_path(ctx, n: int, k: int, folded: bool) -> str:
-    if n == 1 or folded:
-        return "mat_vec"
-    choice, cpu = ctx.settings.batch_kernel, ctx.info.kind == "cpu"
-    if n <= MAT_COLS_MAX and k % 16 == 0 and (choice == "mat_cols" or (choice == "auto" and not cpu)):
-        return "mat_cols"
-    if n <= MAT_VEC_MAX_COLS or (cpu and ctx.settings.prefill_kernel == "auto"):
-        return "mat_vec"
-    return mat_mat_path(ctx)
 
 
 def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm: FoldedNorm | None) -> int:
@@ -288,7 +184,7 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
     take the 8-bit one, the norm quantized into `x8` in the same dispatch; otherwise the norm is
     recorded into `scratch`; either of the last two then a barrier."""
     folding = GLU_ITEM_LOOP_TYPES if glu else ITEM_LOOP_TYPES
-    taken = {_path(rec.ctx, n, w.cols, qtype=w.ggml_type) for w in consumers}
+    taken = {product_path(rec.ctx, n, w.cols, qtype=w.ggml_type) for w in consumers}
     if taken == {"mat_vec"} and all(w.ggml_type in folding for w in consumers):
         return x, FoldedNorm(weight, eps)
     if taken == {"mat_vec_x8"}:
@@ -304,7 +200,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
            path: str | None = None, norm: FoldedNorm | None = None,
            cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
-    kernel `_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
+    kernel `product_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
     prefill: mat-mat), or the one of `paths(ctx)` given (tests check each on every device). The
     mat-vec workgroup shape is the weight's tuned one, else the device kind's fixed one; the
     mat-cols one `cols_shape` (as mat_cols_shape gives it), else `mat_cols_shape`'s. The
@@ -312,7 +208,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     mmq and mat_vec_x8 kernels quantize the activations to 8 bits per block of 32 into `x8` first.
     `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
-    path = path or _path(ctx, n, w.cols, norm is not None, w.ggml_type)
+    path = path or product_path(ctx, n, w.cols, norm is not None, w.ggml_type)
     if path == "mmq":
         if norm is not None:
             raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
@@ -417,7 +313,7 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
     weights it lacks, and all of them where a mat-mat kernel applies, take their own products
     (on the mmq path over x quantized once into `x8`)."""
     rest = list(zip(weights, outs))
-    path = path or _path(rec.ctx, n, weights[0].cols, norm is not None, (fused or weights[0]).ggml_type)
+    path = path or product_path(rec.ctx, n, weights[0].cols, norm is not None, (fused or weights[0]).ggml_type)
     if path == "mat_vec_x8":   # x quantized once for all the products; types without the kernel take f32 x
         x8 = _quantized_x(rec, x, x8, n, weights[0].cols, norm)
         if fused is not None:
@@ -480,7 +376,7 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
-    path = path or _path(ctx, n, w_gate.cols, norm is not None, w_gate.ggml_type)
+    path = path or product_path(ctx, n, w_gate.cols, norm is not None, w_gate.ggml_type)
     same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
     if path == "mat_cols" and norm is None and w_gate.ggml_type == w_up.ggml_type and same_parts:
         bindings = [[gate, up_part, x, out] for (gate, _, _), (up_part, _, _) in zip(w_gate.parts, w_up.parts)]

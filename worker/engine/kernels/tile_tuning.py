@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.engine.kernels.matmul import COOPMAT_TILES, coopmat_shape, paths
+from worker.engine.kernels.paths import COOPMAT_TILES, coopmat_shape, paths
 from worker.engine.kernels.timing import record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
 from worker.engine.kernels.tuning import Key, wanted

@@ -22,13 +22,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import (
-    CPU_MAT_VEC_SHAPE,
-    GPU_MAT_VEC_SHAPE,
-    MAT_VEC_MAX_COLS,
-    _path,
-    x8_bytes,
-)
+from worker.engine.kernels.matmul import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE, x8_bytes
+from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
 from worker.engine.weight_types import row_bytes
@@ -124,7 +119,7 @@ class MatVecTuner:
         copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, cols))))
         record = record_glu_products if glu else record_products
         # the kernel the weight's products take: over 8-bit x, its quantization is in each product
-        x8 = ctx.alloc(x8_bytes(1, cols)) if _path(ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else None
+        x8 = ctx.alloc(x8_bytes(1, cols)) if product_path(ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else None
 
         def records(weights, x, y):
             for shape in candidates(ctx.info):
@@ -141,6 +136,6 @@ class MatVecTuner:
 
     def _name(self, key: Key, glu: bool = False) -> str:
         qtype, rows, cols = key
-        x8 = "_x8" if _path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else ""
+        x8 = "_x8" if product_path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else ""
         kernel = f"mul_mat_vec{'_glu' if glu else ''}{x8}_{qtype.name.lower()}"
         return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self.cache.kernel_hash(kernel)}"
