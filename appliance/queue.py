@@ -295,11 +295,13 @@ def asked(job: Job) -> dict:
 
 
 def _failure_reason(job: Job) -> str:
-    """The last line of the failure, in words when RQ failed it because its worker vanished."""
+    """The last line of the failure, in words when RQ failed it because its worker vanished (as
+    vkllm.orphans words it: RQ's own registry cleanup may fail such a job before the sweep does)."""
     result = job.latest_result()
     text = result.exc_string.strip() if result and result.exc_string else "failed"
     if "AbandonedJobError" in text:
-        return "the worker running this job stopped; the text generated before that is kept"
+        owner = f" ({job.worker_name})" if job.worker_name else ""
+        return f"the worker running this job{owner} stopped; the text generated before that is kept"
     return text.splitlines()[-1]
 
 

@@ -69,3 +69,19 @@ def test_a_sweeper_killed_mid_sweep_holds_the_queue_seconds_not_minutes(redis_ur
     assert sorted(failed) == sorted(job.id for job in dead)
     assert r.ttl(queue.registry_cleaning_key) > 800 and not r.exists(protocol.sweep_lock_key(queue.name))
     queue.release_maintenance_lock()
+
+
+def test_a_job_rq_fails_itself_names_its_worker_as_the_sweep_does(redis_url):
+    """RQ's own registry cleanup (a new worker's maintenance) may fail a dead worker's job before
+    the sweep does: the job's error then names the worker all the same."""
+    from appliance.queue import _failure_reason
+    r = Redis.from_url(redis_url)
+    queue = Queue("vkllm:orphans-rq-test", connection=r)
+    job, = start_jobs(r, queue, "rq-dead", "gone", 1)
+    registry = queue.started_job_registry
+    for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
+        r.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)   # its heartbeat long expired
+    registry.cleanup()
+    job.refresh()
+    assert job.get_status() == JobStatus.FAILED
+    assert _failure_reason(job) == "the worker running this job (rq-dead) stopped; the text generated before that is kept"
