@@ -8,6 +8,34 @@
 
 // Inner loops. Each dequantizes a piece of weights once and applies it to all NUM_COLS columns
 // of x; each load of x serves all NUM_ROWS rows of all NUM_MATS weights.
+#if defined(ITEM_LOOPS)
+// The steps both item loops share (the f32 and the 8-bit kernel's): each row's first byte; the
+// loads of UNROLL items (from i0, BLOCK_SIZE apart, clamped to the last) of every row and weight
+// before any math; the words of item u in place.
+#define ITEM_ROW_BYTES(row_byte) \
+    uint row_byte[NUM_ROWS]; \
+    [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
+        row_byte[r_] = clamped_row(row0 + r_) * (p.ncols / QUANT_K) * BLOCK_BYTES; \
+    }
+#define LOAD_ITEMS(raw, i0, items, row_byte) \
+    item_raw raw[UNROLL][NUM_MATS][NUM_ROWS]; \
+    [[unroll]] for (uint u_ = 0; u_ < UNROLL; u_++) { \
+        const uint item_ = min((i0) + u_ * BLOCK_SIZE, (items) - 1); \
+        [[unroll]] for (uint m_ = 0; m_ < NUM_MATS; m_++) { \
+            [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
+                raw[u_][m_][r_] = WEIGHTS(m_, load_item, (row_byte[r_], item_)); \
+            } \
+        } \
+    }
+#define ALIGN_ITEMS(w, raw, u, item) \
+    item_words w[NUM_MATS][NUM_ROWS]; \
+    [[unroll]] for (uint m_ = 0; m_ < NUM_MATS; m_++) { \
+        [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
+            w[m_][r_] = align_item(raw[u][m_][r_], item); \
+        } \
+    }
+#endif
+
 void main() {
     const uint row0 = first_row(), col0 = first_col();
     if (row0 >= p.rows) {
@@ -65,31 +93,15 @@ void main() {
     // once (as mul_mmq.comp): a * d * (w . q) + b * d * sum(q).
     items_setup();
     const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
-    uint row_byte[NUM_ROWS];
-    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-        row_byte[r] = clamped_row(row0 + r) * (p.ncols / QUANT_K) * BLOCK_BYTES;
-    }
+    ITEM_ROW_BYTES(row_byte)
     for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
-        item_raw raw[UNROLL][NUM_MATS][NUM_ROWS];
-        [[unroll]] for (uint u = 0; u < UNROLL; u++) {
-            const uint item = min(i0 + u * BLOCK_SIZE, items - 1);
-            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
-                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-                    raw[u][m][r] = WEIGHTS(m, load_item, (row_byte[r], item));
-                }
-            }
-        }
+        LOAD_ITEMS(raw, i0, items, row_byte)
         [[unroll]] for (uint u = 0; u < UNROLL; u++) {
             const uint item = i0 + u * BLOCK_SIZE;
             if (item >= items) {
                 break;
             }
-            item_words w[NUM_MATS][NUM_ROWS];
-            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
-                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-                    w[m][r] = align_item(raw[u][m][r], item);
-                }
-            }
+            ALIGN_ITEMS(w, raw, u, item)
             [[unroll]] for (uint g = 0; g < ITEM_GROUPS; g += 2) {
                 const uint kb = group_x(item, g) / 32;
                 [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
@@ -143,31 +155,15 @@ void main() {
     // of x (a 16-value group and its sum) serving all rows and weights.
     items_setup();
     const uint items = p.ncols / ITEM_VALUES;
-    uint row_byte[NUM_ROWS];
-    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-        row_byte[r] = clamped_row(row0 + r) * (p.ncols / QUANT_K) * BLOCK_BYTES;
-    }
+    ITEM_ROW_BYTES(row_byte)
     for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
-        item_raw raw[UNROLL][NUM_MATS][NUM_ROWS];
-        [[unroll]] for (uint u = 0; u < UNROLL; u++) {
-            const uint item = min(i0 + u * BLOCK_SIZE, items - 1);
-            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
-                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-                    raw[u][m][r] = WEIGHTS(m, load_item, (row_byte[r], item));
-                }
-            }
-        }
+        LOAD_ITEMS(raw, i0, items, row_byte)
         [[unroll]] for (uint u = 0; u < UNROLL; u++) {
             const uint item = i0 + u * BLOCK_SIZE;
             if (item >= items) {
                 break;
             }
-            item_words w[NUM_MATS][NUM_ROWS];
-            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
-                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-                    w[m][r] = align_item(raw[u][m][r], item);
-                }
-            }
+            ALIGN_ITEMS(w, raw, u, item)
             // Groups one by one with a literal g (a loop would leave g a variable in the SPIR-V:
             // the value-building shifts and word indices are constants only this way).
 #define GROUP(g) \
