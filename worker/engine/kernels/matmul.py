@@ -145,10 +145,11 @@ def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm: FoldedNo
     return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows_per_group + 1) * threads))
 
 
-def _x8_name(op: str, qtype: T, cols: int) -> str:
-    """The 8-bit mat-vec kernel `op` for workgroups of `cols` columns (variants.toml: several take
-    the _slices variant)."""
-    return f"{op}{'_slices' if cols > 1 else ''}_{qtype.name.lower()}"
+def _mat_vec_name(op: str, qtype: T, cols: int) -> str:
+    """Mat-vec kernel `op` of a weight of `qtype` for workgroups of `cols` columns: the 8-bit
+    kernels (op *_x8) take their _slices variant for several (variants.toml)."""
+    slices = "_slices" if op.endswith("_x8") and cols > 1 else ""
+    return f"{op}{slices}_{qtype.name.lower()}"
 
 
 def _norm_suffix(norm: FoldedNorm | None) -> str:
@@ -265,8 +266,7 @@ def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: 
     kind's; one dispatch per part."""
     threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
     cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm)
-    name = _x8_name(op, w.ggml_type, cols) if op.endswith("_x8") else f"{op}_{w.ggml_type.name.lower()}"
-    kernel = rec.ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
+    kernel = rec.ctx.kernel(_mat_vec_name(op, w.ggml_type, cols), {0: threads, 1: rows_per_group, 2: cols})
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
@@ -348,8 +348,7 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
     ctx, members = rec.ctx, len(fused.sections)
     threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
     cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
-    name = _x8_name(op, fused.ggml_type, cols) if op.endswith("_x8") else f"{op}_{fused.ggml_type.name.lower()}"
-    kernel = ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
+    kernel = ctx.kernel(_mat_vec_name(op, fused.ggml_type, cols), {0: threads, 1: rows_per_group, 2: cols})
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_q, y_k = outs[0], outs[1]
     y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
@@ -401,10 +400,10 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         return
     spec = {0: threads, 1: rows_per_group, 2: cols}
     op = "geglu" if gelu else "glu"
-    name = f"mul_mat_vec_{op}{_norm_suffix(norm)}_{w_gate.ggml_type.name.lower()}"
+    variant = "_x8" if path == "mat_vec_x8" else _norm_suffix(norm)
     if path == "mat_vec_x8":
-        name, x = _x8_name(f"mul_mat_vec_{op}_x8", w_gate.ggml_type, cols), _quantized_x(rec, x, x8, n, w_gate.cols, norm)
-    kernel = ctx.kernel(name, spec)
+        x = _quantized_x(rec, x, x8, n, w_gate.cols, norm)
+    kernel = ctx.kernel(_mat_vec_name(f"mul_mat_vec_{op}{variant}", w_gate.ggml_type, cols), spec)
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [gate, up_part, x, out, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
