@@ -8,7 +8,10 @@ from gguf import GGMLQuantizationType as T
 
 from tests.kernel_io import Device, f32, own_context
 from tests.test_kernels_matmul import assert_close, random_weights
+from tests.test_kernels_mmq import exact_activations
 from worker.engine.kernels import experts
+from worker.engine.kernels.matmul import Quantized, quantize_x8, x8_bytes
+from worker.engine.kernels.paths import paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.weight_types import row_bytes
 
@@ -31,6 +34,7 @@ def route_reference(logits, n_used, softmax_chosen, norm):
     (128, 8, False, True),    # Qwen3-30B-A3B: softmax over all, renormalised over the chosen
     (32, 4, True, False),     # gpt-oss-20b: softmax over the chosen logits
     (130, 32, False, False),  # more experts than threads, the most chosen the kernel keeps
+    (512, 8, False, True),    # the most experts the kernels count: eight logits per invocation
 ])
 def test_route_matches_numpy(dev, n_expert, n_used, softmax_chosen, norm):
     n = 5
@@ -125,6 +129,47 @@ def test_expert_glu_and_down_with_biases(dev, qtype, oai):
         free_tensor(dev.ctx, down)
     ref = np.stack([wd[e] @ act[z].astype(np.float64) + b_down[e] for z, e in enumerate(SLOT_IDS)])
     assert_close(dev.get(y, count=len(SLOT_IDS) * cols).reshape(len(SLOT_IDS), cols), ref)
+
+
+@pytest.mark.parametrize("qtype, oai", [(T.Q4_K, False), (T.Q6_K, False), (T.Q8_0, False), (T.MXFP4, True)],
+                         ids=lambda v: v.name if isinstance(v, T) else ("oai" if v else "silu"))
+def test_expert_glu_over_8bit_x(dev, qtype, oai):
+    """The decode gate+up kernel over 8-bit x (quantize_x8's blocks of each token's input): item
+    loads (Q4_K, Q6_K) and 16-value slices (Q8_0; MXFP4 with gpt-oss's biases and clamp), against
+    numpy over activations that the 8-bit blocks hold exactly (tests/test_kernels_mmq.py)."""
+    if "mmq" not in paths(dev.ctx):
+        pytest.skip(f"{dev.ctx.info.name} has no integer dot products")
+    n_expert, rows, cols, n_used = 6, 40, 512, 2
+    n_tokens = len(SLOT_IDS) // n_used
+    (raw_g, wg), (raw_u, wu) = (expert_weights(qtype, n_expert, rows, cols, seed=s) for s in (5, 6))
+    x = exact_activations(n_tokens, cols, seed=7)
+    # gate and up values up to about +-12 (past gpt-oss's clamp at 7), by a power of two that keeps x exact
+    peak = max(np.abs(w[e] @ x[z // n_used]).max() for w in (wg, wu) for z, e in enumerate(SLOT_IDS))
+    x *= np.float32(2.0 ** np.round(np.log2(12 / peak)))
+    gate_ref, up_ref = (np.stack([w[e] @ x[z // n_used].astype(np.float64) for z, e in enumerate(SLOT_IDS)])
+                        for w in (wg, wu))
+    rng = np.random.default_rng(8)
+    b_gate, b_up = f32(rng, n_expert, rows), f32(rng, n_expert, rows)
+    tensors = [upload_experts(dev.ctx, qtype, raw, n_expert, rows, cols) for raw in (raw_g, raw_u)]
+    out, x8, ids = dev.empty(4 * len(SLOT_IDS) * rows), dev.empty(x8_bytes(n_tokens, cols)), dev.put(SLOT_IDS)
+    biases = (dev.put(b_gate), dev.put(b_up)) if oai else None
+
+    def record(rec):
+        quantize_x8(rec, dev.put(x), x8, n_tokens, cols)
+        rec.barrier()
+        experts.matmul_experts_glu(rec, *tensors, Quantized(x8), out, ids, len(SLOT_IDS), n_used, biases)
+    try:
+        dev.run(record)
+    finally:
+        for t in tensors:
+            free_tensor(dev.ctx, t)
+    got = dev.get(out, count=len(SLOT_IDS) * rows).reshape(len(SLOT_IDS), rows)
+    if oai:
+        gate_ref, up_ref = gate_ref + b_gate[SLOT_IDS], up_ref + b_up[SLOT_IDS]
+        assert (gate_ref > 7).any() and (np.abs(up_ref) > 7).any()
+        assert_close(got, oai_reference(gate_ref, up_ref))
+    else:
+        assert_close(got, gate_ref / (1 + np.exp(-gate_ref)) * up_ref)
 
 
 def test_experts_split_into_parts_between_experts(vk_settings):

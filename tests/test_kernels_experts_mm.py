@@ -126,10 +126,11 @@ def test_expert_mat_mat_over_parts_between_experts(vk_settings, chosen):
 def test_which_kernels_a_pass_takes(vk_ctx, vk_settings):
     """Decode keeps a mat-vec column per slot; a CPU driver's prefill the mat-vec tiles unless
     Settings.prefill_kernel names the tiled or mmq kernel, which then take the expert tiles too
-    (a GPU's prefill: its mat-mat kernel where that has expert tiles)."""
+    (a GPU's prefill: its mat-mat kernel where that has expert tiles; behind the cooperative-matrix
+    kernel, which has none, the mmq tiles where offered, else the tiled kernel's)."""
     assert experts.path(vk_ctx, 8) == "mat_vec"
     dense = mat_mat_path(vk_ctx)
-    gpu_path = dense if dense in ("tiled", "mmq") else "mat_vec_tiles"
+    gpu_path = {"tiled": "tiled", "mmq": "mmq", "coopmat": "mmq" if "mmq" in paths(vk_ctx) else "tiled"}[dense]
     assert experts.path(vk_ctx, 9) == ("mat_vec_tiles" if vk_ctx.info.kind == "cpu" else gpu_path)
     assert experts.group_cols(vk_ctx, "mat_vec_tiles") == experts.tile_cols(vk_ctx)
     for chosen in ("tiled", "mmq"):

@@ -1,6 +1,7 @@
 """The mixture-of-experts FFN of the forward pass (models/model.py calls it where a dense model
 runs its gate, up and down): router mat-vec, routing on the GPU, the chosen experts' fused
-gate+up and their down products, and the weighted sum into the residual stream. The buffers are
+gate+up (over 8-bit x where the dense mat-vecs take it: decode on GPUs with integer dot products)
+and their down products, and the weighted sum into the residual stream. The buffers are
 the Workspace's moe_* ones (worker/engine/workspace.py). Passes of more than MAT_VEC_MAX_COLS
 tokens (prefill) group the slots by expert first, so that each expert's weights are read once
 per tile of its slots (kernels/experts.py): tiles of the mat-vec kernels, or on the tiled and
@@ -10,7 +11,9 @@ expert (Qwen2-MoE) is a dense SwiGLU FFN through the dense kernels, its gate log
 mat-vec row, both recorded with the router (they read the same input); its down product is
 weighed by the gate's sigmoid into the residual after the chosen experts' sum."""
 from worker.engine.kernels import elementwise, experts
-from worker.engine.kernels.matmul import matmul, matmul_swiglu
+from worker.engine.kernels.matmul import Quantized, matmul, matmul_swiglu, quantize_x8
+from worker.engine.kernels.paths import decode_x8
+from worker.engine.weight_types import QUANTIZED_TYPES
 
 
 def record_moe_ffn(rec, ws, layer, config, n: int):
@@ -30,8 +33,13 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
         rec.barrier()
     experts.route(rec, ws.moe_logits, ws.moe_ids, ws.moe_weights, n, c.n_expert, c.n_expert_used,
                   c.expert_softmax_chosen, c.expert_weights_norm)
-    rec.barrier()
     chosen = experts.path(rec.ctx, n)
+    x_glu = ws.xb
+    if chosen == "mat_vec" and decode_x8(rec.ctx) and layer["ffn_gate_exps"].ggml_type in QUANTIZED_TYPES:
+        # beside the routing (the router's product, which may have quantized xb into x8 too, is done)
+        quantize_x8(rec, ws.xb, ws.x8, n, c.n_embd)
+        x_glu = Quantized(ws.x8)
+    rec.barrier()
     tiles = ws.moe_tiles if chosen != "mat_vec" else None
     if tiles is not None:
         experts.group(rec, ws.moe_ids, tiles, slots, c.n_expert, experts.group_cols(rec.ctx, chosen))
@@ -49,7 +57,7 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
         experts.matmul_experts_mm(rec, "tiled", layer["ffn_down_exps"], ws.moe_gate, ws.moe_out, tiles, slots,
                                   c.n_expert_used, x_per_slot=True, bias=down_bias)
     else:
-        experts.matmul_experts_glu(rec, layer["ffn_gate_exps"], layer["ffn_up_exps"], ws.xb, ws.moe_gate,
+        experts.matmul_experts_glu(rec, layer["ffn_gate_exps"], layer["ffn_up_exps"], x_glu, ws.moe_gate,
                                    ws.moe_ids, slots, c.n_expert_used, biases, tiles)
         rec.barrier()
         experts.matmul_experts(rec, layer["ffn_down_exps"], ws.moe_gate, ws.moe_out, ws.moe_ids, slots,
