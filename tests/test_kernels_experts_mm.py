@@ -9,6 +9,7 @@ The activations are test_kernels_mmq.py's exact ones (integers times a power of 
 of 32, one of them +-127): their 8-bit blocks are x itself, so the mmq path is held to the float
 kernels' tolerance against the same reference."""
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from worker.engine.kernels.paths import mat_mat_path, paths
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import free_tensor
 from worker.engine.modelfile import ModelFile
+from worker.engine.vk.device import COOPMAT, INTEGER_DOT, DeviceInfo
 from worker.engine.weight_types import row_bytes
 from worker.engine.workspace import Workspace
 
@@ -158,3 +160,20 @@ def test_the_plan_counts_the_mat_mat_expert_scratch(vk_settings, tmp_path):
         assert s["moe_up"] == 4 * slots * 768
     assert sizes["tiled"]["x8"] == 0
     assert sizes["mmq"]["x8"] == 512 * max(2048, config.n_head * config.head_dim) * 3 // 2
+
+
+def test_gpus_with_matrix_units_take_the_mmq_expert_tiles(vk_settings, tmp_path):
+    """A GPU with cooperative matrices and integer dot products (an H200): the dense products
+    take the cooperative-matrix kernel, which has no expert tiles, and the experts the mmq ones,
+    so a chunk's 8-bit input is planned for every token (it was sized for decode's groups)."""
+    info = DeviceInfo(0, "gpu", "discrete", 8 << 30, 32, 1 << 32, 64, 1 << 30, 65535, 128, 1.0, frozenset(),
+                      coopmat_shapes=((16, 16, 16),), int8_dot=True, int8_dot_accelerated=True)
+    gpu = SimpleNamespace(info=info, extensions=frozenset({INTEGER_DOT, COOPMAT}), settings=vk_settings)
+    if not {"coopmat", "mmq"} <= set(paths(gpu)):
+        pytest.skip("no compiler here for the cooperative-matrix or integer-dot kernels")
+    assert (mat_mat_path(gpu), experts.path(gpu, 8), experts.path(gpu, 512)) == ("coopmat", "mat_vec", "mmq")
+    config = ModelFile.open(_model(tmp_path, "tiny-qwen3moe", "Q8_0")).config
+    sizes = Workspace.kernel_sizes(gpu, config, 512, AttentionShape.from_config(config, 1024))
+    assert sizes["x8"] == x8_bytes(512, max(config.n_embd, config.n_ff, config.n_head * config.head_dim))
+    assert sizes["moe_up"] == 4 * 512 * config.n_expert_used * config.n_ff_exp
+

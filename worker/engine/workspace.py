@@ -88,7 +88,7 @@ class Workspace:
         vocab, c = config.vocab_size, config
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
-        mmq = n > MAT_VEC_MAX_COLS and mat_mat_path(ctx) == "mmq"
+        mmq = n > MAT_VEC_MAX_COLS and "mmq" in (mat_mat_path(ctx), expert_path)
         x8_rows = n if mmq else min(n, MAT_VEC_MAX_COLS) if decode_x8(ctx) else 0   # decode's mat-vec groups
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
