@@ -10,7 +10,10 @@
 // and every branch below is uniform across the workgroup. The cache holds f16, or with KV_Q8
 // q8_0-like groups of 32 values (llama.cpp's quantize_row_q8_0: scale = max |x| / 127, values
 // round(x / scale)): an invocation takes a whole group, computing its rotated values twice
-// (once for the scale, once to store) rather than sharing them through memory.
+// (once for the scale, once to store) rather than sharing them through memory. With QK_NORM
+// (Qwen3, Gemma 3) each q and k head is first RMS-normalised over head_dim and scaled by the
+// q_norm or k_norm weight (llama.cpp's per-head norm before RoPE): the head's sum of squares is
+// one workgroup_sum, in the head's uniform branch; the norms' own dispatches and barrier are gone.
 #define KV_TABLE_BINDING 6
 #include "kv_cache.glsl"
 
@@ -29,23 +32,51 @@ layout(std430, binding = 7) readonly buffer FF { float freq_factors[]; };
 #if defined(KV_Q8)
 layout(std430, binding = SCALE_BINDING) writeonly buffer KS { float16_t k_scale[]; };
 layout(std430, binding = SCALE_BINDING + 1) writeonly buffer VS { float16_t v_scale[]; };
+#define NORM_BINDING (SCALE_BINDING + 2)
+#else
+#define NORM_BINDING SCALE_BINDING
 #endif
 layout(push_constant) uniform Push {
     uint n_head; uint n_head_kv; uint head_dim; uint rope_dim; float log2_base; uint table_stride;
+#if defined(QK_NORM)
+    float eps;
+#endif
 } p;
 
 #include "rope.glsl"
+
+#if defined(QK_NORM)
+#include "reduce.glsl"
+layout(std430, binding = NORM_BINDING) readonly buffer QN { float q_norm[]; };
+layout(std430, binding = NORM_BINDING + 1) readonly buffer KN { float k_norm[]; };
+float scale = 1.0;   // 1 / rms of the workgroup's head (main sets it)
+
+// 1 / rms(x[src .. src + head_dim)) of q (from_q) or k; every invocation of the workgroup calls it.
+float inv_rms(bool from_q, uint src) {
+    float sum = 0.0;
+    for (uint d = gl_LocalInvocationID.x; d < p.head_dim; d += gl_WorkGroupSize.x) {
+        const float x = from_q ? q[src + d] : k[src + d];
+        sum += x * x;
+    }
+    return inversesqrt(workgroup_sum(sum) / float(p.head_dim) + p.eps);
+}
+float q_at(uint base, uint d) { return q[base + d] * scale * q_norm[d]; }
+float k_at(uint src, uint d) { return k[src + d] * scale * k_norm[d]; }
+#else
+float q_at(uint base, uint d) { return q[base + d]; }
+float k_at(uint src, uint d) { return k[src + d]; }
+#endif
 
 #if defined(KV_Q8)
 // Value d of k's head at src, rotated when d < rope_dim.
 float k_rotated(uint src, uint d, uint pos) {
     if (d >= p.rope_dim) {
-        return k[src + d];
+        return k_at(src, d);
     }
     const uint half_dim = p.rope_dim / 2;
     const uint i = NEOX ? d % half_dim : d / 2;
     const uvec2 o = rope_pair(i, half_dim);
-    const vec2 r = rope_rotate(k[src + o.x], k[src + o.y], pos, i, p.rope_dim, p.log2_base);
+    const vec2 r = rope_rotate(k_at(src, o.x), k_at(src, o.y), pos, i, p.rope_dim, p.log2_base);
     return d == o.x ? r.x : r.y;
 }
 
@@ -83,11 +114,17 @@ void main() {
     const uint size = gl_WorkGroupSize.x;
     if (head < p.n_head) {
         const uint base = (t * p.n_head + head) * p.head_dim;
+#if defined(QK_NORM)
+        scale = inv_rms(true, base);   // its barrier: every read of the head before any write
+        for (uint d = p.rope_dim + lane; d < p.head_dim; d += size) {
+            q[base + d] = q_at(base, d);
+        }
+#endif
         for (uint i = lane; i < half_dim; i += size) {
-            const uvec2 o = base + rope_pair(i, half_dim);
-            const vec2 r = rope_rotate(q[o.x], q[o.y], pos, i, p.rope_dim, p.log2_base);
-            q[o.x] = r.x;
-            q[o.y] = r.y;
+            const uvec2 o = rope_pair(i, half_dim);
+            const vec2 r = rope_rotate(q_at(base, o.x), q_at(base, o.y), pos, i, p.rope_dim, p.log2_base);
+            q[base + o.x] = r.x;
+            q[base + o.y] = r.y;
         }
         return;
     }
@@ -97,6 +134,11 @@ void main() {
     const bool is_k = kv_head < p.n_head_kv;
     const uint offset = (is_k ? kv_head : kv_head - p.n_head_kv) * p.head_dim;
     const uint src = t * width + offset, dst = row * width + offset;
+#if defined(QK_NORM)
+    if (is_k) {
+        scale = inv_rms(false, src);
+    }
+#endif
 #if defined(KV_Q8)
     for (uint g = lane; g < p.head_dim / KV_Q8_GROUP; g += size) {
         store_group(is_k, src, dst + g * KV_Q8_GROUP, pos);
@@ -105,12 +147,12 @@ void main() {
     if (is_k) {
         for (uint i = lane; i < half_dim; i += size) {
             const uvec2 o = rope_pair(i, half_dim);
-            const vec2 r = rope_rotate(k[src + o.x], k[src + o.y], pos, i, p.rope_dim, p.log2_base);
+            const vec2 r = rope_rotate(k_at(src, o.x), k_at(src, o.y), pos, i, p.rope_dim, p.log2_base);
             k_cache[dst + o.x] = float16_t(r.x);
             k_cache[dst + o.y] = float16_t(r.y);
         }
         for (uint d = p.rope_dim + lane; d < p.head_dim; d += size) {
-            k_cache[dst + d] = float16_t(k[src + d]);
+            k_cache[dst + d] = float16_t(k_at(src, d));
         }
         return;
     }

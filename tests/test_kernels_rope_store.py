@@ -96,16 +96,22 @@ class Inputs:
                 assert (self.paged.read(self.cache, which, s, others) == 0).all()
 
 
-def check(x, rope_dim, base, neox, kv_type):
+def check(x, rope_dim, base, neox, kv_type, q_in=None, k_in=None):
+    """q_in, k_in: the heads before the rotation (numpy's), where the kernel normalised them;
+    else x.q and x.k, which dimensions past rope_dim then keep exactly."""
+    exact = q_in is None
+    q_in, k_in = (x.q, x.k) if exact else (q_in, k_in)
     q = x.dev.get(x.qbuf, count=x.q.size).reshape(x.q.shape)
-    np.testing.assert_allclose(q, x.rope(x.q, rope_dim, base, neox), rtol=0, atol=5e-4)
-    np.testing.assert_array_equal(q[..., rope_dim:], x.q[..., rope_dim:])
+    np.testing.assert_allclose(q, x.rope(q_in, rope_dim, base, neox), rtol=0, atol=5e-4)
+    if exact:
+        np.testing.assert_array_equal(q[..., rope_dim:], x.q[..., rope_dim:])
     np.testing.assert_array_equal(x.dev.get(x.kbuf, count=x.k.size).reshape(x.k.shape), x.k)
-    k_want = x.rope(x.k, rope_dim, base, neox)
+    k_want = x.rope(k_in, rope_dim, base, neox)
     k_got, v_got = x.written("k"), x.written("v")
     if kv_type == "f16":
         np.testing.assert_allclose(k_got.astype(np.float64), k_want, rtol=1e-3, atol=5e-4)
-        np.testing.assert_array_equal(k_got[..., rope_dim:], x.k[..., rope_dim:].astype(np.float16))
+        if exact:
+            np.testing.assert_array_equal(k_got[..., rope_dim:], x.k[..., rope_dim:].astype(np.float16))
         np.testing.assert_array_equal(v_got, x.v.astype(np.float16))
     else:
         # llama.cpp's q8_0 of the rotated rows (gguf.quants): equal but where float rounding of
@@ -129,6 +135,28 @@ def test_rope_store_kv(dev, n_tokens, pos0, n_head, n_head_kv, head_dim, rope_di
     ff = x.freq_factors()
     dev.run(lambda rec: rope_store_kv(rec, x.shape, x.qbuf, x.kbuf, bv, x.cache, x.step, n_tokens, ff))
     check(x, rope_dim, base, neox, kv_type)
+
+
+def head_norm(x, weight, eps):
+    """Qwen3's per-head RMSNorm over the last axis, in float64."""
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("case", [CASES[3], CASES[4], CASES[8]], ids=["neox", "partial-decode", "partial-factors"])
+def test_rope_store_kv_normalises_heads_first(dev, case, kv_type):
+    """qk_norm: each q and k head RMS-normalised and weighted before the rotation (q in place, k
+    into the cache, dimensions past rope_dim normalised too), v as it was."""
+    n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3 = case
+    x = Inputs(dev, [(0, pos0 + t) for t in range(n_tokens)], n_head, n_head_kv, head_dim, rope_dim, llama3, base,
+               neox, kv_type)
+    rng, eps = np.random.default_rng(head_dim), 1e-6
+    w_q, w_k = 0.5 + f32(rng, head_dim), 0.5 + f32(rng, head_dim)
+    x.qbuf, x.kbuf, bv = dev.put(x.q), dev.put(x.k), dev.put(x.v)
+    ff, norms = x.freq_factors(), (dev.put(w_q), dev.put(w_k), eps)
+    dev.run(lambda rec: rope_store_kv(rec, x.shape, x.qbuf, x.kbuf, bv, x.cache, x.step, n_tokens, ff, norms))
+    check(x, rope_dim, base, neox, kv_type, head_norm(x.q, w_q, eps), head_norm(x.k, w_k, eps))
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])

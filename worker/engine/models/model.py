@@ -233,13 +233,11 @@ class Model:
                                      ("attn_v", ws.v, c.n_head_kv * c.head_dim)):
                 elementwise.add_bias(rec, out, layer[f"{name}.bias"], n, width)
             rec.barrier()
-        if c.has_qk_norm:
-            norm.rms_norm(rec, ws.q, layer["attn_q_norm"], ws.q, n * c.n_head, c.head_dim, c.norm_eps)
-            norm.rms_norm(rec, ws.k, layer["attn_k_norm"], ws.k, n * c.n_head_kv, c.head_dim, c.norm_eps)
-            rec.barrier()
-        # one dispatch: q rotated in place, k rotated and v copied into this layer's cache
+        # one dispatch: q (normalised per head first where the model says) rotated in place, k
+        # normalised and rotated and v copied into this layer's cache
+        qk_norm = (layer["attn_q_norm"], layer["attn_k_norm"], c.norm_eps) if c.has_qk_norm else None
         shape = self.layer_shapes[i]
-        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.kv.layers[i], step, n, self.freq_factors[i])
+        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.kv.layers[i], step, n, self.freq_factors[i], qk_norm)
         rec.barrier()
         attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention,
                            sinks=layer.get("attn_sinks"))
