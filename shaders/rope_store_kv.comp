@@ -10,10 +10,12 @@
 // and every branch below is uniform across the workgroup. The cache holds f16, or with KV_Q8
 // q8_0-like groups of 32 values (llama.cpp's quantize_row_q8_0: scale = max |x| / 127, values
 // round(x / scale)): an invocation takes a whole group, computing its rotated values twice
-// (once for the scale, once to store) rather than sharing them through memory. With QK_NORM
-// (Qwen3, Gemma 3) each q and k head is first RMS-normalised over head_dim and scaled by the
-// q_norm or k_norm weight (llama.cpp's per-head norm before RoPE): the head's sum of squares is
-// one workgroup_sum, in the head's uniform branch; the norms' own dispatches and barrier are gone.
+// (once for the scale, once to store) rather than sharing them through memory. With QKV_BIAS
+// (Qwen2, gpt-oss) the projections' biases are added to q, k and v as they are read (q keeps
+// them). With QK_NORM (Qwen3, Gemma 3) each q and k head is then RMS-normalised over head_dim and
+// scaled by the q_norm or k_norm weight (llama.cpp's per-head norm before RoPE): the head's sum
+// of squares is one workgroup_sum, in the head's uniform branch. Either way the separate
+// dispatches (bias adds, norms) and their barrier are gone.
 #define KV_TABLE_BINDING 6
 #include "kv_cache.glsl"
 
@@ -45,26 +47,46 @@ layout(push_constant) uniform Push {
 
 #include "rope.glsl"
 
+// Value d of the q head at base, of the k or v head at src (a token's row of all KV heads).
+#if defined(QKV_BIAS)
+#if defined(QK_NORM)
+#define BIAS_BINDING (NORM_BINDING + 2)
+#else
+#define BIAS_BINDING NORM_BINDING
+#endif
+layout(std430, binding = BIAS_BINDING) readonly buffer BQ { float bias_q[]; };       // [n_head * head_dim]
+layout(std430, binding = BIAS_BINDING + 1) readonly buffer BK { float bias_k[]; };   // [n_head_kv * head_dim]
+layout(std430, binding = BIAS_BINDING + 2) readonly buffer BV { float bias_v[]; };
+float q_in(uint base, uint d) { return q[base + d] + bias_q[base % (p.n_head * p.head_dim) + d]; }
+float k_in(uint src, uint d) { return k[src + d] + bias_k[src % (p.n_head_kv * p.head_dim) + d]; }
+float v_in(uint src, uint d) { return v[src + d] + bias_v[src % (p.n_head_kv * p.head_dim) + d]; }
+#else
+float q_in(uint base, uint d) { return q[base + d]; }
+float k_in(uint src, uint d) { return k[src + d]; }
+float v_in(uint src, uint d) { return v[src + d]; }
+#endif
+
+// The same normalised, as RoPE takes them.
 #if defined(QK_NORM)
 #include "reduce.glsl"
 layout(std430, binding = NORM_BINDING) readonly buffer QN { float q_norm[]; };
 layout(std430, binding = NORM_BINDING + 1) readonly buffer KN { float k_norm[]; };
 float scale = 1.0;   // 1 / rms of the workgroup's head (main sets it)
 
-// 1 / rms(x[src .. src + head_dim)) of q (from_q) or k; every invocation of the workgroup calls it.
+// 1 / rms of the q head at src (from_q) or the k head; every invocation of the workgroup calls it.
 float inv_rms(bool from_q, uint src) {
     float sum = 0.0;
     for (uint d = gl_LocalInvocationID.x; d < p.head_dim; d += gl_WorkGroupSize.x) {
-        const float x = from_q ? q[src + d] : k[src + d];
+        const float x = from_q ? q_in(src, d) : k_in(src, d);
         sum += x * x;
     }
     return inversesqrt(workgroup_sum(sum) / float(p.head_dim) + p.eps);
 }
-float q_at(uint base, uint d) { return q[base + d] * scale * q_norm[d]; }
-float k_at(uint src, uint d) { return k[src + d] * scale * k_norm[d]; }
+float q_at(uint base, uint d) { return q_in(base, d) * scale * q_norm[d]; }
+float k_at(uint src, uint d) { return k_in(src, d) * scale * k_norm[d]; }
 #else
-float q_at(uint base, uint d) { return q[base + d]; }
-float k_at(uint src, uint d) { return k[src + d]; }
+float q_at(uint base, uint d) { return q_in(base, d); }
+float k_at(uint src, uint d) { return k_in(src, d); }
 #endif
 
 #if defined(KV_Q8)
@@ -84,12 +106,12 @@ float k_rotated(uint src, uint d, uint pos) {
 void store_group(bool is_k, uint src, uint dst, uint pos) {
     float amax = 0.0;
     for (uint j = 0; j < KV_Q8_GROUP; j++) {
-        amax = max(amax, abs(is_k ? k_rotated(src, dst % p.head_dim + j, pos) : v[src + dst % p.head_dim + j]));
+        amax = max(amax, abs(is_k ? k_rotated(src, dst % p.head_dim + j, pos) : v_in(src, dst % p.head_dim + j)));
     }
     const float d = amax / 127.0;
     const float id = d != 0.0 ? 1.0 / d : 0.0;
     for (uint j = 0; j < KV_Q8_GROUP; j++) {
-        const float x = is_k ? k_rotated(src, dst % p.head_dim + j, pos) : v[src + dst % p.head_dim + j];
+        const float x = is_k ? k_rotated(src, dst % p.head_dim + j, pos) : v_in(src, dst % p.head_dim + j);
         const int8_t qv = int8_t(round(x * id));
         if (is_k) {
             k_cache[dst + j] = qv;
@@ -116,6 +138,8 @@ void main() {
         const uint base = (t * p.n_head + head) * p.head_dim;
 #if defined(QK_NORM)
         scale = inv_rms(true, base);   // its barrier: every read of the head before any write
+#endif
+#if defined(QK_NORM) || defined(QKV_BIAS)
         for (uint d = p.rope_dim + lane; d < p.head_dim; d += size) {
             q[base + d] = q_at(base, d);
         }
@@ -157,7 +181,7 @@ void main() {
         return;
     }
     for (uint d = lane; d < p.head_dim; d += size) {
-        v_cache[dst + d] = float16_t(v[src + d]);
+        v_cache[dst + d] = float16_t(v_in(src, d));
     }
 #endif
 }

@@ -87,3 +87,12 @@ def test_weight_types_listed_expand_to_those_only():
     assert [v.name for v in shaderbuild._expand("op", entry)] == ["op_q4_0", "op_q6_k"]
     with pytest.raises(shaderbuild.ShaderBuildError, match=r"unknown weight types \['Q9_9'\]"):
         shaderbuild._expand("op", entry | {"weight_types": ["Q4_0", "Q9_9"]})
+
+
+def test_options_expand_to_every_subset_in_order():
+    entry = {"source": "rope_store_kv.comp", "bindings": 7, "defines": {"A": 1},
+             "options": [["ff", "FREQ_FACTORS", 1], ["q8", "KV_Q8", 2]]}
+    got = {v.name: (v.bindings, v.defines) for v in shaderbuild._expand("op", entry)}
+    assert got == {"op": (7, (("A", "1"),)), "op_ff": (8, (("A", "1"), ("FREQ_FACTORS", "1"))),
+                   "op_q8": (9, (("A", "1"), ("KV_Q8", "1"))),
+                   "op_ff_q8": (10, (("A", "1"), ("FREQ_FACTORS", "1"), ("KV_Q8", "1")))}

@@ -82,6 +82,26 @@ def oai_reference(gate, up):
     return gate / (1 + np.exp(-1.702 * gate)) * (np.clip(up, -7.0, 7.0) + 1)
 
 
+def run_freeing(dev, tensors, record):
+    """dev.run(record), then the expert tensors freed whatever happened."""
+    try:
+        dev.run(record)
+    finally:
+        for t in tensors:
+            free_tensor(dev.ctx, t)
+
+
+def assert_glu(got, gate_ref, up_ref, biases):
+    """got [slots, rows] against silu(gate) * up of the references, or with `biases` (the
+    experts' gate and up bias rows) gpt-oss's clamped SwiGLU of them, which must reach the clamp."""
+    if biases is None:
+        assert_close(got, gate_ref / (1 + np.exp(-gate_ref)) * up_ref)
+        return
+    gate_ref, up_ref = gate_ref + biases[0][SLOT_IDS], up_ref + biases[1][SLOT_IDS]
+    assert (gate_ref > 7).any() and (np.abs(up_ref) > 7).any()
+    assert_close(got, oai_reference(gate_ref, up_ref))
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.MXFP4], ids=lambda t: t.name)
 @pytest.mark.parametrize("oai", [False, True])
 def test_expert_glu_and_down_with_biases(dev, qtype, oai):
@@ -104,29 +124,17 @@ def test_expert_glu_and_down_with_biases(dev, qtype, oai):
     out = dev.empty(4 * len(SLOT_IDS) * rows)
     ids = dev.put(SLOT_IDS)
     biases = (dev.put(b_gate), dev.put(b_up)) if oai else None
-    try:
-        dev.run(lambda rec: experts.matmul_experts_glu(rec, *tensors, dev.put(x), out, ids, len(SLOT_IDS), n_used,
-                                                       biases))
-    finally:
-        for t in tensors:
-            free_tensor(dev.ctx, t)
+    run_freeing(dev, tensors, lambda rec: experts.matmul_experts_glu(rec, *tensors, dev.put(x), out, ids,
+                                                                      len(SLOT_IDS), n_used, biases))
     got = dev.get(out, count=len(SLOT_IDS) * rows).reshape(len(SLOT_IDS), rows)
-    if oai:
-        gate_ref, up_ref = gate_ref + b_gate[SLOT_IDS], up_ref + b_up[SLOT_IDS]
-        assert (gate_ref > 7).any() and (np.abs(up_ref) > 7).any()
-        assert_close(got, oai_reference(gate_ref, up_ref))
-    else:
-        assert_close(got, gate_ref / (1 + np.exp(-gate_ref)) * up_ref)
+    assert_glu(got, gate_ref, up_ref, (b_gate, b_up) if oai else None)
     # the down product (Q8_0, K = 32) of each slot's first 32 activations, with its bias
     down = upload_experts(dev.ctx, T.Q8_0, raw_d, n_expert, cols, 32)
     act = np.ascontiguousarray(got[:, :32])
     b_down = f32(rng, n_expert, cols)
     y = dev.empty(4 * len(SLOT_IDS) * cols)
-    try:
-        dev.run(lambda rec: experts.matmul_experts(rec, down, dev.put(act), y, ids, len(SLOT_IDS), n_used, True,
-                                                   bias=dev.put(b_down)))
-    finally:
-        free_tensor(dev.ctx, down)
+    run_freeing(dev, [down], lambda rec: experts.matmul_experts(rec, down, dev.put(act), y, ids, len(SLOT_IDS),
+                                                                 n_used, True, bias=dev.put(b_down)))
     ref = np.stack([wd[e] @ act[z].astype(np.float64) + b_down[e] for z, e in enumerate(SLOT_IDS)])
     assert_close(dev.get(y, count=len(SLOT_IDS) * cols).reshape(len(SLOT_IDS), cols), ref)
 
@@ -158,18 +166,9 @@ def test_expert_glu_over_8bit_x(dev, qtype, oai):
         quantize_x8(rec, dev.put(x), x8, n_tokens, cols)
         rec.barrier()
         experts.matmul_experts_glu(rec, *tensors, Quantized(x8), out, ids, len(SLOT_IDS), n_used, biases)
-    try:
-        dev.run(record)
-    finally:
-        for t in tensors:
-            free_tensor(dev.ctx, t)
+    run_freeing(dev, tensors, record)
     got = dev.get(out, count=len(SLOT_IDS) * rows).reshape(len(SLOT_IDS), rows)
-    if oai:
-        gate_ref, up_ref = gate_ref + b_gate[SLOT_IDS], up_ref + b_up[SLOT_IDS]
-        assert (gate_ref > 7).any() and (np.abs(up_ref) > 7).any()
-        assert_close(got, oai_reference(gate_ref, up_ref))
-    else:
-        assert_close(got, gate_ref / (1 + np.exp(-gate_ref)) * up_ref)
+    assert_glu(got, gate_ref, up_ref, (b_gate, b_up) if oai else None)
 
 
 def test_experts_split_into_parts_between_experts(vk_settings):

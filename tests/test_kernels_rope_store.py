@@ -160,6 +160,30 @@ def test_rope_store_kv_normalises_heads_first(dev, case, kv_type):
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("case, normed", [(CASES[3], False), (CASES[4], False), (CASES[4], True)],
+                         ids=["neox", "partial-decode", "partial-decode-normed"])
+def test_rope_store_kv_adds_biases_first(dev, case, normed, kv_type):
+    """bias: the q, k and v projections' biases added before anything else (Qwen2; with the
+    per-head norms after them where a model has both), q keeping them, v stored biased."""
+    n_tokens, pos0, n_head, n_head_kv, head_dim, rope_dim, base, neox, llama3 = case
+    x = Inputs(dev, [(0, pos0 + t) for t in range(n_tokens)], n_head, n_head_kv, head_dim, rope_dim, llama3, base,
+               neox, kv_type)
+    rng, eps = np.random.default_rng(head_dim + 1), 1e-6
+    b_q, b_k, b_v = f32(rng, n_head, head_dim), f32(rng, n_head_kv, head_dim), f32(rng, n_head_kv, head_dim)
+    w_q, w_k = 0.5 + f32(rng, head_dim), 0.5 + f32(rng, head_dim)
+    x.qbuf, x.kbuf, bv = dev.put(x.q), dev.put(x.k), dev.put(x.v)
+    norms = (dev.put(w_q), dev.put(w_k), eps) if normed else None
+    biases = tuple(dev.put(b) for b in (b_q, b_k, b_v))
+    dev.run(lambda rec: rope_store_kv(rec, x.shape, x.qbuf, x.kbuf, bv, x.cache, x.step, n_tokens, x.freq_factors(),
+                                      norms, biases))
+    q_in, k_in = x.q + b_q, x.k + b_k
+    if normed:
+        q_in, k_in = head_norm(q_in, w_q, eps), head_norm(k_in, w_k, eps)
+    x.v = x.v + b_v   # what the cache holds
+    check(x, rope_dim, base, neox, kv_type, q_in, k_in)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 def test_tokens_of_several_sequences(dev, kv_type):
     """One pass over decode tokens of two sequences and a chunk of a third: each token rotated
     at its own position and written to its own sequence's row."""

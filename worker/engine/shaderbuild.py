@@ -38,12 +38,19 @@ class Shader:
 def _expand(op: str, entry: dict) -> list[Variant]:
     """One entry of the table: a plain kernel, or one variant per weight type (`weight_types`:
     true, every type; "quantized", the quantized ones; or a list of type names), each once per
-    column count of `columns` if it has them."""
+    column count of `columns` if it has them, and once per subset of its `options` ([suffix,
+    define, extra bindings] each: <op>[_suffix]..., in the table's order)."""
     base = tuple(sorted((k, str(v)) for k, v in entry.get("defines", {}).items()))
     requires = tuple(entry.get("requires", ()))
     unknown = set(requires) - set(compilers.FEATURES)
     if unknown:
         raise ShaderBuildError(f"variants.toml: {op} requires unknown features {sorted(unknown)}")
+    if "options" in entry:
+        variants = [(op, entry)]
+        for suffix, define, bindings in entry["options"]:
+            variants += [(f"{name}_{suffix}", e | {"defines": e.get("defines", {}) | {define: 1},
+                                                   "bindings": e["bindings"] + bindings}) for name, e in variants]
+        return [v for name, e in variants for v in _expand(name, {k: x for k, x in e.items() if k != "options"})]
     if "columns" in entry:   # one entry per column count: <op>_c<N>, define COLS=N
         rest = {k: v for k, v in entry.items() if k != "columns"}
         return [v for n in entry["columns"]

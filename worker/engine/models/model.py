@@ -227,17 +227,13 @@ class Model:
                                     x8=ws.x8)
         matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8)
         rec.barrier()
-        if c.has_qkv_bias:
-            for name, out, width in (("attn_q", ws.q, c.n_head * c.head_dim),
-                                     ("attn_k", ws.k, c.n_head_kv * c.head_dim),
-                                     ("attn_v", ws.v, c.n_head_kv * c.head_dim)):
-                elementwise.add_bias(rec, out, layer[f"{name}.bias"], n, width)
-            rec.barrier()
-        # one dispatch: q (normalised per head first where the model says) rotated in place, k
-        # normalised and rotated and v copied into this layer's cache
+        # one dispatch: q (biased and normalised per head first where the model says) rotated in
+        # place, k likewise and rotated and v (biased) copied into this layer's cache
+        bias = tuple(layer[f"attn_{w}.bias"] for w in "qkv") if c.has_qkv_bias else None
         qk_norm = (layer["attn_q_norm"], layer["attn_k_norm"], c.norm_eps) if c.has_qk_norm else None
         shape = self.layer_shapes[i]
-        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.kv.layers[i], step, n, self.freq_factors[i], qk_norm)
+        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.kv.layers[i], step, n, self.freq_factors[i], qk_norm,
+                           bias)
         rec.barrier()
         attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention,
                            sinks=layer.get("attn_sinks"))
