@@ -8,6 +8,7 @@
 //   softmax_chosen = 0: w = softmax over all experts, taken at the chosen ones (Qwen3-MoE);
 //   softmax_chosen = 1: w = softmax over the chosen logits only (gpt-oss);
 //   norm = 1: w /= max(sum of the chosen w, 2^-14) (renormalised to sum 1).
+// With ROUTER_BIAS (gpt-oss) the router's bias is added to the logits first.
 // The token's logits are loaded once, PER_THREAD per invocation (experts tid, tid + WG, ...), and
 // each round of the selection is one workgroup_best over the ones not yet chosen: a round reads
 // no memory but the reduction's, where reloading the logits each round had cost the latency of
@@ -16,6 +17,12 @@ layout(constant_id = 1) const uint PER_THREAD = 8;   // >= ceil(n_expert / workg
 layout(std430, binding = 0) readonly buffer Logits { float logits[]; };
 layout(std430, binding = 1) writeonly buffer Ids { uint ids[]; };
 layout(std430, binding = 2) writeonly buffer Weights { float weights[]; };
+#if defined(ROUTER_BIAS)
+layout(std430, binding = 3) readonly buffer Bias { float bias[]; };   // [n_expert], added to every token's logits
+#define LOGIT(e) (logits[base + (e)] + bias[e])
+#else
+#define LOGIT(e) logits[base + (e)]
+#endif
 layout(push_constant) uniform Push { uint n_expert; uint n_used; uint softmax_chosen; uint norm; } p;
 
 const uint MAX_USED = 32;   // models/config.py's MAX_EXPERTS_USED
@@ -29,7 +36,7 @@ void main() {
     uint taken = 0;   // bit i: expert tid + i * wg chosen (or absent)
     for (uint i = 0; i < PER_THREAD; i++) {
         const uint e = tid + i * wg;
-        mine[i] = e < p.n_expert ? logits[base + e] : NEG_INF;
+        mine[i] = e < p.n_expert ? LOGIT(e) : NEG_INF;
         taken |= e < p.n_expert ? 0u : 1u << i;
     }
     for (uint j = 0; j < p.n_used; j++) {

@@ -30,18 +30,21 @@ def route_reference(logits, n_used, softmax_chosen, norm):
     return ids, w
 
 
-@pytest.mark.parametrize("n_expert, n_used, softmax_chosen, norm", [
-    (128, 8, False, True),    # Qwen3-30B-A3B: softmax over all, renormalised over the chosen
-    (32, 4, True, False),     # gpt-oss-20b: softmax over the chosen logits
-    (130, 32, False, False),  # more experts than threads, the most chosen the kernel keeps
-    (512, 8, False, True),    # the most experts the kernels count: eight logits per invocation
+@pytest.mark.parametrize("n_expert, n_used, softmax_chosen, norm, biased", [
+    (128, 8, False, True, False),    # Qwen3-30B-A3B: softmax over all, renormalised over the chosen
+    (32, 4, True, False, True),      # gpt-oss-20b: softmax over the chosen logits, the router's bias first
+    (130, 32, False, False, False),  # more experts than threads, the most chosen the kernel keeps
+    (512, 8, False, True, False),    # the most experts the kernels count: eight logits per invocation
 ])
-def test_route_matches_numpy(dev, n_expert, n_used, softmax_chosen, norm):
+def test_route_matches_numpy(dev, n_expert, n_used, softmax_chosen, norm, biased):
     n = 5
-    logits = f32(np.random.default_rng(n_expert), n, n_expert) * 3
+    rng = np.random.default_rng(n_expert)
+    logits = f32(rng, n, n_expert) * 3
+    bias = f32(rng, n_expert) * 3 if biased else None
     ids, weights = dev.empty(4 * n * n_used), dev.empty(4 * n * n_used)
-    dev.run(lambda rec: experts.route(rec, dev.put(logits), ids, weights, n, n_expert, n_used, softmax_chosen, norm))
-    ref_ids, ref_w = route_reference(logits, n_used, softmax_chosen, norm)
+    dev.run(lambda rec: experts.route(rec, dev.put(logits), ids, weights, n, n_expert, n_used, softmax_chosen, norm,
+                                      None if bias is None else dev.put(bias)))
+    ref_ids, ref_w = route_reference(logits if bias is None else logits + bias, n_used, softmax_chosen, norm)
     np.testing.assert_array_equal(dev.get(ids, np.uint32, n * n_used).reshape(n, n_used), ref_ids)
     np.testing.assert_allclose(dev.get(weights, count=n * n_used).reshape(n, n_used), ref_w, rtol=1e-5, atol=1e-7)
 

@@ -88,12 +88,14 @@ def tiles_bytes(n_slots: int, n_expert: int, cols: int) -> int:
 
 
 def route(rec: Recording, logits: Buffer, ids: Buffer, weights: Buffer, n: int, n_expert: int, n_used: int,
-          softmax_chosen: bool, norm: bool):
-    """logits f32 [n, n_expert] -> ids uint32 and weights f32 [n, n_used] (moe_route.comp)."""
+          softmax_chosen: bool, norm: bool, bias: Buffer | None = None):
+    """logits f32 [n, n_expert] (+ the router's bias, f32 [n_expert]) -> ids uint32 and weights
+    f32 [n, n_used] (moe_route.comp)."""
     ctx = rec.ctx
-    kernel = ctx.kernel("moe_route", {0: ROUTE_THREADS, 1: cdiv(n_expert, ROUTE_THREADS)})
+    name, extra = ("moe_route", []) if bias is None else ("moe_route_bias", [bias])
+    kernel = ctx.kernel(name, {0: ROUTE_THREADS, 1: cdiv(n_expert, ROUTE_THREADS)})
     x = min(n, ctx.info.max_workgroup_count)
-    rec.dispatch(kernel, [logits, ids, weights], (x, cdiv(n, x), 1),
+    rec.dispatch(kernel, [logits, ids, weights, *extra], (x, cdiv(n, x), 1),
                  dict(n_expert=n_expert, n_used=n_used, softmax_chosen=int(softmax_chosen), norm=int(norm)))
 
 

@@ -10,7 +10,7 @@ mat-mat path does, through moe_up and on mmq the 8-bit x8; the down products f32
 expert (Qwen2-MoE) is a dense SwiGLU FFN through the dense kernels, its gate logit one more
 mat-vec row, both recorded with the router (they read the same input); its down product is
 weighed by the gate's sigmoid into the residual after the chosen experts' sum."""
-from worker.engine.kernels import elementwise, experts
+from worker.engine.kernels import experts
 from worker.engine.kernels.matmul import Quantized, matmul, matmul_swiglu, quantize_x8
 from worker.engine.kernels.paths import decode_x8
 from worker.engine.weight_types import QUANTIZED_TYPES
@@ -28,11 +28,8 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
         rec.barrier()
         matmul_swiglu(rec, layer["ffn_gate_shexp"], layer["ffn_up_shexp"], ws.xb, ws.gate, n, up=ws.up, x8=ws.x8)
     rec.barrier()
-    if c.ffn_oai:
-        elementwise.add_bias(rec, ws.moe_logits, layer["ffn_gate_inp.bias"], n, c.n_expert)
-        rec.barrier()
     experts.route(rec, ws.moe_logits, ws.moe_ids, ws.moe_weights, n, c.n_expert, c.n_expert_used,
-                  c.expert_softmax_chosen, c.expert_weights_norm)
+                  c.expert_softmax_chosen, c.expert_weights_norm, layer["ffn_gate_inp.bias"] if c.ffn_oai else None)
     chosen = experts.path(rec.ctx, n)
     x_glu = ws.xb
     if chosen == "mat_vec" and decode_x8(rec.ctx) and layer["ffn_gate_exps"].ggml_type in QUANTIZED_TYPES:
