@@ -12,8 +12,7 @@ mat-vec row, both recorded with the router (they read the same input); its down 
 weighed by the gate's sigmoid into the residual after the chosen experts' sum."""
 from worker.engine.kernels import experts
 from worker.engine.kernels.matmul import Quantized, matmul, matmul_swiglu, quantize_x8
-from worker.engine.kernels.paths import decode_x8
-from worker.engine.weight_types import QUANTIZED_TYPES
+from worker.engine.kernels.paths import product_path
 
 
 def record_moe_ffn(rec, ws, layer, config, n: int):
@@ -32,7 +31,9 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
                   c.expert_softmax_chosen, c.expert_weights_norm, layer["ffn_gate_inp.bias"] if c.ffn_oai else None)
     chosen = experts.path(rec.ctx, n)
     x_glu = ws.xb
-    if chosen == "mat_vec" and decode_x8(rec.ctx) and layer["ffn_gate_exps"].ggml_type in QUANTIZED_TYPES:
+    # the dense rule for one column of the gate's type and K (8-bit kernel, decode_x8 on, K a multiple of 32)
+    one_column = product_path(rec.ctx, 1, c.n_embd, qtype=layer["ffn_gate_exps"].ggml_type)
+    if chosen == "mat_vec" and one_column == "mat_vec_x8":
         # beside the routing (the router's product, which may have quantized xb into x8 too, is done)
         quantize_x8(rec, ws.xb, ws.x8, n, c.n_embd)
         x_glu = Quantized(ws.x8)
