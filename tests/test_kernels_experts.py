@@ -174,6 +174,31 @@ def test_expert_glu_over_8bit_x(dev, qtype, oai):
     assert_glu(got, gate_ref, up_ref, (b_gate, b_up) if oai else None)
 
 
+@pytest.mark.parametrize("qtype, biased", [(T.Q4_K, False), (T.Q6_K, False), (T.Q5_0, True), (T.MXFP4, True)],
+                         ids=lambda v: v.name if isinstance(v, T) else ("bias" if v else "plain"))
+def test_expert_down_over_8bit_x(dev, qtype, biased):
+    """The decode down products over 8-bit x, a row per slot (quantize_x8's blocks of the slots'
+    activations): item loads (Q4_K, Q6_K) and 16-value slices (Q5_0, MXFP4 with gpt-oss's
+    bias rows), against numpy over activations the 8-bit blocks hold exactly."""
+    if "mmq" not in paths(dev.ctx):
+        pytest.skip(f"{dev.ctx.info.name} has no integer dot products")
+    n_expert, rows, cols, n_used = 6, 40, 512, 2
+    raw, w = expert_weights(qtype, n_expert, rows, cols, seed=9)
+    tensor = upload_experts(dev.ctx, qtype, raw, n_expert, rows, cols)
+    act = exact_activations(len(SLOT_IDS), cols, seed=10)
+    bias = f32(np.random.default_rng(11), n_expert, rows)
+    y, x8 = dev.empty(4 * len(SLOT_IDS) * rows), dev.empty(x8_bytes(len(SLOT_IDS), cols))
+
+    def record(rec):
+        quantize_x8(rec, dev.put(act), x8, len(SLOT_IDS), cols)
+        rec.barrier()
+        experts.matmul_experts(rec, tensor, Quantized(x8), y, dev.put(SLOT_IDS), len(SLOT_IDS), n_used, True,
+                               bias=dev.put(bias) if biased else None)
+    run_freeing(dev, [tensor], record)
+    ref = np.stack([w[e] @ act[z].astype(np.float64) + (bias[e] if biased else 0) for z, e in enumerate(SLOT_IDS)])
+    assert_close(dev.get(y, count=len(SLOT_IDS) * rows).reshape(len(SLOT_IDS), rows), ref)
+
+
 def test_experts_split_into_parts_between_experts(vk_settings):
     """A binding range of 2.5 experts: parts of two experts each, every slot served by its part."""
     n_expert, rows, cols, n_used = 6, 33, 256, 2

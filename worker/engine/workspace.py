@@ -96,8 +96,10 @@ class Workspace:
                 "moe_tiles": experts.tiles_bytes(slots, c.n_expert, experts.group_cols(ctx, expert_path))
                 if expert_path != "mat_vec" else 0,
                 "moe_up": 4 * slots * c.n_ff_exp if expert_path in experts.MAT_MAT_PATHS else 0,
-                # the products' inputs per token (the expert down products take f32 input: models/moe.py)
-                "x8": x8_bytes(x8_rows, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim))}
+                # the products' inputs per token, and in decode the expert down products' per slot
+                # (models/moe.py; in prefill those take f32 input)
+                "x8": max(x8_bytes(x8_rows, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)),
+                          x8_bytes(min(n, MAT_VEC_MAX_COLS) * c.n_expert_used, c.n_ff_exp) if decode_x8(ctx) else 0)}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, staged: bool = False) -> Workspace:

@@ -128,12 +128,24 @@ def _dispatch(rec: Recording, op: str, w: DeviceTensor, buffers, n_slots: int, n
                           x_per_slot=int(x_per_slot)))
 
 
-def matmul_experts(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, ids: Buffer, n_slots: int, n_used: int,
-                   x_per_slot: bool, bias: Buffer | None = None, tiles: Buffer | None = None):
+def _x8_op(op: str, w: DeviceTensor, x: Buffer | Quantized, tiles: Buffer | None) -> tuple[str, Buffer]:
+    """The variant and x binding for x: f32, or Quantized (quantize_x8's; no tiles) for the
+    8-bit variant, which quantized types have."""
+    if not isinstance(x, Quantized):
+        return op, x
+    if tiles is not None or w.ggml_type not in QUANTIZED_TYPES:
+        raise ValueError(f"the 8-bit expert kernels take slots of quantized weights, not "
+                         f"{'tiles' if tiles is not None else w.ggml_type.name}")
+    return op + "_x8", x.x8
+
+
+def matmul_experts(rec: Recording, w: DeviceTensor, x: Buffer | Quantized, y: Buffer, ids: Buffer, n_slots: int,
+                   n_used: int, x_per_slot: bool, bias: Buffer | None = None, tiles: Buffer | None = None):
     """y[z, r] = sum_k W[ids[z]][r, k] * x[c, k] (+ bias[ids[z], r]) for every slot z, with c = z
     (x_per_slot) or the slot's token z // n_used; y f32 [n_slots, rows per expert]. With `tiles`
-    (group's, made from these ids) the kernel reads those instead of the ids."""
-    op = "mul_mat_vec_id_bias" if bias is not None else "mul_mat_vec_id"
+    (group's, made from these ids) the kernel reads those instead of the ids. x Quantized (its
+    rows the columns c): the kernel over 8-bit x, for the quantized types."""
+    op, x = _x8_op("mul_mat_vec_id_bias" if bias is not None else "mul_mat_vec_id", w, x, tiles)
     extra = [bias] if bias is not None else []
     routing = ids if tiles is None else tiles
     _dispatch(rec, op, w, lambda part: [part[0], x, y, routing, *extra], n_slots, n_used, x_per_slot,
@@ -146,23 +158,17 @@ def matmul_experts_glu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor,
     """out[z, r] = silu(G x[t])[r] * (U x[t])[r] with G, U the gate and up of expert ids[z] and t
     the slot's token: the fused gate+up kernel over the chosen experts. With `biases` (the gate's
     and the up's, [n_expert, rows]) they are added first and the activation is gpt-oss's clamped
-    SwiGLU. Both weights must have one type and shape (as a model file's always do). `tiles` as
-    for matmul_experts. x Quantized (quantize_x8's, per token; no tiles): the kernel over 8-bit
-    x, for the quantized types."""
+    SwiGLU. Both weights must have one type and shape (as a model file's always do). `tiles` and
+    a Quantized x (per token) as for matmul_experts."""
     if (w_gate.ggml_type, w_gate.rows, w_gate.cols, w_gate.experts) != \
             (w_up.ggml_type, w_up.rows, w_up.cols, w_up.experts):
         raise ValueError(f"expert gate ({w_gate.ggml_type.name} {w_gate.rows}x{w_gate.cols}) and up "
                          f"({w_up.ggml_type.name} {w_up.rows}x{w_up.cols}) differ")
-    op = "glu_oai" if biases is not None else "glu"
-    if isinstance(x, Quantized):
-        if tiles is not None or w_gate.ggml_type not in QUANTIZED_TYPES:
-            raise ValueError(f"the 8-bit expert kernel takes slots of quantized weights, not "
-                             f"{'tiles' if tiles is not None else w_gate.ggml_type.name}")
-        op, x = op + "_x8", x.x8
+    op, x = _x8_op("mul_mat_vec_id_glu_oai" if biases is not None else "mul_mat_vec_id_glu", w_gate, x, tiles)
     extra = list(biases) if biases is not None else []
     ups = {first: buffer for buffer, first, _ in w_up.parts}
     routing = ids if tiles is None else tiles
-    _dispatch(rec, f"mul_mat_vec_id_{op}", w_gate,
+    _dispatch(rec, op, w_gate,
               lambda part: [part[0], ups[part[1]], x, out, routing, *extra], n_slots, n_used, False,
               tiles is not None)
 
