@@ -2,6 +2,8 @@
 (top-k of the router logits and both families' weights), the mat-vecs over the chosen experts'
 rows (weights dequantized by gguf.quants), with gpt-oss's biases and clamped SwiGLU, expert
 tensors split into parts between experts, and the weighted sum into the residual."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -9,6 +11,7 @@ from gguf import GGMLQuantizationType as T
 from tests.kernel_io import Device, f32, own_context
 from tests.test_kernels_matmul import assert_close, random_weights
 from tests.test_kernels_mmq import exact_activations
+from worker.engine.intmath import cdiv
 from worker.engine.kernels import experts
 from worker.engine.kernels.matmul import Quantized, quantize_x8, x8_bytes
 from worker.engine.kernels.paths import paths
@@ -142,12 +145,15 @@ def test_expert_glu_and_down_with_biases(dev, qtype, oai):
     assert_close(dev.get(y, count=len(SLOT_IDS) * cols).reshape(len(SLOT_IDS), cols), ref)
 
 
-@pytest.mark.parametrize("qtype, oai", [(T.Q4_K, False), (T.Q6_K, False), (T.Q8_0, False), (T.MXFP4, True)],
+@pytest.mark.parametrize("qtype, oai", [(T.Q4_K, False), (T.Q6_K, False), (T.Q6_K, True), (T.Q8_0, False),
+                                        (T.MXFP4, True)],
                          ids=lambda v: v.name if isinstance(v, T) else ("oai" if v else "silu"))
 def test_expert_glu_over_8bit_x(dev, qtype, oai):
     """The decode gate+up kernel over 8-bit x (quantize_x8's blocks of each token's input): item
-    loads (Q4_K, Q6_K) and 16-value slices (Q8_0; MXFP4 with gpt-oss's biases and clamp), against
-    numpy over activations that the 8-bit blocks hold exactly (tests/test_kernels_mmq.py)."""
+    loads or, where a row has fewer items than the workgroup has threads, 16-value slices (Q4_K,
+    Q6_K: which, test_x8_expert_rows_of_few_items_take_slices) and slices (Q8_0; MXFP4 and Q6_K
+    with gpt-oss's biases and clamp), against numpy over activations that the 8-bit blocks hold
+    exactly (tests/test_kernels_mmq.py)."""
     if "mmq" not in paths(dev.ctx):
         pytest.skip(f"{dev.ctx.info.name} has no integer dot products")
     n_expert, rows, cols, n_used = 6, 40, 512, 2
@@ -174,12 +180,14 @@ def test_expert_glu_over_8bit_x(dev, qtype, oai):
     assert_glu(got, gate_ref, up_ref, (b_gate, b_up) if oai else None)
 
 
-@pytest.mark.parametrize("qtype, biased", [(T.Q4_K, False), (T.Q6_K, False), (T.Q5_0, True), (T.MXFP4, True)],
+@pytest.mark.parametrize("qtype, biased", [(T.Q4_K, False), (T.Q6_K, False), (T.Q6_K, True), (T.Q5_0, True),
+                                           (T.MXFP4, True)],
                          ids=lambda v: v.name if isinstance(v, T) else ("bias" if v else "plain"))
 def test_expert_down_over_8bit_x(dev, qtype, biased):
     """The decode down products over 8-bit x, a row per slot (quantize_x8's blocks of the slots'
-    activations): item loads (Q4_K, Q6_K) and 16-value slices (Q5_0, MXFP4 with gpt-oss's
-    bias rows), against numpy over activations the 8-bit blocks hold exactly."""
+    activations): item loads or slices as for the gate+up (Q4_K, Q6_K), and 16-value slices
+    (Q5_0, MXFP4; with gpt-oss's bias rows, and Q6_K), against numpy over activations the 8-bit
+    blocks hold exactly."""
     if "mmq" not in paths(dev.ctx):
         pytest.skip(f"{dev.ctx.info.name} has no integer dot products")
     n_expert, rows, cols, n_used = 6, 40, 512, 2
@@ -197,6 +205,23 @@ def test_expert_down_over_8bit_x(dev, qtype, biased):
     run_freeing(dev, [tensor], record)
     ref = np.stack([w[e] @ act[z].astype(np.float64) + (bias[e] if biased else 0) for z, e in enumerate(SLOT_IDS)])
     assert_close(dev.get(y, count=len(SLOT_IDS) * rows).reshape(len(SLOT_IDS), rows), ref)
+
+
+def test_x8_expert_rows_of_few_items_take_slices(dev):
+    """The variant rule (experts.X8_ITEM_VALUES): a K-quant row of fewer items than the workgroup
+    has threads takes the slices, else the item loads; other types have one 8-bit variant."""
+    if "mmq" not in paths(dev.ctx):
+        pytest.skip(f"{dev.ctx.info.name} has no integer dot products")
+    threads = experts.expert_shape(dev.ctx)[0]
+    x8 = Quantized(dev.empty(16))
+    for qtype, item in [(T.Q4_K, 64), (T.Q6_K, 128)]:
+        for cols, variant in [(256 * cdiv(threads * item, 256), "_x8"), (256 * (threads * item // 256 - 1), "_x8_slices")]:
+            if cols == 0:
+                continue
+            w = SimpleNamespace(ggml_type=qtype, cols=cols)
+            assert experts._x8_op(dev.ctx, "mul_mat_vec_id", w, x8, None)[0] == "mul_mat_vec_id" + variant, (qtype, cols)
+    assert experts._x8_op(dev.ctx, "mul_mat_vec_id", SimpleNamespace(ggml_type=T.Q5_0, cols=32), x8, None)[0] \
+        == "mul_mat_vec_id_x8"
 
 
 def test_experts_split_into_parts_between_experts(vk_settings):

@@ -11,6 +11,8 @@ variants: an expert's weights are read once per tile rather than once per slot. 
 and mmq mat-mat paths (matmul.py's mat_mat_path) the tiles hold up to MAT_MAT_TILE slots and each
 is a workgroup column of mul_mat.comp's or mul_mmq.comp's EXPERT_TILES variants (`path`): the
 expert's weights are read once per 64 of its slots."""
+from gguf import GGMLQuantizationType as T
+
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.launch import stride_groups, threads
@@ -33,6 +35,13 @@ GROUP_THREADS = 256
 GPU_EXPERT_SHAPE = (1, 2)
 CPU_EXPERT_SHAPE = (1, 4)
 CPU_TILE_COLS = 4
+# Values per item of the types whose 8-bit mat-vec takes mul_mat_vec_items.glsl's item loads. An
+# expert row of fewer items than the workgroup's threads takes the 16-value slices instead
+# (_slices variants): on an H200, Qwen3-30B-A3B's down products (K = 768: 12 Q4_K items, 6 of
+# Q6_K, for 32 threads) took 10.5 and 13.6 us a layer through slices, 12.5 and 21.6 through items
+# (decode 242.0 tok/s, 228.1); its gate+up (K = 2048, 32 Q4_K items) 11.7 us through items, 12.1
+# through slices.
+X8_ITEM_VALUES = {T.Q4_K: 64, T.Q5_K: 64, T.Q6_K: 128}
 
 
 def expert_shape(ctx) -> tuple[int, int]:
@@ -128,15 +137,18 @@ def _dispatch(rec: Recording, op: str, w: DeviceTensor, buffers, n_slots: int, n
                           x_per_slot=int(x_per_slot)))
 
 
-def _x8_op(op: str, w: DeviceTensor, x: Buffer | Quantized, tiles: Buffer | None) -> tuple[str, Buffer]:
+def _x8_op(ctx, op: str, w: DeviceTensor, x: Buffer | Quantized, tiles: Buffer | None) -> tuple[str, Buffer]:
     """The variant and x binding for x: f32, or Quantized (quantize_x8's; no tiles) for the
-    8-bit variant, which quantized types have."""
+    8-bit variant, which quantized types have; through 16-value slices where a row has fewer
+    items than the workgroup has threads (X8_ITEM_VALUES)."""
     if not isinstance(x, Quantized):
         return op, x
     if tiles is not None or w.ggml_type not in QUANTIZED_TYPES:
         raise ValueError(f"the 8-bit expert kernels take slots of quantized weights, not "
                          f"{'tiles' if tiles is not None else w.ggml_type.name}")
-    return op + "_x8", x.x8
+    item = X8_ITEM_VALUES.get(w.ggml_type)
+    short = item is not None and w.cols // item < expert_shape(ctx)[0]
+    return op + ("_x8_slices" if short else "_x8"), x.x8
 
 
 def matmul_experts(rec: Recording, w: DeviceTensor, x: Buffer | Quantized, y: Buffer, ids: Buffer, n_slots: int,
@@ -145,7 +157,7 @@ def matmul_experts(rec: Recording, w: DeviceTensor, x: Buffer | Quantized, y: Bu
     (x_per_slot) or the slot's token z // n_used; y f32 [n_slots, rows per expert]. With `tiles`
     (group's, made from these ids) the kernel reads those instead of the ids. x Quantized (its
     rows the columns c): the kernel over 8-bit x, for the quantized types."""
-    op, x = _x8_op("mul_mat_vec_id_bias" if bias is not None else "mul_mat_vec_id", w, x, tiles)
+    op, x = _x8_op(rec.ctx, "mul_mat_vec_id_bias" if bias is not None else "mul_mat_vec_id", w, x, tiles)
     extra = [bias] if bias is not None else []
     routing = ids if tiles is None else tiles
     _dispatch(rec, op, w, lambda part: [part[0], x, y, routing, *extra], n_slots, n_used, x_per_slot,
@@ -164,7 +176,7 @@ def matmul_experts_glu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor,
             (w_up.ggml_type, w_up.rows, w_up.cols, w_up.experts):
         raise ValueError(f"expert gate ({w_gate.ggml_type.name} {w_gate.rows}x{w_gate.cols}) and up "
                          f"({w_up.ggml_type.name} {w_up.rows}x{w_up.cols}) differ")
-    op, x = _x8_op("mul_mat_vec_id_glu_oai" if biases is not None else "mul_mat_vec_id_glu", w_gate, x, tiles)
+    op, x = _x8_op(rec.ctx, "mul_mat_vec_id_glu_oai" if biases is not None else "mul_mat_vec_id_glu", w_gate, x, tiles)
     extra = list(biases) if biases is not None else []
     ups = {first: buffer for buffer, first, _ in w_up.parts}
     routing = ids if tiles is None else tiles
