@@ -77,7 +77,7 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     ctx = rec.ctx
     size = attention_threads(ctx)
     plan = _plan(shape, n_tokens, splits)
-    chunk = round_up(cdiv(shape.n_ctx, plan.splits), size)
+    chunk = round_up(cdiv(shape.n_ctx, plan.splits), size // LANES)   # whole positions for every stream
     splits = cdiv(shape.n_ctx, chunk)
     spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES, 5: cache.block}
     push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, row_groups=plan.row_groups,
