@@ -19,7 +19,12 @@ from worker.engine.vk.memory import Buffer
 
 ACCUMULATORS = 64        # f32 accumulators per invocation: heads per workgroup x head_dim / LANES
 LANES = 8                # invocations sharing one position (attention.comp's LANES)
-MIN_CHUNK = 128          # positions per split at least, so a split's fixed cost stays small
+# Positions per split at least, so a split's fixed cost (and the merge's per split) stays small.
+# H200, decode at position 600 of 656 (split attention + merge, us a layer; tg128 tok/s): 1B
+# 16.2 + 4.9 at 128 (724.9), 12.3 + 5.7 at 64 (721.8, 738.7 again), 10.4 + 9.7 at 16 (711.7);
+# 8B 19.0 + 5.7 (284.3), 14.2 + 7.1 (287.0, 288.1), 13.2 + 12.3 (270.7); Qwen3-30B-A3B 18.6 +
+# 6.0 (243.2), 13.7 + 7.3 (244.2, 243.8), 13.3 + 12.6 (228.2).
+MIN_CHUNK = 64
 TARGET_WORKGROUPS = 1024  # enough workgroups to keep a large GPU's loads in flight in decode
 MERGE_THREADS = 64
 OFFSET_ALIGN = 256       # the largest minStorageBufferOffsetAlignment Vulkan allows
