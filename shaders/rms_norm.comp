@@ -25,34 +25,12 @@ layout(std430, binding = 3) readonly buffer Rows { uint rows[]; };
 layout(push_constant) uniform Push { uint cols; float eps; } p;
 
 #if defined(X8)
-// The output in x8.glsl's 8-bit blocks of 32 values (as quantize_x8.comp makes them), for the
-// 8-bit mat-vec kernels: the 8 invocations holding a block's 4-vectors (consecutive lanes: rows
-// are a multiple of 32 values and the workgroup of whole subgroups) find its max and its halves'
-// sums by shuffles; each writes its packed quants, the first of each half its sum.
+// The output in x8.glsl's 8-bit blocks of 32 values, for the 8-bit mat-vec kernels (rows are a
+// multiple of 32 values and the workgroup of whole subgroups: x8_store.glsl's lanes).
 layout(std430, binding = 1) writeonly buffer Q { uint q8[]; };
+#include "x8_store.glsl"
 
-void store4(uint i4, vec4 v) {
-    const uint n4 = p.cols / 4, nb = p.cols / 32, col = i4 / n4, b = i4 % n4 / 8, lane = i4 % 8;
-    const vec4 a = abs(v);
-    float amax = max(max(a.x, a.y), max(a.z, a.w));
-    amax = max(amax, subgroupShuffleXor(amax, 1));
-    amax = max(amax, subgroupShuffleXor(amax, 2));
-    amax = max(amax, subgroupShuffleXor(amax, 4));
-    const float d = amax / 127.0, id = amax > 0.0 ? 1.0 / d : 0.0;
-    const ivec4 qi = ivec4(roundEven(v * id));
-    int sum = qi.x + qi.y + qi.z + qi.w;
-    sum += subgroupShuffleXor(sum, 1);
-    sum += subgroupShuffleXor(sum, 2);
-    const uint ds = 4 * x8_word(col, nb, b, 2);
-    q8[4 * x8_word(col, nb, b, lane / 4) + lane % 4] = pack32(i8vec4(qi));
-    if (lane % 4 == 0) {
-        q8[ds + 1 + lane / 4] = floatBitsToUint(d * float(sum));
-    }
-    if (lane == 0) {
-        q8[ds] = floatBitsToUint(d);
-        q8[ds + 3] = 0u;
-    }
-}
+void store4(uint i4, vec4 v) { store_x8(i4, v, p.cols); }
 #else
 void store4(uint i4, vec4 v) { o4[i4] = v; }
 #endif

@@ -8,6 +8,7 @@ import pytest
 from tests.kernel_io import f32
 from tests.paged_io import Paged, step_buffer
 from worker.engine.kernels.attention import attention, split_scratch_bytes
+from worker.engine.kernels.matmul import quantize_x8, x8_bytes
 from worker.engine.kernels.shapes import AttentionShape
 
 
@@ -176,3 +177,41 @@ def test_attention_sliding_window(dev, n_tokens, pos0, window, n_ctx, splits):
     expected = np.stack([attention_reference(q[t], kh, vh, pos0 + t, head_dim ** -0.5, window)
                          for t in range(n_tokens)])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_head, head_dim, splits, sinks", [
+    (4, 64, None, False),   # decode split over the sequence: the merge writes the blocks
+    (6, 128, 3, True),      # with sinks, through the sinks' merge
+    (4, 64, 1, False),      # one pass: a quantize_x8 after it
+    (8, 80, 2, False),      # heads across blocks (80 values): split, then a quantize_x8
+])
+def test_x8_output_is_the_quantized_output(dev, n_head, head_dim, splits, sinks):
+    """With x8 the output comes in 8-bit blocks too (the attention output product's input), bit for
+    bit quantize_x8's of the f32 output, which stays the attention's."""
+    rng = np.random.default_rng(head_dim + n_head)
+    n_head_kv, n_ctx, tokens = 2, 300, [(0, 250), (1, 40)]
+    paged = Paged(dev, rng, 2, n_ctx, n_head_kv, head_dim)
+    seqs = []
+    for s, length in enumerate((251, 41)):
+        k, v = f32(rng, length, n_head_kv, head_dim), f32(rng, length, n_head_kv, head_dim)
+        paged.fill(s, k, v)
+        seqs.append((paged.stored(k), paged.stored(v)))
+    q = f32(rng, len(tokens), n_head, head_dim)
+    shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx)
+    cols = n_head * head_dim
+    out, x8, ref8 = dev.empty(q.nbytes), dev.empty(x8_bytes(len(tokens), cols)), dev.empty(x8_bytes(len(tokens), cols))
+    nbytes = split_scratch_bytes(shape, len(tokens), splits)
+    scratch = dev.empty(nbytes) if nbytes else None
+    cache, step = paged.cache(), step_buffer(dev, tokens)
+    sink_logits = np.full(n_head, -30.0, np.float32)   # present, weighing next to nothing
+
+    def record(rec):
+        attention(rec, shape, dev.put(q), cache, out, step, len(tokens), scratch, splits=splits,
+                  sinks=dev.put(sink_logits) if sinks else None, x8=x8)
+        rec.barrier()
+        quantize_x8(rec, out, ref8, len(tokens), cols)
+    dev.run(record)
+    expected = np.stack([attention_reference(q[t], *seqs[s], pos, head_dim ** -0.5) for t, (s, pos) in enumerate(tokens)])
+    np.testing.assert_allclose(dev.get(out, count=q.size).reshape(q.shape), expected, rtol=1e-4, atol=1e-5)
+    words = x8_bytes(len(tokens), cols) // 4
+    np.testing.assert_array_equal(dev.get(x8, np.uint32, words), dev.get(ref8, np.uint32, words))

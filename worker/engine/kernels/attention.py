@@ -12,7 +12,9 @@ a token's position finish at once. The partials live in a buffer the caller owns
 from dataclasses import dataclass
 
 from worker.engine.intmath import cdiv, round_up
+from worker.engine.kernels.matmul import quantize_x8
 from worker.engine.kernels.paged import PagedCache
+from worker.engine.kernels.paths import X8_BLOCK_VALUES
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
@@ -71,14 +73,27 @@ def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | No
 
 def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer,
               step: Buffer, n_tokens: int, scratch: Buffer | None = None, splits: int | None = None,
-              sinks: Buffer | None = None):
+              sinks: Buffer | None = None, x8: Buffer | None = None):
     """out[t, h] = softmax(scale * q[t, h] . K[0..pos_t, h // group]) V[...] over the positions of
     token t's sequence (slot step[2t], position pos_t = step[2t + 1]; only the last
     shape.window positions of that range when the window is set), q and out f32
     [n_tokens, n_head, head_dim]. `splits` overrides the automatic split count. With more than one
     split this records two dispatches with a barrier between them, the partials in `scratch`
     (split_scratch_bytes). `sinks` (f32 [n_head], gpt-oss): each head's sink logit joins the
-    softmax's denominator."""
+    softmax's denominator. `x8`: the output in 8-bit blocks there too (x8.glsl, for the 8-bit
+    mat-vec products; n_head x head_dim a multiple of 32), written by the merge where the
+    sequence splits and heads are whole blocks (decode: one dispatch and barrier less than a
+    quantize_x8 after it), else by a quantize_x8 after a barrier."""
+    merged = x8 if x8 is not None and shape.head_dim % X8_BLOCK_VALUES == 0 else None
+    if not _record(rec, shape, q, cache, out, step, n_tokens, scratch, splits, sinks, merged) and x8 is not None:
+        rec.barrier()
+        quantize_x8(rec, out, x8, n_tokens, shape.n_head * shape.head_dim)
+
+
+def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer, step: Buffer,
+            n_tokens: int, scratch: Buffer | None, splits: int | None, sinks: Buffer | None,
+            x8: Buffer | None) -> bool:
+    """attention's dispatches; True where the merge wrote x8 too."""
     ctx = rec.ctx
     size = attention_threads(ctx)
     plan = _plan(shape, n_tokens, splits)
@@ -93,7 +108,7 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     if splits == 1:
         rec.dispatch(ctx.kernel("attention" + cache.suffix + sink_suffix, spec),
                      [*kv, out, *cache.scales, *sink_buffers], groups, push)
-        return
+        return False
     o_bytes, ml_bytes = _partial_bytes(shape, n_tokens, splits)
     if scratch is None or scratch.size < o_bytes + ml_bytes:
         raise ValueError(f"attention over {splits} splits needs {o_bytes + ml_bytes} bytes of scratch")
@@ -101,6 +116,8 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     rec.dispatch(ctx.kernel("attention_split" + cache.suffix, spec), [*kv, part_o, part_ml, *cache.scales], groups,
                  push)
     rec.barrier()
-    rec.dispatch(ctx.kernel("attention_merge" + sink_suffix, {0: MERGE_THREADS}), [part_o, part_ml, out, *sink_buffers],
-                 (shape.n_head, n_tokens, 1),
+    x8_suffix, x8_buffers = ("_x8", [x8]) if x8 is not None else ("", [])
+    rec.dispatch(ctx.kernel("attention_merge" + sink_suffix + x8_suffix, {0: MERGE_THREADS}),
+                 [part_o, part_ml, out, *sink_buffers, *x8_buffers], (shape.n_head, n_tokens, 1),
                  dict(n_splits=splits, head_dim=shape.head_dim))
+    return x8 is not None

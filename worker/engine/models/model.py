@@ -26,7 +26,8 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
-from worker.engine.kernels.matmul import get_rows, matmul, matmul_qkv, matmul_swiglu, normed_input
+from worker.engine.kernels.matmul import Quantized, get_rows, matmul, matmul_qkv, matmul_swiglu, normed_input
+from worker.engine.kernels.paths import product_path
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_rows, upload_tensor
 from worker.engine.models.moe import record_moe_ffn
@@ -235,10 +236,14 @@ class Model:
         rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.kv.layers[i], step, n, self.freq_factors[i], qk_norm,
                            bias)
         rec.barrier()
+        # where the output product takes 8-bit input, attention writes it (its merge, in decode)
+        w_out = layer["attn_output"]
+        x8_out = product_path(rec.ctx, n, w_out.cols, qtype=w_out.ggml_type) == "mat_vec_x8"
         attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention,
-                           sinks=layer.get("attn_sinks"))
+                           sinks=layer.get("attn_sinks"), x8=ws.x8 if x8_out else None)
         rec.barrier()
-        self.record_residual(rec, ws, layer, "attn_output", ws.att, "post_attention_norm", n)
+        self.record_residual(rec, ws, layer, "attn_output", Quantized(ws.x8) if x8_out else ws.att,
+                             "post_attention_norm", n)
         if c.has_attn_out_bias:
             elementwise.add_bias(rec, ws.x, layer["attn_output.bias"], n, c.n_embd)
             rec.barrier()
