@@ -9,14 +9,20 @@
 // One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight (with X8 in 8-bit
 // blocks, for rows of a multiple of 32 values: store4 below). With GATHER,
 // out[r] = that of x[rows[r]] (the output norm of a batched pass, over the tokens that get logits).
+// With ADD, out[r] += that instead (a post norm's residual add: Gemma's).
 // Rows whose length is a multiple of 4 are read as 4-vectors; each invocation keeps its first
 // 4-vector (a whole row of up to 4 x workgroup-size values) and that 4-vector's weight in
 // registers, the weight loaded before the reduction so that its memory latency overlaps it
 // (decode runs one row: a chain of dependent loads would be the kernel's whole cost).
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 0) readonly buffer X4 { vec4 x4[]; };
-layout(std430, binding = 1) writeonly buffer O { float o[]; };
-layout(std430, binding = 1) writeonly buffer O4 { vec4 o4[]; };
+#if defined(ADD)
+#define OUT_ACCESS
+#else
+#define OUT_ACCESS writeonly
+#endif
+layout(std430, binding = 1) OUT_ACCESS buffer O { float o[]; };
+layout(std430, binding = 1) OUT_ACCESS buffer O4 { vec4 o4[]; };
 layout(std430, binding = 2) readonly buffer W { float w[]; };
 layout(std430, binding = 2) readonly buffer W4 { vec4 w4[]; };
 #if defined(GATHER)
@@ -31,8 +37,12 @@ layout(std430, binding = 1) writeonly buffer Q { uint q8[]; };
 #include "x8_store.glsl"
 
 void store4(uint i4, vec4 v) { store_x8(i4, v, p.cols); }
+#elif defined(ADD)
+void store4(uint i4, vec4 v) { o4[i4] += v; }
+void store1(uint i, float v) { o[i] += v; }
 #else
 void store4(uint i4, vec4 v) { o4[i4] = v; }
+void store1(uint i, float v) { o[i] = v; }
 #endif
 
 void main() {
@@ -61,6 +71,7 @@ void main() {
         }
         return;
     }
+#if !defined(X8)   // (X8 rows are a multiple of 32 values)
     const uint base = in_row * p.cols, out_base = gl_WorkGroupID.x * p.cols;
     float sum = 0.0;
     for (uint c = tid; c < p.cols; c += size) {
@@ -69,6 +80,7 @@ void main() {
     }
     const float inv = inversesqrt(workgroup_sum(sum) / float(p.cols) + p.eps);
     for (uint c = tid; c < p.cols; c += size) {
-        o[out_base + c] = x[base + c] * inv * w[c];
+        store1(out_base + c, x[base + c] * inv * w[c]);
     }
+#endif
 }

@@ -38,3 +38,15 @@ def test_gathered_rows(dev):
     dev.run(lambda rec: norm.rms_norm(rec, dev.put(x), dev.put(w), out, 3, 96, 1e-5, gather=dev.put(rows)))
     want = x[rows] / np.sqrt(np.mean(x[rows].astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-5) * w
     np.testing.assert_allclose(dev.get(out, count=3 * 96).reshape(3, 96), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cols", [576, 4100, 1003])
+def test_rms_norm_add_adds_into_the_output(dev, cols):
+    """A post norm and its residual add: out += rms_norm(x) * w, 4-vector rows and single values."""
+    rng = np.random.default_rng(cols + 1)
+    x, w, res = 3 * f32(rng, 3, cols), f32(rng, cols), f32(rng, 3, cols)
+    out = dev.put(res)
+    dev.run(lambda rec: norm.rms_norm_add(rec, dev.put(x), dev.put(w), out, 3, cols, 1e-6))
+    v = x.astype(np.float64)
+    want = res + v / np.sqrt((v * v).mean(axis=1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(dev.get(out, count=x.size).reshape(3, cols), want, rtol=1e-5, atol=1e-6)

@@ -16,11 +16,6 @@ def add_bias(rec: Recording, x: Buffer, bias: Buffer, rows: int, cols: int):
     _binary(rec, "add_bias", [x, bias, x], rows * cols, cols)
 
 
-def add(rec: Recording, a: Buffer, b: Buffer, out: Buffer, n: int):
-    """out = a + b (a residual add)."""
-    _binary(rec, "add_bias", [a, b, out], n, n)
-
-
 def geglu(rec: Recording, gate: Buffer, up: Buffer, out: Buffer, n: int):
     """out = gelu(gate) * up (GELU's tanh form), the Gemma feed-forward gate."""
     _binary(rec, "geglu", [gate, up, out], n, n)

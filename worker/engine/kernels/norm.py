@@ -41,3 +41,11 @@ def rms_norm(rec: Recording, x: Buffer, weight: Buffer, out: Buffer, rows: int, 
     name, extra = ("rms_norm", []) if gather is None else ("rms_norm_gather", [gather])
     rec.dispatch(rec.ctx.kernel(name, {0: rms_norm_threads(rec.ctx, cols)}), [x, out, weight, *extra], (rows, 1, 1),
                  dict(cols=cols, eps=float(eps)))
+
+
+def rms_norm_add(rec: Recording, x: Buffer, weight: Buffer, out: Buffer, rows: int, cols: int, eps: float):
+    """out[r] += x[r] / sqrt(mean(x[r]^2) + eps) * weight (out may not be x): a post norm and the
+    residual add after it in one dispatch."""
+    assert rows <= rec.ctx.info.max_workgroup_count, f"{rows} rows is past the dispatch limit"
+    rec.dispatch(rec.ctx.kernel("rms_norm_add", {0: rms_norm_threads(rec.ctx, cols)}), [x, out, weight], (rows, 1, 1),
+                 dict(cols=cols, eps=float(eps)))

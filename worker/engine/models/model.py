@@ -257,9 +257,7 @@ class Model:
             return
         matmul(rec, layer[weight], inp, ws.xb, n, x8=ws.x8)
         rec.barrier()
-        norm.rms_norm(rec, ws.xb, layer[post_norm], ws.xb, n, c.n_embd, c.norm_eps)
-        rec.barrier()
-        elementwise.add(rec, ws.x, ws.xb, ws.x, n * c.n_embd)
+        norm.rms_norm_add(rec, ws.xb, layer[post_norm], ws.x, n, c.n_embd, c.norm_eps)
         rec.barrier()
 
     def record_ffn(self, rec, ws, layer, n):
