@@ -25,27 +25,29 @@ def rms_norm_threads(ctx, cols: int) -> int:
     return max(sg, min(round_up(cdiv(cols, 4), sg), MAX_SUBGROUPS * sg, ctx.info.max_workgroup_size))
 
 
+def _dispatch(rec: Recording, name: str, buffers: list[Buffer], rows: int, cols: int, eps: float):
+    """One workgroup per row of kernel `name` (an rms_norm.comp variant) over `buffers`."""
+    assert rows <= rec.ctx.info.max_workgroup_count, f"{rows} rows is past the dispatch limit"
+    rec.dispatch(rec.ctx.kernel(name, {0: rms_norm_threads(rec.ctx, cols)}), buffers, (rows, 1, 1),
+                 dict(cols=cols, eps=float(eps)))
+
+
 def rms_norm_x8(rec: Recording, x: Buffer, weight: Buffer, x8: Buffer, rows: int, cols: int, eps: float):
     """rms_norm's output (out may not be x) in 8-bit blocks of 32 (shaders/x8.glsl) into x8, for
     the 8-bit mat-vec kernels: one dispatch for the norm and quantize_x8. cols: a multiple of 32."""
-    assert cols % 32 == 0 and rows <= rec.ctx.info.max_workgroup_count, (rows, cols)
-    rec.dispatch(rec.ctx.kernel("rms_norm_x8", {0: rms_norm_threads(rec.ctx, cols)}), [x, x8, weight], (rows, 1, 1),
-                 dict(cols=cols, eps=float(eps)))
+    assert cols % 32 == 0, cols
+    _dispatch(rec, "rms_norm_x8", [x, x8, weight], rows, cols, eps)
 
 
 def rms_norm(rec: Recording, x: Buffer, weight: Buffer, out: Buffer, rows: int, cols: int, eps: float,
              gather: Buffer | None = None):
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight; out may be x. With `gather` (uint32
     [rows]), out[r] is that of x[gather[r]] (out then must not be x)."""
-    assert rows <= rec.ctx.info.max_workgroup_count, f"{rows} rows is past the dispatch limit"
     name, extra = ("rms_norm", []) if gather is None else ("rms_norm_gather", [gather])
-    rec.dispatch(rec.ctx.kernel(name, {0: rms_norm_threads(rec.ctx, cols)}), [x, out, weight, *extra], (rows, 1, 1),
-                 dict(cols=cols, eps=float(eps)))
+    _dispatch(rec, name, [x, out, weight, *extra], rows, cols, eps)
 
 
 def rms_norm_add(rec: Recording, x: Buffer, weight: Buffer, out: Buffer, rows: int, cols: int, eps: float):
     """out[r] += x[r] / sqrt(mean(x[r]^2) + eps) * weight (out may not be x): a post norm and the
     residual add after it in one dispatch."""
-    assert rows <= rec.ctx.info.max_workgroup_count, f"{rows} rows is past the dispatch limit"
-    rec.dispatch(rec.ctx.kernel("rms_norm_add", {0: rms_norm_threads(rec.ctx, cols)}), [x, out, weight], (rows, 1, 1),
-                 dict(cols=cols, eps=float(eps)))
+    _dispatch(rec, "rms_norm_add", [x, out, weight], rows, cols, eps)
