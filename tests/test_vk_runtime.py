@@ -38,6 +38,24 @@ def test_add_matches_numpy_and_replays(vk_ctx):
         vk_ctx.free(buf)
 
 
+@pytest.mark.parametrize("poll_s", [0.0, 10.0])
+def test_wait_polled_or_blocking_sees_the_work_and_resets_the_fence(vk_ctx, poll_s):
+    """StagedPass's hand-offs poll the fence before blocking; both ways the work is done when
+    wait returns and the fence is reset, so it serves the next submission."""
+    a = np.arange(4099, dtype=np.float32)
+    rec, bufs = _add(vk_ctx, a, a)
+    fence = vk_ctx.new_fence()
+    for k in range(1, 4):
+        vk_ctx.upload(bufs[1], k * a)
+        vk_ctx.submit(rec, fence)
+        vk_ctx.wait(fence, poll_s)
+        assert not vk_ctx.signaled(fence)
+        np.testing.assert_array_equal(vk_ctx.download(bufs[2], count=a.size), (k + 1) * a)
+    rec.destroy()
+    for buf in bufs:
+        vk_ctx.free(buf)
+
+
 def test_suballocation_alignment_and_accounting(vk_ctx):
     pool = vk_ctx.device_pool
     used0 = pool.used

@@ -22,7 +22,7 @@ from worker.engine.errors import KVCacheFull
 from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
-from worker.engine.staged import StagedPass
+from worker.engine.staged import HANDOFF_POLL_S, StagedPass
 from worker.engine.workspace import Workspace
 
 _MAX_RECORDINGS = 32  # recordings kept per model, by (tokens per pass, selection, logits rows)
@@ -200,9 +200,9 @@ class Runner:
         unfinished: set[int] = set()   # slots in flight not yet waited on
         self.hold(pos + steps)   # every step in flight finds its block in the table
 
-        def finish(slot: int):
+        def finish(slot: int, poll_s: float = 0.0):
             if slot in unfinished:
-                recordings[slot].wait(self._greedy_fences[slot])
+                recordings[slot].wait(self._greedy_fences[slot], poll_s)
                 unfinished.discard(slot)
 
         def launch(k: int):
@@ -210,7 +210,7 @@ class Runner:
             step, ids, _ = self._greedy_slot(slot)
             getattr(self.workspace, step).view(np.uint32)[:2] = (self.slot, pos + k)
             if self._out is not self.workspace:   # split: the token of step k - 1, last stage to first
-                finish(1 - slot)
+                finish(1 - slot, HANDOFF_POLL_S)
                 getattr(self.workspace, ids).view(np.uint32)[0] = getattr(self._out, ids).view(np.uint32)[0]
             recordings[slot].submit(self._greedy_fences[slot])
             in_flight.append(slot)

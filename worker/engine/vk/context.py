@@ -1,4 +1,5 @@
 """The Vulkan context a model runs on: device, memory pools, kernels, submission."""
+import time
 from pathlib import Path
 
 import numpy as np
@@ -132,9 +133,21 @@ class Context:
         that reads what an earlier one wrote starts with a barrier."""
         vk.vkQueueSubmit(self.queue, 1, recording.submit_infos, fence[0])
 
-    def wait(self, fence: list):
+    def wait(self, fence: list, poll_s: float = 0.0):
+        """Blocks until the fence signals, then resets it. `poll_s`: polls it first, for up to
+        that long; a poll sees the signal sooner than the blocking wait wakes (StagedPass)."""
+        deadline = time.perf_counter() + poll_s
+        while poll_s and not self.signaled(fence) and time.perf_counter() < deadline:
+            pass
         vk.vkWaitForFences(self.device, 1, fence, vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
         vk.vkResetFences(self.device, 1, fence)
+
+    def signaled(self, fence: list) -> bool:
+        try:
+            vk.vkGetFenceStatus(self.device, fence[0])
+        except vk.VkNotReady:
+            return False
+        return True
 
     # -- accounting ---------------------------------------------------------------------------
     def memory_budget(self) -> tuple[int, int]:
