@@ -7,7 +7,8 @@
 #include "x8.glsl"
 
 // One workgroup per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight (with X8 in 8-bit
-// blocks, for rows of a multiple of 32 values: store4 below). With GATHER,
+// blocks, for rows of a multiple of 32 values: store4 below; with F32 as well, in f32 into out and
+// in blocks into the fourth buffer). With GATHER,
 // out[r] = that of x[rows[r]] (the output norm of a batched pass, over the tokens that get logits).
 // With ADD, out[r] += that instead (a post norm's residual add: Gemma's).
 // Rows whose length is a multiple of 4 are read as 4-vectors; each invocation keeps its first
@@ -33,10 +34,19 @@ layout(push_constant) uniform Push { uint cols; float eps; } p;
 #if defined(X8)
 // The output in x8.glsl's 8-bit blocks of 32 values, for the 8-bit mat-vec kernels (rows are a
 // multiple of 32 values and the workgroup of whole subgroups: x8_store.glsl's lanes).
+#if defined(F32)
+layout(std430, binding = 3) writeonly buffer Q { uint q8[]; };
+#else
 layout(std430, binding = 1) writeonly buffer Q { uint q8[]; };
+#endif
 #include "x8_store.glsl"
 
-void store4(uint i4, vec4 v) { store_x8(i4, v, p.cols); }
+void store4(uint i4, vec4 v) {
+#if defined(F32)
+    o4[i4] = v;
+#endif
+    store_x8(i4, v, p.cols);
+}
 #elif defined(ADD)
 void store4(uint i4, vec4 v) { o4[i4] += v; }
 void store1(uint i, float v) { o[i] += v; }

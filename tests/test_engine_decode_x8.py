@@ -71,10 +71,11 @@ def test_logits_of_each_decode_step_match_numpy_reference(x8_ctx, synth_dir, pre
 
 
 def test_moe_decode_takes_the_x8_expert_kernel(x8_ctx, synth_dir):
-    """tiny-qwen3moe: the chosen experts' gate+up reads the FFN input quantized by quantize_x8
-    (beside the routing, whose router product keeps f32 x), their down products the slots'
-    activations quantized by one more quantize_x8; the first decoded step's logits match the
-    reference within TOL (later steps may tip a near-tied expert choice, as CASES says)."""
+    """tiny-qwen3moe: the chosen experts' gate+up reads the FFN input in the 8-bit blocks that
+    the FFN norm writes beside its f32 output (which the router's product takes: rms_norm_f32_x8),
+    their down products the slots' activations quantized by quantize_x8; the first decoded step's
+    logits match the reference within TOL (later steps may tip a near-tied expert choice, as
+    CASES says)."""
     path = _model(synth_dir, "tiny-qwen3moe", "Q4_K_M")
     engine = Engine.load(path, n_ctx=64, ctx=x8_ctx, max_batch=16)
     try:
@@ -86,9 +87,10 @@ def test_moe_decode_takes_the_x8_expert_kernel(x8_ctx, synth_dir):
     assert sum(c for k, c in experts.items() if k.startswith("mul_mat_vec_id_glu_x8_")) == layers, experts
     assert sum(c for k, c in experts.items() if k.startswith("mul_mat_vec_id_x8_")) == layers, experts   # down
     assert sum(experts.values()) == 2 * layers, experts
-    # per layer the attention output, the FFN input and the slots' activations (the dense tail's
-    # output head takes rms_norm_x8)
-    assert kernels["quantize_x8"][0] == 3 * layers, kernels
+    # per layer the attention output and the slots' activations (the dense tail's output head
+    # takes rms_norm_x8)
+    assert kernels["quantize_x8"][0] == 2 * layers, kernels
+    assert kernels["rms_norm_f32_x8"][0] == layers and "rms_norm" not in kernels, kernels
     ids = np.random.default_rng(3).integers(0, ModelFile.open(path).config.vocab_size, 3).tolist()
     ref = reference_logits(ModelFile.open(path), ids)
     assert_chunked_then_decoded(x8_ctx, path, ids, ref, 2, 16, TOL * np.abs(ref).max())

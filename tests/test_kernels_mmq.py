@@ -119,16 +119,26 @@ def test_quantize_x8_blocks(vk_ctx, dev):
         assert_blocks(dev.get(x8, np.uint8, x8_bytes(n, k)), x, 0 if exact else 1, 1e-6)
 
 
-def test_rms_norm_x8_blocks(vk_ctx, dev):
+@pytest.mark.parametrize("with_f32", [False, True], ids=["x8", "f32_x8"])
+def test_rms_norm_x8_blocks(vk_ctx, dev, with_f32):
     """The norm's output in 8-bit blocks: numpy's norm quantized as quantize_x8 does (a value
-    whose x / d lands within rounding of a half may take the other quant)."""
+    whose x / d lands within rounding of a half may take the other quant). With an f32 output
+    too (a mixture of experts' FFN input), that output is numpy's norm, and its blocks are
+    exactly what quantize_x8 makes of it."""
     n, k, eps = 3, 4096, 1e-5
     rng = np.random.default_rng(4)
     x, w = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
     xb, wb, x8 = dev.put(x), dev.put(w), dev.empty(x8_bytes(n, k))
-    dev.run(lambda rec: rms_norm_x8(rec, xb, wb, x8, n, k, eps))
+    out = dev.empty(x.nbytes) if with_f32 else None
+    dev.run(lambda rec: rms_norm_x8(rec, xb, wb, x8, n, k, eps, out=out))
     normed = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w
-    assert_blocks(dev.get(x8, np.uint8, x8_bytes(n, k)), normed.astype(np.float32), 1, 1e-5)
+    blocks = dev.get(x8, np.uint8, x8_bytes(n, k))
+    assert_blocks(blocks, normed.astype(np.float32), 1, 1e-5)
+    if with_f32:
+        np.testing.assert_allclose(dev.get(out, np.float32, n * k).reshape(n, k), normed, rtol=1e-5, atol=1e-5)
+        again = dev.empty(x8_bytes(n, k))
+        dev.run(lambda rec: quantize_x8(rec, out, again, n, k))
+        np.testing.assert_array_equal(dev.get(again, np.uint8, x8_bytes(n, k)), blocks)
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)

@@ -32,11 +32,16 @@ def _dispatch(rec: Recording, name: str, buffers: list[Buffer], rows: int, cols:
                  dict(cols=cols, eps=float(eps)))
 
 
-def rms_norm_x8(rec: Recording, x: Buffer, weight: Buffer, x8: Buffer, rows: int, cols: int, eps: float):
-    """rms_norm's output (out may not be x) in 8-bit blocks of 32 (shaders/x8.glsl) into x8, for
-    the 8-bit mat-vec kernels: one dispatch for the norm and quantize_x8. cols: a multiple of 32."""
+def rms_norm_x8(rec: Recording, x: Buffer, weight: Buffer, x8: Buffer, rows: int, cols: int, eps: float,
+                out: Buffer | None = None):
+    """rms_norm's output in 8-bit blocks of 32 (shaders/x8.glsl) into x8, for the 8-bit mat-vec
+    kernels: one dispatch for the norm and quantize_x8; with `out` (not x), in f32 there too.
+    cols: a multiple of 32."""
     assert cols % 32 == 0, cols
-    _dispatch(rec, "rms_norm_x8", [x, x8, weight], rows, cols, eps)
+    if out is None:
+        _dispatch(rec, "rms_norm_x8", [x, x8, weight], rows, cols, eps)
+    else:
+        _dispatch(rec, "rms_norm_f32_x8", [x, out, weight, x8], rows, cols, eps)
 
 
 def rms_norm(rec: Recording, x: Buffer, weight: Buffer, out: Buffer, rows: int, cols: int, eps: float,

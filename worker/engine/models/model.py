@@ -263,8 +263,6 @@ class Model:
     def record_ffn(self, rec, ws, layer, n):
         c = self.config
         if c.n_expert:
-            norm.rms_norm(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps)
-            rec.barrier()
             record_moe_ffn(rec, ws, layer, c, n)
             return
         x_in, folded = normed_input(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps,

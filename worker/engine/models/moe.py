@@ -1,7 +1,9 @@
 """The mixture-of-experts FFN of the forward pass (models/model.py calls it where a dense model
-runs its gate, up and down): router mat-vec, routing on the GPU, the chosen experts' fused
-gate+up and their down products (both over 8-bit input where the dense mat-vecs take it: decode
-on GPUs with integer dot products), and the weighted sum into the residual stream. The buffers are
+runs its FFN norm, gate, up and down): the norm (in decode over 8-bit input, in f32 for the
+router and in 8-bit blocks for the experts at once), router mat-vec, routing on the GPU, the
+chosen experts' fused gate+up and their down products (both over 8-bit input where the dense
+mat-vecs take it: decode on GPUs with integer dot products), and the weighted sum into the
+residual stream. The buffers are
 the Workspace's moe_* ones (worker/engine/workspace.py). Passes of more than MAT_VEC_MAX_COLS
 tokens (prefill) group the slots by expert first, so that each expert's weights are read once
 per tile of its slots (kernels/experts.py): tiles of the mat-vec kernels, or on the tiled and
@@ -10,16 +12,27 @@ mat-mat path does, through moe_up and on mmq the 8-bit x8; the down products f32
 expert (Qwen2-MoE) is a dense SwiGLU FFN through the dense kernels, its gate logit one more
 mat-vec row, both recorded with the router (they read the same input); its down product is
 weighed by the gate's sigmoid into the residual after the chosen experts' sum."""
-from worker.engine.kernels import experts
+from worker.engine.kernels import experts, norm
 from worker.engine.kernels.matmul import Quantized, matmul, matmul_swiglu, quantize_x8
 from worker.engine.kernels.paths import product_path
 
 
 def record_moe_ffn(rec, ws, layer, config, n: int):
-    """x += sum over the chosen experts of weight * expert FFN(xb), xb the normalised input (and
+    """x += sum over the chosen experts of weight * expert FFN(xb), xb = the FFN norm of x (and
     the shared expert's gated FFN(xb))."""
     c = config
     slots = n * c.n_expert_used
+    chosen = experts.path(rec.ctx, n)
+    x_glu = ws.xb
+    # the dense rule for one column of the gate's type and K (8-bit kernel, decode_x8 on, K a multiple of 32)
+    one_column = product_path(rec.ctx, 1, c.n_embd, qtype=layer["ffn_gate_exps"].ggml_type)
+    if chosen == "mat_vec" and one_column == "mat_vec_x8":
+        # xb for the router's product (f32) and its 8-bit blocks for the experts' gate+up: one dispatch
+        norm.rms_norm_x8(rec, ws.x, layer[c.ffn_norm], ws.x8, n, c.n_embd, c.norm_eps, out=ws.xb)
+        x_glu = Quantized(ws.x8)
+    else:
+        norm.rms_norm(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps)
+    rec.barrier()
     matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n, x8=ws.x8)
     if c.n_ff_shexp:   # on the mmq path each product quantizes xb into ws.x8 anew: a barrier between
         rec.barrier()
@@ -29,14 +42,6 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
     rec.barrier()
     experts.route(rec, ws.moe_logits, ws.moe_ids, ws.moe_weights, n, c.n_expert, c.n_expert_used,
                   c.expert_softmax_chosen, c.expert_weights_norm, layer["ffn_gate_inp.bias"] if c.ffn_oai else None)
-    chosen = experts.path(rec.ctx, n)
-    x_glu = ws.xb
-    # the dense rule for one column of the gate's type and K (8-bit kernel, decode_x8 on, K a multiple of 32)
-    one_column = product_path(rec.ctx, 1, c.n_embd, qtype=layer["ffn_gate_exps"].ggml_type)
-    if chosen == "mat_vec" and one_column == "mat_vec_x8":
-        # beside the routing (the router's product, which may have quantized xb into x8 too, is done)
-        quantize_x8(rec, ws.xb, ws.x8, n, c.n_embd)
-        x_glu = Quantized(ws.x8)
     rec.barrier()
     tiles = ws.moe_tiles if chosen != "mat_vec" else None
     if tiles is not None:
