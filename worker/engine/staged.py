@@ -9,8 +9,9 @@ submission and nothing is copied: the unsplit path.
 
 A hand-off polls the earlier stage's fence (HANDOFF_POLL_S) before it blocks on it: the GPU idles
 from the signal until the host has submitted the next stage, and the blocking wait wakes late.
-llama-3.1-8b Q4_K_M over two contexts of the H200 (2026-12-02, tg128 tok/s; one context: 298.3):
-blocking waits 243.6 (736 us of host time a token), polled 263.6 (426 us)."""
+llama-3.1-8b Q4_K_M over two contexts of the H200 (2026-12-02, tg128 tok/s): blocking waits
+243.6 against 298.3 on one context (0.82x, 736 us of host time a token), polled 258.4 against
+301.3 (0.86x, 505 us)."""
 
 HANDOFF_POLL_S = 0.01   # covers a decode stage; a prefill chunk's stage polls this long, then blocks
 
