@@ -22,7 +22,7 @@ from worker.engine.errors import KVCacheFull
 from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
-from worker.engine.staged import HANDOFF_POLL_S, StagedPass
+from worker.engine.staged import StagedPass, handoff_poll_s
 from worker.engine.workspace import Workspace
 
 _MAX_RECORDINGS = 32  # recordings kept per model, by (tokens per pass, selection, logits rows)
@@ -210,7 +210,7 @@ class Runner:
             step, ids, _ = self._greedy_slot(slot)
             getattr(self.workspace, step).view(np.uint32)[:2] = (self.slot, pos + k)
             if self._out is not self.workspace:   # split: the token of step k - 1, last stage to first
-                finish(1 - slot, HANDOFF_POLL_S)
+                finish(1 - slot, handoff_poll_s(self.stages[-1].ctx))
                 getattr(self.workspace, ids).view(np.uint32)[0] = getattr(self._out, ids).view(np.uint32)[0]
             recordings[slot].submit(self._greedy_fences[slot])
             in_flight.append(slot)

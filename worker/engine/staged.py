@@ -11,9 +11,16 @@ A hand-off polls the earlier stage's fence (HANDOFF_POLL_S) before it blocks on 
 from the signal until the host has submitted the next stage, and the blocking wait wakes late.
 llama-3.1-8b Q4_K_M over two contexts of the H200 (2026-12-02, tg128 tok/s): blocking waits
 243.6 against 298.3 on one context (0.82x, 736 us of host time a token), polled 258.4 against
-301.3 (0.86x, 505 us)."""
+301.3 (0.86x, 505 us). A CPU device (lavapipe) runs the stage on the host's cores, from which a
+poll would take one: there a hand-off blocks (tiny-llama split on lavapipe: 151.7 tok/s
+blocking, 128.5 polling)."""
 
 HANDOFF_POLL_S = 0.01   # covers a decode stage; a prefill chunk's stage polls this long, then blocks
+
+
+def handoff_poll_s(ctx) -> float:
+    """How long a hand-off polls the fence of a stage that ran on `ctx`."""
+    return 0.0 if ctx.info.kind == "cpu" else HANDOFF_POLL_S
 
 
 class StagedPass:
@@ -31,7 +38,8 @@ class StagedPass:
                 getattr(ws, name).view()[:nbytes] = getattr(first, name).view()[:nbytes]
         for s, rec in enumerate(self.recordings):
             if s:
-                self.recordings[s - 1].ctx.wait(fences[s - 1], HANDOFF_POLL_S)
+                earlier = self.recordings[s - 1].ctx
+                earlier.wait(fences[s - 1], handoff_poll_s(earlier))
                 n = self._handoff_bytes
                 self._workspaces[s].handoff.view()[:n] = self._workspaces[s - 1].handoff.view()[:n]
             rec.ctx.submit(rec, fences[s])
