@@ -3,15 +3,15 @@ runs its FFN norm, gate, up and down): the norm (in decode over 8-bit input, in 
 router and in 8-bit blocks for the experts at once), router mat-vec, routing on the GPU, the
 chosen experts' fused gate+up and their down products (both over 8-bit input where the dense
 mat-vecs take it: decode on GPUs with integer dot products), and the weighted sum into the
-residual stream. The buffers are
-the Workspace's moe_* ones (worker/engine/workspace.py). Passes of more than MAT_VEC_MAX_COLS
-tokens (prefill) group the slots by expert first, so that each expert's weights are read once
-per tile of its slots (kernels/experts.py): tiles of the mat-vec kernels, or on the tiled and
-mmq paths of their mat-mat kernels (gate and up then two products and a SwiGLU, as the dense
-mat-mat path does, through moe_up and on mmq the 8-bit x8; the down products f32). A shared
-expert (Qwen2-MoE) is a dense SwiGLU FFN through the dense kernels, its gate logit one more
-mat-vec row, both recorded with the router (they read the same input); its down product is
-weighed by the gate's sigmoid into the residual after the chosen experts' sum."""
+residual stream. The buffers are the Workspace's moe_* ones (worker/engine/workspace.py).
+Passes of more than MAT_VEC_MAX_COLS tokens (prefill) group the slots by expert first, so that
+each expert's weights are read once per tile of its slots (kernels/experts.py): tiles of the
+mat-vec kernels, or on the tiled and mmq paths of their mat-mat kernels (gate and up then two
+products and a SwiGLU, as the dense mat-mat path does, through moe_up and on mmq the 8-bit x8;
+the down products f32). A shared expert (Qwen2-MoE) is a dense SwiGLU FFN through the dense
+kernels, its gate logit one more mat-vec row, both recorded with the router (they read the same
+input); its down product is weighed by the gate's sigmoid into the residual after the chosen
+experts' sum."""
 from worker.engine.kernels import experts, norm
 from worker.engine.kernels.matmul import Quantized, matmul, matmul_swiglu, quantize_x8
 from worker.engine.kernels.paths import product_path
