@@ -1,6 +1,5 @@
 """The web app factory (flaskr style): defaults, then VKLLM_* from the environment, then one
 blueprint per concern. Served by gunicorn in production: `gunicorn 'appliance.app:create_app()'`."""
-import os
 import sys
 
 from flask import Flask, current_app, jsonify, redirect, request, url_for
@@ -19,6 +18,7 @@ from appliance import (
     queue,
 )
 from appliance.schema import Invalid
+from vkllm.config import WebServer
 
 # Every page's scripts and styles come from /static: no inline script or handler may run, and no
 # other site may frame the UI (clickjacking) or learn its URLs from the Referer.
@@ -57,7 +57,7 @@ def create_app(test_config: dict | None = None) -> Flask:
         LOGIN_ATTEMPTS=10,                 # failed logins per client address within LOGIN_WINDOW
         LOGIN_WINDOW=15 * 60,
         # prometheus_client switches to files in this folder by itself; /metrics must merge them
-        METRICS_MULTIPROCESS=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
+        METRICS_MULTIPROCESS=WebServer.from_env().metrics_dir is not None,
     )
     if test_config is None:
         app.config.from_prefixed_env("VKLLM")

@@ -7,7 +7,6 @@ This process supervises the other two: a worker or a redis-server that exits is 
 The children run in their own sessions so that Ctrl-C reaches only this process, which then
 stops them in order: the web server, the worker (its current job ends failed, partial text
 kept), then Redis (which syncs its append-only file)."""
-import os
 import signal
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from redis import Redis
 from werkzeug.serving import make_server
 
 from appliance import auth
+from vkllm.config import worker_environment
 from vkllm.errors import VkllmError
 
 
@@ -27,10 +27,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# environment the worker must not inherit: it needs no API key, and a secret is safest unseen
-_WEB_ONLY = ("VKLLM_API_KEY", "VKLLM_SECRET_KEY")
 
 
 def _start_redis(data_dir: Path, port: int) -> subprocess.Popen:
@@ -136,7 +132,7 @@ def run(args, api_key: str | None) -> int:
         app = create_app({"REDIS_URL": redis_url, "API_KEY": api_key, "MODELS_DIR": str(models_dir),
                           "DATA_DIR": str(data_dir)})
         server = make_server(args.host, args.port, app, threaded=True)
-        env = {k: v for k, v in os.environ.items() if k not in _WEB_ONLY} | {"VKLLM_MODELS_DIR": str(models_dir)}
+        env = worker_environment(str(models_dir))
         worker_log = open(data_dir / "worker.log", "ab")
         command = worker_command(args, redis_url, models)
         worker = _Supervised("worker", lambda: subprocess.Popen(

@@ -6,19 +6,23 @@ import shutil
 
 from prometheus_client import multiprocess
 
+from vkllm.config import WebServer
+
+_settings = WebServer.from_env()
+
 # The container's port, which docker-compose.yml maps and health-checks. Not VKLLM_PORT: that is the
 # host's side of the mapping, and the env file hands it to this container too. `--bind` overrides.
 bind = "0.0.0.0:8000"
-workers = int(os.environ.get("VKLLM_WEB_PROCESSES", "2"))
+workers = _settings.processes
 worker_class = "appliance.gunicorn_worker.Worker"
-threads = int(os.environ.get("VKLLM_WEB_THREADS", "32"))   # each open SSE stream holds a thread
+threads = _settings.threads
 timeout = 120
 accesslog = "-"
 
 
 def on_starting(server):
     """Series files of a previous run would be summed into this one's: start empty."""
-    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    folder = _settings.metrics_dir
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
