@@ -1,4 +1,7 @@
 #version 450
+#if defined(X8)
+#include "int_dot.glsl"
+#endif
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #include "common.glsl"
@@ -17,18 +20,39 @@
 // over L lanes only, but a workgroup covers lanes / L times more rows, each load of x serving
 // all of them (for many columns, where x read per workgroup would outweigh the weights), and a
 // read of x from the tile is L distinct vec4s, broadcast to the groups.
+// With X8 (Q4_K, Q5_K, Q6_K: the types whose items give integer quants, mul_mat_vec_items.glsl)
+// x is in 8-bit blocks (x8.glsl) and the tile is TILE_ITEMS items of each lane's row (L x
+// TILE_ITEMS items of every row of the workgroup): each thread first issues the 16-byte loads of
+// its items of every row and weight, then the workgroup stages the tile's blocks of x, then per
+// 32-value block each thread takes its rows' integer quants once and dots them with every
+// column's (packed 8-bit dot products), as the 8-bit mat-vec kernel does for one column.
 // The loops over columns, weights and rows are unrolled (COLS is compile-time, NUM_ROWS and
 // the tile size are specialization constants), so acc stays in registers. K must be a multiple
-// of 16 (matmul.py sends other weights to the mat-vec kernel).
+// of 16 (matmul.py sends other weights to the mat-vec kernel; over 8-bit x, of the item size).
 #include "mul_mat_vec_base.glsl"
 #if !defined(COLS)
 #error "mul_mat_cols.comp needs COLS"
 #endif
 
+#if defined(X8)
+#if !defined(X8_ITEMS)
+#error "mul_mat_cols.comp with X8 takes the types with 8-bit items (Q4_K, Q5_K, Q6_K)"
+#endif
+layout(constant_id = 3) const uint TILE_ITEMS = 2;
+const uint ITEM_BLOCKS = ITEM_VALUES / 32;
+const uint TILE_SPAN = ROW_LANES * TILE_ITEMS;     // items of a row per tile
+const uint TILE_BLOCKS = TILE_SPAN * ITEM_BLOCKS;
+// xs[((c * 3 + h) * ITEM_BLOCKS + s) * TILE_SPAN + t]: word h (x8.glsl) of block s of the tile's
+// item t, column c: the lanes of a group, on consecutive items, read consecutive words.
+shared ivec4 xs[NUM_COLS * 3 * TILE_BLOCKS];
+
+ivec4 x_word(uint c, uint h, uint s, uint t) { return xs[((c * 3 + h) * ITEM_BLOCKS + s) * TILE_SPAN + t]; }
+#else
 // 16-value slices of x per tile and column: the shared tile is NUM_COLS x TILE_SLICES x 64 bytes.
 layout(constant_id = 3) const uint TILE_SLICES = 32;
 // xs[(c * 4 + e) * TILE_SLICES + s]: vec4 e of slice s of column c.
 shared vec4 xs[NUM_COLS * 4 * TILE_SLICES];
+#endif
 
 void main() {
     const uint row_first = first_row(), col0 = first_col();
@@ -36,8 +60,7 @@ void main() {
         return;   // a whole workgroup past the end (the dispatch rounds up): before any barrier
     }
     const uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupID, tid = gl_LocalInvocationID.x;
-    const uint slices = p.ncols / 16, n4 = p.ncols / 4;
-    // Row r of this invocation is row_base + r * groups; it takes the slices j, j + ROW_LANES, ...
+    // Row r of this invocation is row_base + r * groups; it takes the slices (X8: items) j, j + ROW_LANES, ...
     const uint groups = gl_SubgroupSize / ROW_LANES, q = lane / ROW_LANES, j = lane % ROW_LANES;
     const uint row_base = row_first + sg * NUM_ROWS * groups + q;
     float acc[NUM_COLS][NUM_MATS][NUM_ROWS];
@@ -48,6 +71,64 @@ void main() {
             }
         }
     }
+#if defined(X8)
+    const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
+    uint row_byte[NUM_ROWS];
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+        row_byte[r] = clamped_row(row_base + r * groups) * (p.ncols / QUANT_K) * BLOCK_BYTES;
+    }
+    for (uint i0 = 0; i0 < items; i0 += TILE_SPAN) {
+        // This tile's weights first (items past the row's end clamped to its last), in flight
+        // while x is staged.
+        item_raw raw[TILE_ITEMS][NUM_MATS][NUM_ROWS];
+        [[unroll]] for (uint u = 0; u < TILE_ITEMS; u++) {
+            const uint item = min(i0 + u * ROW_LANES + j, items - 1);
+            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                    raw[u][m][r] = WEIGHTS(m, load_item, (row_byte[r], item));
+                }
+            }
+        }
+        barrier();   // the previous tile's reads are done
+        for (uint i = tid; i < NUM_COLS * 3 * TILE_BLOCKS; i += BLOCK_SIZE) {
+            const uint t = i % TILE_SPAN, s = i / TILE_SPAN % ITEM_BLOCKS, h = i / TILE_BLOCKS % 3, c = i / (3 * TILE_BLOCKS);
+            xs[i] = i0 + t < items ? x8[x8_word(clamped_col(col0 + c), x_blocks, (i0 + t) * ITEM_BLOCKS + s, h)] : ivec4(0);
+        }
+        barrier();
+        [[unroll]] for (uint u = 0; u < TILE_ITEMS; u++) {
+            const uint t = u * ROW_LANES + j, item = i0 + t;
+            if (item >= items) {
+                break;
+            }
+            ALIGN_ITEMS(w, raw, u, item)
+            [[unroll]] for (uint g = 0; g < ITEM_GROUPS; g += 2) {
+                const uint s = group_x(item, g) / 32 - item * ITEM_BLOCKS;
+                ivec4 q[NUM_MATS][NUM_ROWS][2];
+                vec4 ab[NUM_MATS][NUM_ROWS];   // (a, b) of groups g and g + 1
+                [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                        vec2 ab0, ab1;
+                        q[m][r][0] = group_quants(w[m][r], item, g, ab0);
+                        q[m][r][1] = group_quants(w[m][r], item, g + 1, ab1);
+                        ab[m][r] = vec4(ab0, ab1);
+                    }
+                }
+                [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
+                    const ivec4 x0 = x_word(c, 0, s, t), x1 = x_word(c, 1, s, t);
+                    const vec4 ds = intBitsToFloat(x_word(c, 2, s, t));
+                    [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
+                        [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
+                            const vec4 f = ab[m][r];
+                            acc[c][m][r] += ds.x * (f.x * small_int_float(idot16(q[m][r][0], x0, 0)) + f.z * small_int_float(idot16(q[m][r][1], x1, 0)))
+                                            + f.y * ds.y + f.w * ds.z;
+                        }
+                    }
+                }
+            }
+        }
+    }
+#else
+    const uint slices = p.ncols / 16, n4 = p.ncols / 4;
     for (uint t0 = 0; t0 < slices; t0 += TILE_SLICES) {
         barrier();   // the previous tile's reads are done
         // Consecutive threads load consecutive vec4s of x (coalesced); slices past K read as 0.
@@ -82,6 +163,7 @@ void main() {
             }
         }
     }
+#endif
     for (uint d = 1; d < ROW_LANES; d *= 2) {   // the lane group's sums, in each of its lanes
         [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
             [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {

@@ -8,33 +8,6 @@
 
 // Inner loops. Each dequantizes a piece of weights once and applies it to all NUM_COLS columns
 // of x; each load of x serves all NUM_ROWS rows of all NUM_MATS weights.
-#if defined(ITEM_LOOPS)
-// The steps both item loops share (the f32 and the 8-bit kernel's): each row's first byte; the
-// loads of UNROLL items (from i0, BLOCK_SIZE apart, clamped to the last) of every row and weight
-// before any math; the words of item u in place.
-#define ITEM_ROW_BYTES(row_byte) \
-    uint row_byte[NUM_ROWS]; \
-    [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
-        row_byte[r_] = clamped_row(row0 + r_) * (p.ncols / QUANT_K) * BLOCK_BYTES; \
-    }
-#define LOAD_ITEMS(raw, i0, items, row_byte) \
-    item_raw raw[UNROLL][NUM_MATS][NUM_ROWS]; \
-    [[unroll]] for (uint u_ = 0; u_ < UNROLL; u_++) { \
-        const uint item_ = min((i0) + u_ * BLOCK_SIZE, (items) - 1); \
-        [[unroll]] for (uint m_ = 0; m_ < NUM_MATS; m_++) { \
-            [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
-                raw[u_][m_][r_] = WEIGHTS(m_, load_item, (row_byte[r_], item_)); \
-            } \
-        } \
-    }
-#define ALIGN_ITEMS(w, raw, u, item) \
-    item_words w[NUM_MATS][NUM_ROWS]; \
-    [[unroll]] for (uint m_ = 0; m_ < NUM_MATS; m_++) { \
-        [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
-            w[m_][r_] = align_item(raw[u][m_][r_], item); \
-        } \
-    }
-#endif
 
 void main() {
     const uint row0 = first_row(), col0 = first_col();

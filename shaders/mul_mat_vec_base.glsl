@@ -98,6 +98,35 @@ const uint ITEMS_FIT = RAW_WORDS / (NUM_MATS * NUM_ROWS * ITEM_RAW_WORDS);
 const uint UNROLL = ITEMS_FIT < 1 ? 1 : (ITEMS_FIT > 4 ? 4 : ITEMS_FIT);
 #endif
 
+#if defined(ITEM_LOOPS)
+// The steps the item loops share (mul_mat_vec.comp's f32 and 8-bit ones; mul_mat_cols.comp's
+// 8-bit one aligns its items with ALIGN_ITEMS): each row's first byte; the
+// loads of UNROLL items (from i0, BLOCK_SIZE apart, clamped to the last) of every row and weight
+// before any math; the words of item u in place.
+#define ITEM_ROW_BYTES(row_byte) \
+    uint row_byte[NUM_ROWS]; \
+    [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
+        row_byte[r_] = clamped_row(row0 + r_) * (p.ncols / QUANT_K) * BLOCK_BYTES; \
+    }
+#define LOAD_ITEMS(raw, i0, items, row_byte) \
+    item_raw raw[UNROLL][NUM_MATS][NUM_ROWS]; \
+    [[unroll]] for (uint u_ = 0; u_ < UNROLL; u_++) { \
+        const uint item_ = min((i0) + u_ * BLOCK_SIZE, (items) - 1); \
+        [[unroll]] for (uint m_ = 0; m_ < NUM_MATS; m_++) { \
+            [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
+                raw[u_][m_][r_] = WEIGHTS(m_, load_item, (row_byte[r_], item_)); \
+            } \
+        } \
+    }
+#define ALIGN_ITEMS(w, raw, u, item) \
+    item_words w[NUM_MATS][NUM_ROWS]; \
+    [[unroll]] for (uint m_ = 0; m_ < NUM_MATS; m_++) { \
+        [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
+            w[m_][r_] = align_item(raw[u][m_][r_], item); \
+        } \
+    }
+#endif
+
 #if defined(QKV)
 const uint NUM_OUTS = 3;
 #else

@@ -108,16 +108,19 @@ def test_greedy_tokens_match_reference(x8_ctx, synth_dir):
     assert tokens == RefModel(ModelFile.open(path)).greedy(prompt, 8)
 
 
-def test_sequences_decoded_together_give_what_each_gives_alone(x8_ctx, synth_dir):
-    """Three sequences in one batch: each step's products take the 8-bit kernel over their three
-    columns, each column quantized alone, so each sequence gets the tokens it gets alone (which
-    may part from the reference's where 8-bit rounding tips a near tie: one of these does)."""
-    path = _model(synth_dir, "tiny-llama", "Q8_0")
+@pytest.mark.parametrize("mix, kernel", [("Q8_0", "mul_mat_vec_x8_slices_q8_0"), ("Q4_K_M", "mul_mat_cols_glu_x8_c4_q4_k")])
+def test_sequences_decoded_together_give_what_each_gives_alone(x8_ctx, synth_dir, mix, kernel):
+    """Three sequences in one batch: each step's products take an 8-bit kernel over their three
+    columns (Q8_0 the mat-vec kernel's column groups; Q4_K and Q6_K the mat-cols kernel, fused
+    Q/K/V and gate+up included), each column quantized alone, so each sequence gets the tokens it
+    gets alone (which may part from the reference's where 8-bit rounding tips a near tie)."""
+    path = _model(synth_dir, "tiny-llama", mix)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     prompts = [np.random.default_rng(seed).integers(3, 380, length).tolist() for seed, length in ((1, 3), (2, 9), (3, 5))]
     engine = Engine.load(path, dataclasses.replace(x8_ctx.settings, max_sequences=4), n_ctx=64, ctx=x8_ctx,
                          max_batch=16)
     try:
+        assert kernel in engine.runner.profile(3)
         alone = [[e.token_id for e in engine.generate_ids(ids, params) if e.token_id is not None] for ids in prompts]
         for i, ids in enumerate(prompts):
             engine.batch.add(Request(ids, params), tag=i)

@@ -84,12 +84,13 @@ class Workspace:
         stages depend on its workgroup size, an expert tile's slots on its shared memory)."""
         from worker.engine.kernels import attention, experts, select
         from worker.engine.kernels.matmul import x8_bytes
-        from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, decode_x8, mat_mat_path
+        from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, decode_x8, mat_mat_path
         vocab, c = config.vocab_size, config
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
         mmq = n > MAT_VEC_MAX_COLS and "mmq" in (mat_mat_path(ctx), expert_path)
-        x8_rows = n if mmq else min(n, MAT_VEC_MAX_COLS) if decode_x8(ctx) else 0   # decode's mat-vec groups
+        # decode's 8-bit mat-vec groups (up to 8 columns) and mat-cols products (up to 32)
+        x8_rows = n if mmq else min(n, MAT_COLS_X8_MAX) if decode_x8(ctx) else 0
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
                               select.scratch_bytes(ctx, sequences, vocab, min(MAX_K, vocab))),

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.matmul import mat_cols_columns, mat_cols_shape, mat_cols_tile, x8_bytes
-from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, mmq_types, paths
+from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, mmq_types, paths, x8_cols_types
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
 from worker.engine.weight_types import row_bytes
@@ -49,7 +49,7 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
     passes = {rule: {n: 0.0 for n in counts} for rule in ("old rule", "mat_cols", "best")}
     have_coopmat, have_x8 = "coopmat" in paths(ctx), "mmq" in paths(ctx)
     print(f"{'weight':12} {'type':5} {'rows x K':>12} {'n':>3} {'mat_vec us':>10} {'x8 us':>8} {'mat_cols us':>11} "
-          f"{'shape':>8} {'coopmat us':>10} {'cols/1col':>9} {'% read':>7} {'check':>8}")
+          f"{'shape':>8} {'cols_x8 us':>10} {'coopmat us':>10} {'best/1col':>9} {'% read':>7} {'check':>8}")
     for name, qtype, rows, cols, glu, per_pass in QUICK_WEIGHTS if args.quick else WEIGHTS_8B:
         if qtype.name not in args.types:
             continue
@@ -61,11 +61,13 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                     times["mat_vec_x8"] = w.time(n, "mat_vec_x8", None, args.runs, warmup)
                 if n > 1:
                     times["mat_cols"] = w.time(n, "mat_cols", None, args.runs, warmup)
+                    if have_x8 and qtype in x8_cols_types() and n <= MAT_COLS_X8_MAX:
+                        times["mat_cols_x8"] = w.time(n, "mat_cols_x8", None, args.runs, warmup)
                     if have_coopmat:
                         times["coopmat"] = w.time(n, "coopmat", None, args.runs, warmup)
                 old = times["mat_vec"] if n <= MAT_VEC_MAX_COLS or not have_coopmat else times["coopmat"]
-                new = times.get("mat_cols", one)
-                for rule, t in (("old rule", old), ("mat_cols", new), ("best", min(times.values()))):
+                new, best = times.get("mat_cols", one), min(times.values())
+                for rule, t in (("old rule", old), ("mat_cols", new), ("best", best)):
                     passes[rule][n] += per_pass * t
                 c = mat_cols_columns(n) if n > 1 else 1
                 threads, rows_each, row_lanes = mat_cols_shape(ctx, c, 1 + glu)
@@ -74,8 +76,9 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                     checks.setdefault((name, qtype.name), {})[n] = w.check(n)
                 check = f"{checks[name, qtype.name][n]:8.1e}" if n > 1 else "       -"
                 print(f"{name:12} {qtype.name:5} {f'{rows}x{cols}':>12} {n:3d} {us(times['mat_vec'])} "
-                      f"{us(times.get('mat_vec_x8'), 8)} {us(times.get('mat_cols'), 11)} {shape:>8} {us(times.get('coopmat'))} {new / one:9.2f} "
-                      f"{100 * w.nbytes / new / measured:6.1f}% {check}", flush=True)
+                      f"{us(times.get('mat_vec_x8'), 8)} {us(times.get('mat_cols'), 11)} {shape:>8} {us(times.get('mat_cols_x8'))} "
+                      f"{us(times.get('coopmat'))} {best / one:9.2f} {100 * w.nbytes / best / measured:6.1f}% {check}",
+                      flush=True)
                 if args.cols_shapes and n > 1:
                     lanes = ctx.info.subgroup_size
                     shapes = dict.fromkeys((s * lanes, r, min(lanes, row_lanes or lanes))
@@ -112,7 +115,7 @@ class Copies:
         data = sane_scales(qtype, random_weights(qtype, rows * row_bytes(qtype, cols)))
         self.weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
         self.x, self.y, self.up = (ctx.alloc(4 * c * most) for c in (cols, rows, rows))
-        self.x8 = ctx.alloc(x8_bytes(min(most, MAT_VEC_MAX_COLS), cols))
+        self.x8 = ctx.alloc(x8_bytes(min(most, MAT_COLS_X8_MAX), cols))
         ctx.upload(self.x, (np.random.default_rng(0).standard_normal(cols * most) / np.sqrt(cols)).astype(np.float32))
 
     def _record(self, n: int, **options):

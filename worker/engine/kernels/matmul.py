@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
-from worker.engine.kernels.paths import (MAT_VEC_MAX_COLS, X8_BLOCK_VALUES, coopmat_shape, mmq_types,
+from worker.engine.kernels.paths import (MAT_VEC_MAX_COLS, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape, mmq_types,
                                          product_path)
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
@@ -55,6 +55,14 @@ MAT_COLS_SUBGROUPS = 4
 MAT_COLS_SUMS = 32
 MAT_COLS_MANY = 8
 MAT_COLS_ROW_LANES = 8
+# Its 8-bit variant ("mat_cols_x8", variants.toml mul_mat_cols_*x8: 2 .. 32 columns, the types
+# of paths.x8_cols_types): the values of one item of each type (mul_mat_vec_items.glsl's
+# ITEM_VALUES), and the raw 32-bit words a thread keeps in flight per tile (its items' loads,
+# of every row and weight) at most.
+MAT_COLS_X8_VARIANTS = (2, 4, 8, 16, 32)
+X8_ITEM_VALUES = {T.Q4_K: 64, T.Q5_K: 64, T.Q6_K: 128}
+X8_ITEM_RAW_WORDS = {T.Q4_K: 12, T.Q5_K: 20, T.Q6_K: 40}
+MAT_COLS_X8_RAW_WORDS = 96
 
 
 # Fixed mat-vec shapes in (subgroups, rows) per workgroup, for weights without a tuned one.
@@ -73,11 +81,11 @@ def mat_vec_shape(ctx) -> tuple[int, int]:
     return subgroups * ctx.info.subgroup_size, rows
 
 
-def mat_cols_columns(n: int) -> int:
+def mat_cols_columns(n: int, variants: tuple[int, ...] = MAT_COLS_VARIANTS) -> int:
     """Columns per mat-cols workgroup for n columns: the smallest variant that holds them, or
     that holds an even share of them over the fewest groups of the largest."""
-    share = cdiv(n, cdiv(n, MAT_COLS_VARIANTS[-1]))
-    return next(c for c in MAT_COLS_VARIANTS if c >= share)
+    share = cdiv(n, cdiv(n, variants[-1]))
+    return next(c for c in variants if c >= share)
 
 
 def mat_cols_shape(ctx, cols: int, mats: int = 1) -> tuple[int, int, int]:
@@ -92,26 +100,79 @@ def mat_cols_shape(ctx, cols: int, mats: int = 1) -> tuple[int, int, int]:
 
 def mat_cols_tile(ctx, cols: int, shape: tuple[int, int, int]) -> int | None:
     """16-value slices of x per tile: as many as a subgroup has lanes, fewer where shared memory
-    runs short; None where the shape cannot run (lanes per row must be a power of 2 dividing
-    the subgroup, threads whole subgroups within the device's limit)."""
-    threads, rows, row_lanes = shape
+    runs short; None where the shape cannot run (`_runs`)."""
+    slices = min(ctx.info.subgroup_size, ctx.info.max_shared_memory // (64 * cols))
+    return slices if _runs(ctx, shape) and slices > 0 else None
+
+
+def _runs(ctx, shape: tuple[int, ...]) -> bool:
+    """Whether a mat-cols workgroup shape can run: lanes per row a power of 2 dividing the
+    subgroup, threads whole subgroups within the device's limit, rows at least one."""
+    threads, rows, row_lanes = shape[:3]
     lanes = ctx.info.subgroup_size
-    slices = min(lanes, ctx.info.max_shared_memory // (64 * cols))
-    fits = (threads % lanes == 0 and threads <= ctx.info.max_workgroup_size and rows > 0
+    return (threads % lanes == 0 and threads <= ctx.info.max_workgroup_size and rows > 0
             and 0 < row_lanes <= lanes and lanes % row_lanes == 0 and row_lanes & (row_lanes - 1) == 0)
-    return slices if fits and slices > 0 else None
+
+
+def mat_cols_x8_shape(ctx, cols: int, mats: int, qtype: T) -> tuple[int, int, int, int]:
+    """(threads, rows per lane group, lanes per row, items per lane and tile) of a mat-cols
+    workgroup over 8-bit x. Up to 4 columns and on CPU drivers: rows and lanes as for the f32
+    kernel. From 8 on a GPU, measured on an H200 (Llama-8B's weights, 8-32 columns): one row per
+    lane group while columns' sums fill the registers, and tiles of x small enough that several
+    workgroups share an SM (a 48 KiB tile left one and ran 2-3x slower): gate+up (two weights)
+    over 4 lanes per row (8 at 16 columns), one item per tile; one weight over 16 lanes per row
+    (Q6_K, whose items are twice as long: 8), two rows from 16 columns on, two items per tile up to
+    16. Lanes are halved until one item each fits shared memory, then as many items per tile (up to
+    4) as keep the raw words in flight within MAT_COLS_X8_RAW_WORDS and the tile within it."""
+    threads, rows, row_lanes = mat_cols_shape(ctx, cols, mats)
+    tiles = (4, 2)
+    if cols >= MAT_COLS_MANY and ctx.info.kind != "cpu":
+        lanes, big = ctx.info.subgroup_size, cols > 16 or mats == 1
+        threads = (2 if big else 1) * MAT_COLS_SUBGROUPS * lanes
+        if mats == 2:
+            rows, row_lanes, tiles = 1, 8 if cols == 16 else 4, ()
+        else:
+            rows, row_lanes = (1 if cols <= MAT_COLS_MANY else 2), (8 if qtype == T.Q6_K else 16)
+            tiles = (2,) if cols <= 16 and qtype != T.Q6_K else ()
+        row_lanes = min(row_lanes, lanes)
+    raw = mats * rows * X8_ITEM_RAW_WORDS[qtype]
+    while row_lanes > 1 and not _x8_tile_fits(ctx, cols, (threads, rows, row_lanes, 1), qtype):
+        row_lanes //= 2
+    tile = next((t for t in tiles if t * raw <= MAT_COLS_X8_RAW_WORDS
+                 and _x8_tile_fits(ctx, cols, (threads, rows, row_lanes, t), qtype)), 1)
+    return threads, rows, row_lanes, tile
+
+
+def _x8_tile_fits(ctx, cols: int, shape: tuple[int, int, int, int], qtype: T) -> bool:
+    return mat_cols_x8_tile_bytes(cols, shape, qtype) <= ctx.info.max_shared_memory
+
+
+def mat_cols_x8_tile_bytes(cols: int, shape: tuple[int, int, int, int], qtype: T) -> int:
+    """Shared memory of the 8-bit mat-cols kernel's tile of x: 48 bytes per 32 values (x8.glsl)
+    of lanes x items values per column."""
+    _, _, row_lanes, tile_items = shape
+    return cols * row_lanes * tile_items * X8_ITEM_VALUES[qtype] // X8_BLOCK_VALUES * X8_BLOCK_BYTES
 
 
 def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
-              mats: int, shape: tuple[int, int, int] | None):
+              mats: int, shape: tuple[int, ...] | None, x8: bool = False):
     """One mul_mat_cols dispatch per part of w (bindings[i]: part i's buffers). Column groups are
-    numbered fastest (mul_mat_vec_base.glsl with COLS)."""
-    ctx, cols = rec.ctx, mat_cols_columns(n)
-    threads, rows, row_lanes = shape = shape or mat_cols_shape(ctx, cols, mats)
-    slices = mat_cols_tile(ctx, cols, shape)
-    if slices is None:
-        raise ValueError(f"mat-cols workgroup {shape} does not fit {cols} columns on {ctx.info.name}")
-    kernel = ctx.kernel(f"{op}_c{cols}_{w.ggml_type.name.lower()}", {0: threads, 1: rows, 3: slices, 4: row_lanes})
+    numbered fastest (mul_mat_vec_base.glsl with COLS). `x8`: the kernel over 8-bit x (op
+    ends in _x8), whose shape has a fourth entry, the items per lane and tile."""
+    ctx = rec.ctx
+    if x8:
+        cols = mat_cols_columns(n, MAT_COLS_X8_VARIANTS)
+        threads, rows, row_lanes, tile = shape = shape or mat_cols_x8_shape(ctx, cols, mats, w.ggml_type)
+        fits = (_runs(ctx, shape) and tile > 0 and _x8_tile_fits(ctx, cols, shape, w.ggml_type)
+                and w.cols % X8_ITEM_VALUES[w.ggml_type] == 0)
+    else:
+        cols = mat_cols_columns(n)
+        threads, rows, row_lanes = shape = shape or mat_cols_shape(ctx, cols, mats)
+        tile = mat_cols_tile(ctx, cols, shape)
+        fits = tile is not None
+    if not fits:
+        raise ValueError(f"mat-cols workgroup {shape} does not fit {cols} columns of {w.cols} on {ctx.info.name}")
+    kernel = ctx.kernel(f"{op}_c{cols}_{w.ggml_type.name.lower()}", {0: threads, 1: rows, 3: tile, 4: row_lanes})
     lanes = ctx.info.subgroup_size
     rows_per_group = rows * (threads // lanes) * (lanes // row_lanes)
     for buffers, (_, first, count) in zip(bindings, w.parts):
@@ -188,7 +249,7 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
     taken = {product_path(rec.ctx, n, w.cols, qtype=w.ggml_type) for w in consumers}
     if taken == {"mat_vec"} and all(w.ggml_type in folding for w in consumers):
         return x, FoldedNorm(weight, eps)
-    if taken == {"mat_vec_x8"}:
+    if taken <= X8_PATHS:
         rms_norm_x8(rec, x, weight, x8, n, cols, eps)
         rec.barrier()
         return Quantized(x8), None
@@ -225,6 +286,11 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         return
     if path == "mat_vec_x8":
         _mat_vec(rec, w, "mul_mat_vec_x8", _quantized_x(rec, x, x8, n, w.cols, norm), y, n, y_accumulate)
+        return
+    if path == "mat_cols_x8":
+        xq = _quantized_x(rec, x, x8, n, w.cols, norm)
+        _mat_cols(rec, "mul_mat_cols_x8", w, [[part, xq, y] for part, _, _ in w.parts], n,
+                  _push(w, 0, 0, n, y_accumulate), 1, cols_shape, x8=True)
         return
     if path == "mat_vec":
         _mat_vec(rec, w, f"mul_mat_vec{_norm_suffix(norm)}", x, y, n, y_accumulate, norm)
@@ -314,22 +380,20 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
     (on the mmq path over x quantized once into `x8`)."""
     rest = list(zip(weights, outs))
     path = path or product_path(rec.ctx, n, weights[0].cols, norm is not None, (fused or weights[0]).ggml_type)
-    if path == "mat_vec_x8":   # x quantized once for all the products; types without the kernel take f32 x
-        x8 = _quantized_x(rec, x, x8, n, weights[0].cols, norm)
+    if path in X8_PATHS:   # x quantized once for all the products; types without the kernel take f32 x
+        xq = _quantized_x(rec, x, x8, n, weights[0].cols, norm)
+        if fused is not None and path == "mat_vec_x8":
+            _mat_vec_qkv(rec, fused, "mul_mat_vec_qkv_x8", xq, outs, n, None)
+        elif fused is not None:
+            _mat_cols_qkv(rec, fused, "mul_mat_cols_qkv_x8", xq, outs, n)
         if fused is not None:
-            _mat_vec_qkv(rec, fused, "mul_mat_vec_qkv_x8", x8, outs, n, None)
             rest = rest[len(fused.sections):]
         for w, y in rest:
-            if w.ggml_type in mmq_types():
-                _mat_vec(rec, w, "mul_mat_vec_x8", x8, y, n, False)
-            else:
-                matmul(rec, w, x, y, n, path="mat_vec")
+            own = product_path(rec.ctx, n, w.cols, qtype=w.ggml_type)
+            matmul(rec, w, Quantized(xq) if own in X8_PATHS else x, y, n, path=own)
         return
     if fused is not None and path == "mat_cols" and norm is None:
-        k_first, v_first = fused.sections[0], sum(fused.sections[:2])
-        y_v = outs[2] if len(fused.sections) == 3 else outs[1]   # as below
-        _mat_cols(rec, "mul_mat_cols_qkv", fused, [[part, x, outs[0], outs[1], y_v] for part, _, _ in fused.parts], n,
-                  _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first), 1, None)
+        _mat_cols_qkv(rec, fused, "mul_mat_cols_qkv", x, outs, n)
         rest = rest[len(fused.sections):]
     elif fused is not None and path == "mat_vec":
         _mat_vec_qkv(rec, fused, f"mul_mat_vec_qkv{_norm_suffix(norm)}", x, outs, n, norm)
@@ -339,6 +403,15 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
         return
     for w, y in rest:
         matmul(rec, w, x, y, n, norm=norm, path=path)
+
+
+def _mat_cols_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int):
+    """The fused Q/K/V weight in one mat-cols dispatch per part (kernel `op`, over 8-bit x where
+    it ends in _x8), writing each section's rows to its output."""
+    k_first, v_first = fused.sections[0], sum(fused.sections[:2])
+    y_v = outs[2] if len(fused.sections) == 3 else outs[1]   # as _mat_vec_qkv's
+    _mat_cols(rec, op, fused, [[part, x, outs[0], outs[1], y_v] for part, _, _ in fused.parts], n,
+              _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first), 1, None, x8=op.endswith("_x8"))
 
 
 def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int,
@@ -382,18 +455,24 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         _mat_cols(rec, f"mul_mat_cols_{'geglu' if gelu else 'glu'}", w_gate, bindings, n,
                   _push(w_gate, 0, 0, n, False), 2, cols_shape)
         return
+    if path == "mat_cols_x8" and w_gate.ggml_type == w_up.ggml_type and same_parts:
+        xq = _quantized_x(rec, x, x8, n, w_gate.cols, norm)
+        bindings = [[gate, up_part, xq, out] for (gate, _, _), (up_part, _, _) in zip(w_gate.parts, w_up.parts)]
+        _mat_cols(rec, f"mul_mat_cols_{'geglu' if gelu else 'glu'}_x8", w_gate, bindings, n,
+                  _push(w_gate, 0, 0, n, False), 2, cols_shape, x8=True)
+        return
     threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
     sums = 2 * rows_per_group + (norm is not None)   # partial sums per column in shared memory
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
     if path not in ("mat_vec", "mat_vec_x8") or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
         if path == "mmq" and norm is None:
             _mmq_products(rec, [(w_gate, out), (w_up, up)], x, n, x8)
-        else:   # on the x8 path each product takes its own kernel's path (the up weight's type may lack it)
-            matmul(rec, w_gate, x, out, n, norm=norm, path=None if path == "mat_vec_x8" else path,
+        else:   # on the x8 paths each product takes its own kernel's path (the up weight's type may lack it)
+            matmul(rec, w_gate, x, out, n, norm=norm, path=None if path in X8_PATHS else path,
                    cols_shape=cols_shape, x8=x8)
-            if path == "mat_vec_x8":
+            if path in X8_PATHS:
                 rec.barrier()   # both products quantize x into x8
-            matmul(rec, w_up, x, up, n, norm=norm, path=None if path == "mat_vec_x8" else path,
+            matmul(rec, w_up, x, up, n, norm=norm, path=None if path in X8_PATHS else path,
                    cols_shape=cols_shape, x8=x8)
         rec.barrier()
         (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)

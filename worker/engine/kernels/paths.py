@@ -23,6 +23,12 @@ MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-v
 # 16 columns where the tiles took 38.3; at 32 the tiles won (41.6 against 47.7). At 8 sequences
 # a decode step took 23.3 ms through it, 17.1 through the 8-bit mat-vec kernel.
 MAT_COLS_MAX = 16
+# The mat-cols kernel over 8-bit x ("mat_cols_x8", variants.toml mul_mat_cols_*x8) takes batched
+# decode of 2 .. MAT_COLS_X8_MAX columns of the types it is built for (`x8_cols_types`) on GPUs
+# with integer dot products (`decode_x8`).
+MAT_COLS_X8_MAX = 32
+# The kernels over 8-bit activations in decode: their input is x quantized once (x8 scratch).
+X8_PATHS = frozenset({"mat_vec_x8", "mat_cols_x8"})
 
 
 def coopmat_shape(info) -> tuple[int, int, int] | None:
@@ -53,6 +59,12 @@ def paths(ctx) -> tuple[str, ...]:
 def mmq_types() -> frozenset:
     """The weight types the mmq kernel is built for (shaders/variants.toml's mul_mmq entry)."""
     return frozenset(t for t in T if f"mul_mmq_{t.name.lower()}" in shaderbuild.variants())
+
+
+@cache
+def x8_cols_types() -> frozenset:
+    """The weight types the 8-bit mat-cols kernel is built for (variants.toml mul_mat_cols_x8)."""
+    return frozenset(t for t in T if f"mul_mat_cols_x8_c2_{t.name.lower()}" in shaderbuild.variants())
 
 
 def mat_mat_path(ctx) -> str:
@@ -92,13 +104,20 @@ def product_path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None 
     on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
     on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
     tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
-    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Products of up to MAT_VEC_MAX_COLS columns
-    of a weight of `qtype` that has an 8-bit kernel, over a K that is a multiple of 32, take that
-    one where `decode_x8` says so (then no norm folds into them), unless batch_kernel is
-    "mat_cols" (so with "auto" on a GPU: 8-bit mat-vec up to 8 columns, mat-cols 9 .. 16)."""
+    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Where `decode_x8` says so (then no norm
+    folds into them) and batch_kernel is "auto", products of weights of `qtype` over a K that
+    is a multiple of 256 take kernels over 8-bit x: 2 .. MAT_COLS_X8_MAX columns of the types of
+    `x8_cols_types` the mat-cols one, others of up to MAT_VEC_MAX_COLS columns of a type with an
+    8-bit mat-vec kernel (and K a multiple of 32) that one (so on a GPU with integer dot
+    products: Q4_K, Q5_K and Q6_K 8-bit mat-cols up to 32 columns; other quantized types 8-bit
+    mat-vec up to 8, f32 mat-cols 9 .. 16)."""
     path = _f32_path(ctx, n, k, folded)
-    if ((path == "mat_vec" or (path == "mat_cols" and ctx.settings.batch_kernel == "auto")) and not folded
-            and n <= MAT_VEC_MAX_COLS and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0 and decode_x8(ctx)):
+    auto = ctx.settings.batch_kernel == "auto"
+    if folded or not decode_x8(ctx) or not (auto or path == "mat_vec"):
+        return path
+    if auto and 2 <= n <= MAT_COLS_X8_MAX and qtype in x8_cols_types() and k % 256 == 0:
+        return "mat_cols_x8"
+    if n <= MAT_VEC_MAX_COLS and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0:
         return "mat_vec_x8"
     return path
 
