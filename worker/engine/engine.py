@@ -22,6 +22,7 @@ from worker.engine.grammar import Constraint, GrammarError, grammar, lltokenizer
 from worker.engine.kernels.paged import row_bytes
 from worker.engine.kernels.paths import mat_mat_path
 from worker.engine.kernels.shapes import AttentionShape
+from worker.engine.kernels.cols_tuning import model_cols_shapes
 from worker.engine.kernels.tile_tuning import model_tiles
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.kvcache import KVCache
@@ -48,7 +49,7 @@ DEFAULT_CONTEXT = 4096
 class Engine:
     def __init__(self, placement, model_file, config, tokenizer, plans: list[MemoryPlan], owns_ctx: bool,
                  progress: bool = False, mat_vec_shapes: list[tuple[dict, dict]] | None = None,
-                 coopmat_tiles: list[dict] | None = None):
+                 coopmat_tiles: list[dict] | None = None, cols_shapes: list[dict] | None = None):
         """`placement`: the Stages (worker/engine/placement.py), one per context, whose layers
         each runs (one for a model on one device); `plans`: each one's memory plan."""
         plan = plans[0]   # context, chunk and pool are the same on every device
@@ -68,7 +69,8 @@ class Engine:
         # a slot per batched sequence and one for the runner's own (generate's)
         self.kv = KVCache(placement, config, n_ctx, plan.kv_blocks, plan.sequences + 1, plan.kv_type)
         self.model = Model(placement, model_file, config, n_ctx, self.kv, progress=bar.update if bar else None,
-                           mat_vec_shapes=mat_vec_shapes, coopmat_tiles=coopmat_tiles)
+                           mat_vec_shapes=mat_vec_shapes, coopmat_tiles=coopmat_tiles,
+                           cols_shapes=cols_shapes)
         if bar:
             bar.close()
         self.runner = Runner(self.model, max_batch, plan.sequences)
@@ -129,7 +131,8 @@ class Engine:
             # per context: kernels' shapes fit its device (two on one device share its cached timings)
             shapes = [model_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file)) for c in ctxs]
             tiles = [model_tiles(c, settings, mat_vec_keys(model_file), plans[0].chunk) for c in ctxs]
-            return cls(placement, model_file, config, tokenizer, plans, owns_ctx, progress, shapes, tiles)
+            cols = [model_cols_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file)) for c in ctxs]
+            return cls(placement, model_file, config, tokenizer, plans, owns_ctx, progress, shapes, tiles, cols)
         except BaseException:
             if owns_ctx:
                 for c in ctxs:

@@ -102,10 +102,10 @@ def mat_cols_tile(ctx, cols: int, shape: tuple[int, int, int]) -> int | None:
     """16-value slices of x per tile: as many as a subgroup has lanes, fewer where shared memory
     runs short; None where the shape cannot run (`_runs`)."""
     slices = min(ctx.info.subgroup_size, ctx.info.max_shared_memory // (64 * cols))
-    return slices if _runs(ctx, shape) and slices > 0 else None
+    return slices if mat_cols_shape_runs(ctx, shape) and slices > 0 else None
 
 
-def _runs(ctx, shape: tuple[int, ...]) -> bool:
+def mat_cols_shape_runs(ctx, shape: tuple[int, ...]) -> bool:
     """Whether a mat-cols workgroup shape can run: lanes per row a power of 2 dividing the
     subgroup, threads whole subgroups within the device's limit, rows at least one."""
     threads, rows, row_lanes = shape[:3]
@@ -158,12 +158,14 @@ def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buff
               mats: int, shape: tuple[int, ...] | None, x8: bool = False):
     """One mul_mat_cols dispatch per part of w (bindings[i]: part i's buffers). Column groups are
     numbered fastest (mul_mat_vec_base.glsl with COLS). `x8`: the kernel over 8-bit x (op
-    ends in _x8), whose shape has a fourth entry, the items per lane and tile."""
+    ends in _x8), whose shape has a fourth entry, the items per lane and tile; without `shape`
+    it takes the weight's tuned one for its column count (cols_tuning.py), else the default."""
     ctx = rec.ctx
     if x8:
         cols = mat_cols_columns(n, MAT_COLS_X8_VARIANTS)
-        threads, rows, row_lanes, tile = shape = shape or mat_cols_x8_shape(ctx, cols, mats, w.ggml_type)
-        fits = (_runs(ctx, shape) and tile > 0 and _x8_tile_fits(ctx, cols, shape, w.ggml_type)
+        shape = shape or w.cols_shapes.get((cols, mats == 2)) or mat_cols_x8_shape(ctx, cols, mats, w.ggml_type)
+        threads, rows, row_lanes, tile = shape
+        fits = (mat_cols_shape_runs(ctx, shape) and tile > 0 and _x8_tile_fits(ctx, cols, shape, w.ggml_type)
                 and w.cols % X8_ITEM_VALUES[w.ggml_type] == 0)
     else:
         cols = mat_cols_columns(n)

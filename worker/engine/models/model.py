@@ -67,6 +67,11 @@ def glu_keys(model_file) -> set:
             and (up.ggml_type, up.shape) == (info.ggml_type, info.shape)}
 
 
+def _cols_shapes(tuned: dict, key) -> dict:
+    """A weight's entries of model_cols_shapes' table: (columns, gate+up) -> shape."""
+    return {(cols, glu): shape for (k, cols, glu), shape in tuned.items() if k == key}
+
+
 def mat_vec_keys(model_file) -> set:
     """(type, rows, K) of every weight the dense mat-vec multiplies: all matrices except the
     embedding table, which is looked up by row unless it is also the output head, and the
@@ -86,7 +91,8 @@ def mat_vec_keys(model_file) -> set:
 
 class Model:
     def __init__(self, placement, model_file, config, n_ctx: int, kv, progress=None,
-                 mat_vec_shapes: list[tuple[dict, dict]] | None = None, coopmat_tiles: list[dict] | None = None):
+                 mat_vec_shapes: list[tuple[dict, dict]] | None = None, coopmat_tiles: list[dict] | None = None,
+                 cols_shapes: list[dict] | None = None):
         """`placement`: the Stages (worker/engine/placement.py) whose contexts hold each layer's
         tensors; the embedding table goes to the first, the other global tensors (output norm
         and head) to the last, and a tied embedding table to both. `mat_vec_shapes`, one per
@@ -94,12 +100,14 @@ class Model:
         (worker/engine/kernels/tuning.py) of the weights in `mat_vec_keys`, and of the gates in
         `glu_keys` through the fused gate+up kernel; the others keep the fixed shape.
         `coopmat_tiles`, one per stage: the same keys -> tuned cooperative-matrix mat-mat tile
-        (worker/engine/kernels/tile_tuning.py)."""
+        (worker/engine/kernels/tile_tuning.py). `cols_shapes`, one per stage: (key, columns,
+        gate+up) -> tuned 8-bit mat-cols shape (worker/engine/kernels/cols_tuning.py)."""
         self.stages, self.config, self.n_ctx, self.kv = placement, config, n_ctx, kv
         first, last = placement[0].ctx, placement[-1].ctx
-        # context -> (mat-vec shapes, gate+up shapes, coopmat tiles) its tensors run with
+        # context -> (mat-vec shapes, gate+up shapes, coopmat tiles, 8-bit mat-cols shapes) its tensors run with
         self._tuned = {id(stage.ctx): (*(mat_vec_shapes[stage.index] if mat_vec_shapes else ({}, {})),
-                                       coopmat_tiles[stage.index] if coopmat_tiles else {})
+                                       coopmat_tiles[stage.index] if coopmat_tiles else {},
+                                       cols_shapes[stage.index] if cols_shapes else {})
                        for stage in placement}
         self._owned: list[tuple[object, object]] = []   # (context, buffer or DeviceTensor)
         self.layers = [dict() for _ in range(config.n_layer)]
@@ -146,9 +154,9 @@ class Model:
         tensor = upload_tensor(ctx, info.name, info.ggml_type, info.shape, info.data)
         self._owned.append((ctx, tensor))
         key = (tensor.ggml_type, tensor.rows, tensor.cols)
-        shapes, glu_shapes, tiles = self._tuned[id(ctx)]
+        shapes, glu_shapes, tiles, cols = self._tuned[id(ctx)]
         tensor.mat_vec_shape, tensor.glu_shape = shapes.get(key), glu_shapes.get(key)
-        tensor.coopmat_tile = tiles.get(key)
+        tensor.coopmat_tile, tensor.cols_shapes = tiles.get(key), _cols_shapes(cols, key)
         return tensor
 
     def _upload_qkv(self, ctx, layer: dict, infos):
@@ -161,8 +169,9 @@ class Model:
             return
         fused, views = joined
         self._owned.append((ctx, fused))
-        shapes, _, tiles = self._tuned[id(ctx)]
+        shapes, _, tiles, cols = self._tuned[id(ctx)]
         fused.mat_vec_shape = shapes.get((fused.ggml_type, fused.rows, fused.cols))
+        fused.cols_shapes = _cols_shapes(cols, (fused.ggml_type, fused.rows, fused.cols))
         for view in views:   # alone they serve prefill's mat-mat products
             key = (view.ggml_type, view.rows, view.cols)
             view.mat_vec_shape, view.coopmat_tile = shapes.get(key), tiles.get(key)

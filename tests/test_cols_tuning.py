@@ -1,0 +1,93 @@
+"""Shape tuning of the 8-bit mat-cols kernel (worker/engine/kernels/cols_tuning.py), on lavapipe
+with the 8-bit kernels forced (decode_kernel "x8") and tuning forced on: the candidates, the
+tuner's cache, and an engine whose weights take their tuned shapes decoding a batch to the
+tokens each sequence gets alone. That every shape computes the right products is
+test_kernels_matmul_cols_x8.py's; which one is fastest is not asserted (no timing assertions)."""
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from tests.kernel_io import own_context
+from tests.test_engine import _model
+from worker.engine.batch import Request
+from worker.engine.engine import Engine
+from worker.engine.kernels import cols_tuning
+from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner, candidates
+from worker.engine.kernels.matmul import mat_cols_x8_shape, mat_cols_x8_tile_bytes
+from worker.engine.kernels.paths import paths
+from worker.engine.sampling import SamplingParams
+
+
+def h200():
+    info = SimpleNamespace(subgroup_size=32, kind="discrete", max_shared_memory=49152, max_workgroup_size=1024)
+    return SimpleNamespace(info=info)
+
+
+@pytest.mark.parametrize("qtype, mats", [(T.Q4_K, 1), (T.Q4_K, 2), (T.Q6_K, 1)], ids=["Q4_K", "Q4_K-glu", "Q6_K"])
+def test_candidates_start_with_the_default_and_fit(qtype, mats):
+    ctx = h200()
+    for cols in MAT_COLS_X8_TUNED:
+        shapes = candidates(ctx, cols, mats, qtype)
+        assert shapes[0] == mat_cols_x8_shape(ctx, cols, mats, qtype) and len(shapes) == len(set(shapes)) > 4
+        for threads, rows, lanes, tile in shapes:
+            assert threads % 32 == 0 and threads <= 1024 and 32 % lanes == 0
+            assert rows * mats * cols <= 64 or (threads, rows, lanes, tile) == shapes[0]
+            assert mat_cols_x8_tile_bytes(cols, (threads, rows, lanes, tile), qtype) <= 49152
+
+
+@pytest.fixture(scope="module")
+def x8_ctx(vk_settings):
+    with own_context(dataclasses.replace(vk_settings, decode_kernel="x8")) as ctx:
+        if "mmq" not in paths(ctx):
+            pytest.skip(f"{ctx.info.name} has no integer dot products")
+        yield ctx
+
+
+def test_tuner_measures_once_then_reads_the_cache(x8_ctx, tmp_path):
+    key = (T.Q4_K, 48, 512)
+    tuner = ColsTuner(x8_ctx, tmp_path)
+    shape = tuner.shape(key, 8, False)
+    assert tuner.measured == 1 and shape in candidates(x8_ctx, 8, 1, T.Q4_K)
+    (entries,) = json.loads((tmp_path / "cols_shapes.json").read_text()).values()
+    (entry,) = entries.values()
+    assert len(entry["us"]) == len(candidates(x8_ctx, 8, 1, T.Q4_K))
+    assert "x".join(map(str, shape)) == min(entry["us"], key=entry["us"].get)
+    again = ColsTuner(x8_ctx, tmp_path)
+    assert again.shape(key, 8, False) == shape and again.measured == 0
+
+
+def test_engine_takes_tuned_shapes(x8_ctx, tmp_path, monkeypatch):
+    """tiny-llama Q4_K_M with tuning on (two candidates per entry, for lavapipe's compile time):
+    each Q4_K and Q6_K weight timed at 8, 16 and 32 columns (gates through the fused kernel, Q, K
+    and V as their joined tensor), the tensors given their shapes, and five sequences decoded
+    together (8-column variants) get the tokens each gets alone."""
+    full = candidates
+    monkeypatch.setattr(cols_tuning, "candidates", lambda ctx, cols, mats, qtype: full(ctx, cols, mats, qtype)[:2])
+    path = _model(tmp_path, "tiny-llama", "Q4_K_M")
+    settings = dataclasses.replace(x8_ctx.settings, tune=True, cache_dir=tmp_path / "cache", max_sequences=6)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompts = [np.random.default_rng(seed).integers(3, 380, 2 + seed).tolist() for seed in range(5)]
+    engine = Engine.load(path, settings, n_ctx=64, ctx=x8_ctx, max_batch=16)
+    try:
+        layer = engine.model.layers[0]
+        assert set(layer["attn_qkv"].cols_shapes) == {(c, False) for c in MAT_COLS_X8_TUNED}
+        assert set(layer["ffn_gate"].cols_shapes) == {(c, True) for c in MAT_COLS_X8_TUNED}
+        assert set(engine.model.output.cols_shapes) == {(c, False) for c in MAT_COLS_X8_TUNED}
+        alone = [[e.token_id for e in engine.generate_ids(ids, params) if e.token_id is not None] for ids in prompts]
+        for i, ids in enumerate(prompts):
+            engine.batch.add(Request(ids, params), tag=i)
+        together = {i: [] for i in range(len(prompts))}
+        while len(engine.batch):
+            for seq, event in engine.batch.step():
+                if event.token_id is not None:
+                    together[seq.tag].append(event.token_id)
+    finally:
+        engine.close()
+    assert [together[i] for i in range(len(prompts))] == alone
+    (entries,) = json.loads((tmp_path / "cache" / "cols_shapes.json").read_text()).values()
+    assert all(len(entry["us"]) == 2 for entry in entries.values())
+    assert {name.split(" c")[0] for name in entries} >= {"glu Q4_K 768x256", "Q6_K 384x256"}

@@ -1,0 +1,114 @@
+"""Workgroup shapes of the 8-bit mat-cols kernel (batched decode and short prompts, matmul.py's
+"mat_cols_x8": threads, rows per lane group, lanes per row, items per lane and tile) chosen per
+device, weight and column count by measurement, as tuning.py chooses mat-vec shapes. A fixed
+rule does not hold here: on an H200 the best shape of one kernel differed by weight as much as
+3x (Llama-8B, 16 columns: the 6144-row Q/K/V product took 43 us with 4 subgroups of one row per
+8 lanes and 141 with the shape best for the 4096-row output projection, 8 subgroups of two rows
+per 16 lanes), as the count of workgroups against the count of SMs, registers and the tile of x
+in shared memory trade against each other. So each weight that takes the kernel is timed once
+per machine at each column count of MAT_COLS_X8_TUNED (narrower counts keep the default, best
+there in the same sweeps) with the candidates below, and the fastest is kept in
+<cache_dir>/cols_shapes.json (tunecache.py, keyed as the mat-vec shapes are). Gate weights are
+timed through the fused gate+up kernel, as its own entry; the fused Q/K/V weight as a plain
+product of its rows."""
+import itertools
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from worker.engine.intmath import cdiv
+from worker.engine.kernels.matmul import (MAT_COLS_MANY, MAT_COLS_X8_RAW_WORDS, MAT_COLS_X8_VARIANTS,
+                                          X8_ITEM_RAW_WORDS, mat_cols_shape_runs, mat_cols_x8_shape,
+                                          mat_cols_x8_tile_bytes, x8_bytes)
+from worker.engine.kernels.paths import decode_x8, x8_cols_types
+from worker.engine.kernels.timing import record_glu_products, record_products
+from worker.engine.kernels.tunecache import TuneCache, time_on_copies
+from worker.engine.kernels.tuning import CPU_BUDGET, Budget, Key, wanted
+from worker.engine.weight_types import row_bytes
+
+log = logging.getLogger(__name__)
+
+Shape = tuple[int, int, int, int]
+MAT_COLS_X8_TUNED = tuple(c for c in MAT_COLS_X8_VARIANTS if c >= MAT_COLS_MANY)
+SUBGROUPS = (4, 8)
+ROWS = (1, 2)
+ROW_LANES = (4, 8, 16)
+TILES = (1, 2)
+SUMS = 64              # columns x rows x weights: partial sums a thread keeps in registers, at most
+# bytes of weight copies cycled through, seconds of warm-up per weight and column count (shared by
+# its candidates), timed runs; on CPU drivers tuning.py's small budget
+GPU_BUDGET = Budget(256 << 20, 0.3, 3)
+MAX_COPIES = 128
+
+
+def candidates(ctx, cols: int, mats: int, qtype) -> list[Shape]:
+    """The default shape first, then the grid's shapes that can run on the device: whole
+    subgroups within its workgroup limit, lanes per row dividing the subgroup, the tile of x
+    within shared memory, sums and raw words within twice the default's register budget."""
+    default = mat_cols_x8_shape(ctx, cols, mats, qtype)
+    grid = [(s * ctx.info.subgroup_size, r, lanes, t) for s, r, lanes, t in itertools.product(SUBGROUPS, ROWS, ROW_LANES, TILES)
+            if r * mats * cols <= SUMS and t * r * mats * X8_ITEM_RAW_WORDS[qtype] <= 2 * MAT_COLS_X8_RAW_WORDS]
+    return [shape for shape in dict.fromkeys([default, *grid])
+            if mat_cols_shape_runs(ctx, shape)
+            and mat_cols_x8_tile_bytes(cols, shape, qtype) <= ctx.info.max_shared_memory]
+
+
+def model_cols_shapes(ctx, settings, keys, glu_keys=()) -> dict[tuple[Key, int, bool], Shape]:
+    """(weight, columns, through the gate+up kernel) -> shape for the weights of `keys` (and the
+    gates of `glu_keys`) that take the 8-bit mat-cols kernel, at each count of MAT_COLS_X8_TUNED:
+    measured (or cached) where settings.tune asks for tuning and the device takes the kernel;
+    empty otherwise (the default shapes)."""
+    if not wanted(settings.tune, ctx) or not decode_x8(ctx) or settings.batch_kernel != "auto":
+        return {}
+    # a gate's key alone would time plain products its weight never takes (the fused kernel does)
+    plain, glu_keys = set(keys) - set(glu_keys), set(glu_keys)
+    takes = [(key, glu) for group, glu in ((plain, False), (glu_keys, True)) for key in sorted(group)
+             if key[0] in x8_cols_types() and key[2] % 256 == 0]
+    tuner = ColsTuner(ctx, settings.cache_dir)
+    shapes = {(key, cols, glu): tuner.shape(key, cols, glu) for key, glu in takes for cols in MAT_COLS_X8_TUNED}
+    if tuner.measured:
+        log.info("8-bit mat-cols shapes: timed %d weights and column counts on %s (cached in %s)",
+                 tuner.measured, ctx.info.name, tuner.path)
+    return shapes
+
+
+class ColsTuner:
+    def __init__(self, ctx, cache_dir: Path):
+        self.ctx, self.cache = ctx, TuneCache(ctx, Path(cache_dir) / "cols_shapes.json")
+        self.path = self.cache.path
+        self.budget = CPU_BUDGET if ctx.info.kind == "cpu" else GPU_BUDGET
+        self.measured = 0
+
+    def shape(self, key: Key, cols: int, glu: bool) -> Shape:
+        name = self._name(key, cols, glu)
+        if name not in self.cache.entries:
+            table = self.measure(key, cols, glu)
+            self.cache.put({name: {"shape": list(min(table, key=table.get)),
+                                   "us": {"x".join(map(str, s)): round(t * 1e6, 2) for s, t in table.items()}}})
+        return tuple(self.cache.entries[name]["shape"])
+
+    def measure(self, key: Key, cols: int, glu: bool) -> dict[Shape, float]:
+        """Median seconds of one product of `cols` columns (glu: a gate and up pair with SwiGLU)
+        with each candidate shape, quantization of x included."""
+        ctx = self.ctx
+        qtype, rows, k = key
+        copies = min(MAX_COPIES, max(2, cdiv(self.budget.rotation_bytes, rows * row_bytes(qtype, k))))
+        x8 = ctx.alloc(x8_bytes(cols, k))
+        record = record_glu_products if glu else record_products
+
+        def records(weights, x, y):
+            for shape in candidates(ctx, cols, 2 if glu else 1, qtype):
+                yield shape, record(ctx, weights, x, y, cols, path="mat_cols_x8", cols_shape=shape, x8=x8)
+        try:
+            medians = time_on_copies(ctx, key, copies, np.ones(k * cols, np.float32), 4 * rows * cols, records,
+                                     self.budget.warmup_seconds, self.budget.runs)
+        finally:
+            ctx.free(x8)
+        self.measured += 1
+        return medians
+
+    def _name(self, key: Key, cols: int, glu: bool) -> str:
+        qtype, rows, k = key
+        kernel = f"mul_mat_cols{'_glu' if glu else ''}_x8_c{cols}_{qtype.name.lower()}"
+        return f"{'glu ' if glu else ''}{qtype.name} {rows}x{k} c{cols} {self.cache.kernel_hash(kernel)}"
