@@ -2,11 +2,12 @@
 on Llama-3.1-8B's Q4_K_M weights, through each kernel that can take them: the mat-vec kernel
 (its column groups of up to 8, the rule before the mat-cols kernel up to 8 columns; over f32
 x, and for the quantized types over 8-bit x, quantization included, decode's default on GPUs
-with integer dot products), the mat-cols kernel (mul_mat_cols.comp) and the cooperative-matrix mat-mat kernel (the old rule's
-choice past 8 columns). Per weight and n: microseconds, the ratio to the one-column mat-vec
-(1.0 = the batch costs one weight read), the share of the measured read bandwidth, and the
-mat-cols result's relative difference from the mat-vec kernel's on the same random input (a
-check on this device's compiler). Then one 8B pass per n, summed from its weights, as each
+with integer dot products), the mat-cols kernel (mul_mat_cols.comp; over f32 x, and for Q4_K,
+Q5_K and Q6_K over 8-bit x, its default shape) and the cooperative-matrix mat-mat kernel (the old
+rule's choice past 8 columns). Per weight and n: microseconds, the fastest kernel's time as a
+ratio to the one-column f32 mat-vec (1.0 = the batch costs one weight read) and as a share of
+the measured read bandwidth, and the f32 mat-cols result's relative difference from the
+mat-vec kernel's on the same random input (a check on this device's compiler). Then one 8B pass per n, summed from its weights, as each
 rule would run it. Timing as `vkllm bench kernels`: distinct weight copies cycled through,
 warm-up, medians of GPU timestamps."""
 import statistics
