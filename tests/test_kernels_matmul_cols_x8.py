@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from tests.test_kernels_matmul import assert_close, random_weights
+from tests.test_kernels_matmul import assert_close, random_weights, small_binding_ctx  # noqa: F401
 from tests.test_kernels_matmul_glu import reference
 from tests.test_kernels_mmq import exact_activations, run_mmq
 from worker.engine import shaderbuild
@@ -151,3 +151,12 @@ def test_qkv(vk_ctx):
     for buffer in (xb, x8, *outs):
         vk_ctx.free(buffer)
     free_tensor(vk_ctx, fused)
+
+
+def test_rows_split_into_parts(small_binding_ctx):
+    """A weight past the binding range in parts, one dispatch each, every part's rows in place."""
+    raw, w = random_weights(T.Q6_K, 41, 512, seed=5)
+    x = exact_activations(9, 512, seed=1)
+    y, parts = run_mmq(small_binding_ctx, T.Q6_K, raw, 512, x, 9, path="mat_cols_x8")
+    assert parts > 3
+    assert_close(y, x.astype(np.float64) @ w.T)

@@ -3,7 +3,8 @@ on Llama-3.1-8B's Q4_K_M weights, through each kernel that can take them: the ma
 (its column groups of up to 8, the rule before the mat-cols kernel up to 8 columns; over f32
 x, and for the quantized types over 8-bit x, quantization included, decode's default on GPUs
 with integer dot products), the mat-cols kernel (mul_mat_cols.comp; over f32 x, and for Q4_K,
-Q5_K and Q6_K over 8-bit x, its default shape) and the cooperative-matrix mat-mat kernel (the old
+Q5_K and Q6_K over 8-bit x: its default shape, with --tuned the one cols_tuning.py measures or
+has cached for the weight) and the cooperative-matrix mat-mat kernel (the old
 rule's choice past 8 columns). Per weight and n: microseconds, the fastest kernel's time as a
 ratio to the one-column f32 mat-vec (1.0 = the batch costs one weight read) and as a share of
 the measured read bandwidth, and the f32 mat-cols result's relative difference from the
@@ -17,7 +18,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import mat_cols_columns, mat_cols_shape, mat_cols_tile, x8_bytes
+from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner
+from worker.engine.kernels.matmul import MAT_COLS_X8_VARIANTS, mat_cols_columns, mat_cols_shape, mat_cols_tile, x8_bytes
 from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, mmq_types, paths, x8_cols_types
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
@@ -49,6 +51,7 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
     counts, checks = args.cols, {}
     passes = {rule: {n: 0.0 for n in counts} for rule in ("old rule", "mat_cols", "best")}
     have_coopmat, have_x8 = "coopmat" in paths(ctx), "mmq" in paths(ctx)
+    tuner = ColsTuner(ctx, ctx.settings.cache_dir) if args.tuned else None
     print(f"{'weight':12} {'type':5} {'rows x K':>12} {'n':>3} {'mat_vec us':>10} {'x8 us':>8} {'mat_cols us':>11} "
           f"{'shape':>8} {'cols_x8 us':>10} {'coopmat us':>10} {'best/1col':>9} {'% read':>7} {'check':>8}")
     for name, qtype, rows, cols, glu, per_pass in QUICK_WEIGHTS if args.quick else WEIGHTS_8B:
@@ -63,7 +66,10 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                 if n > 1:
                     times["mat_cols"] = w.time(n, "mat_cols", None, args.runs, warmup)
                     if have_x8 and qtype in x8_cols_types() and n <= MAT_COLS_X8_MAX:
-                        times["mat_cols_x8"] = w.time(n, "mat_cols_x8", None, args.runs, warmup)
+                        c = mat_cols_columns(n, MAT_COLS_X8_VARIANTS)
+                        tuned = tuner and c in MAT_COLS_X8_TUNED
+                        shape = tuner.shape((qtype, rows, cols), c, glu) if tuned else None
+                        times["mat_cols_x8"] = w.time(n, "mat_cols_x8", shape, args.runs, warmup)
                     if have_coopmat:
                         times["coopmat"] = w.time(n, "coopmat", None, args.runs, warmup)
                 old = times["mat_vec"] if n <= MAT_VEC_MAX_COLS or not have_coopmat else times["coopmat"]
