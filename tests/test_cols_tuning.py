@@ -11,14 +11,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from tests.kernel_io import own_context
 from tests.test_engine import _model
-from worker.engine.batch import Request
+from tests.test_engine_decode_x8 import alone_and_together, x8_ctx  # noqa: F401
 from worker.engine.engine import Engine
 from worker.engine.kernels import cols_tuning
 from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner, candidates
 from worker.engine.kernels.matmul import mat_cols_x8_shape, mat_cols_x8_tile_bytes
-from worker.engine.kernels.paths import paths
 from worker.engine.sampling import SamplingParams
 
 
@@ -37,14 +35,6 @@ def test_candidates_start_with_the_default_and_fit(qtype, mats):
             assert threads % 32 == 0 and threads <= 1024 and 32 % lanes == 0
             assert rows * mats * cols <= 64 or (threads, rows, lanes, tile) == shapes[0]
             assert mat_cols_x8_tile_bytes(cols, (threads, rows, lanes, tile), qtype) <= 49152
-
-
-@pytest.fixture(scope="module")
-def x8_ctx(vk_settings):
-    with own_context(dataclasses.replace(vk_settings, decode_kernel="x8")) as ctx:
-        if "mmq" not in paths(ctx):
-            pytest.skip(f"{ctx.info.name} has no integer dot products")
-        yield ctx
 
 
 def test_tuner_measures_once_then_reads_the_cache(x8_ctx, tmp_path):
@@ -77,17 +67,10 @@ def test_engine_takes_tuned_shapes(x8_ctx, tmp_path, monkeypatch):
         assert set(layer["attn_qkv"].cols_shapes) == {(c, False) for c in MAT_COLS_X8_TUNED}
         assert set(layer["ffn_gate"].cols_shapes) == {(c, True) for c in MAT_COLS_X8_TUNED}
         assert set(engine.model.output.cols_shapes) == {(c, False) for c in MAT_COLS_X8_TUNED}
-        alone = [[e.token_id for e in engine.generate_ids(ids, params) if e.token_id is not None] for ids in prompts]
-        for i, ids in enumerate(prompts):
-            engine.batch.add(Request(ids, params), tag=i)
-        together = {i: [] for i in range(len(prompts))}
-        while len(engine.batch):
-            for seq, event in engine.batch.step():
-                if event.token_id is not None:
-                    together[seq.tag].append(event.token_id)
+        alone, together = alone_and_together(engine, prompts, params)
     finally:
         engine.close()
-    assert [together[i] for i in range(len(prompts))] == alone
+    assert together == alone
     (entries,) = json.loads((tmp_path / "cache" / "cols_shapes.json").read_text()).values()
     assert all(len(entry["us"]) == 2 for entry in entries.values())
     assert {name.split(" c")[0] for name in entries} >= {"glu Q4_K 768x256", "Q6_K 384x256"}

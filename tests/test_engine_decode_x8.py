@@ -121,18 +121,24 @@ def test_sequences_decoded_together_give_what_each_gives_alone(x8_ctx, synth_dir
                          max_batch=16)
     try:
         assert kernel in engine.runner.profile(3)
-        alone = [[e.token_id for e in engine.generate_ids(ids, params) if e.token_id is not None] for ids in prompts]
-        for i, ids in enumerate(prompts):
-            engine.batch.add(Request(ids, params), tag=i)
-        together = {i: [] for i in range(len(prompts))}
-        while len(engine.batch):
-            for seq, event in engine.batch.step():
-                if event.token_id is not None:
-                    together[seq.tag].append(event.token_id)
+        alone, together = alone_and_together(engine, prompts, params)
     finally:
         engine.close()
-    assert [together[i] for i in range(len(prompts))] == alone
+    assert together == alone
     assert all(len(tokens) == 6 for tokens in alone)
+
+
+def alone_and_together(engine, prompts, params) -> tuple[list, list]:
+    """The tokens each prompt gets generated alone, then with all of them in one batch."""
+    alone = [[e.token_id for e in engine.generate_ids(ids, params) if e.token_id is not None] for ids in prompts]
+    for i, ids in enumerate(prompts):
+        engine.batch.add(Request(ids, params), tag=i)
+    together = {i: [] for i in range(len(prompts))}
+    while len(engine.batch):
+        for seq, event in engine.batch.step():
+            if event.token_id is not None:
+                together[seq.tag].append(event.token_id)
+    return alone, [together[i] for i in range(len(prompts))]
 
 
 def test_lavapipe_decodes_over_f32_unless_told(vk_ctx):

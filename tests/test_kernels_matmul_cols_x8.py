@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 
 from tests.test_kernels_matmul import assert_close, random_weights, small_binding_ctx  # noqa: F401
 from tests.test_kernels_matmul_glu import reference
-from tests.test_kernels_mmq import exact_activations, run_mmq
+from tests.test_kernels_mmq import exact_activations, run_glu, run_mmq
 from worker.engine import shaderbuild
 from worker.engine.kernels.matmul import (
     MAT_COLS_X8_VARIANTS,
@@ -24,7 +24,6 @@ from worker.engine.kernels.matmul import (
     mat_cols_x8_tile_bytes,
     matmul,
     matmul_qkv,
-    matmul_swiglu,
     x8_bytes,
 )
 from worker.engine.kernels.paths import x8_cols_types
@@ -118,16 +117,7 @@ def test_glu(vk_ctx, qtype, gelu):
     gate, up = (upload_tensor(vk_ctx, name, qtype, (K, 53), raw) for name, raw in (("g", raw_g), ("u", raw_u)))
     for n in (5, 32):
         x = exact_activations(n, K, seed=n)
-        xb, out, scratch, x8 = (vk_ctx.alloc(size) for size in (x.nbytes, 4 * n * 53, 4 * n * 53, x8_bytes(n, K)))
-        vk_ctx.upload(xb, x)
-        rec = vk_ctx.recording()
-        matmul_swiglu(rec, gate, up, xb, out, n, scratch, gelu=gelu, path="mat_cols_x8", x8=x8)
-        vk_ctx.run(rec.finish())
-        y = vk_ctx.download(out, count=n * 53).reshape(n, 53)
-        rec.destroy()
-        for buffer in (xb, out, scratch, x8):
-            vk_ctx.free(buffer)
-        assert_close(y, reference(x, w_g, w_u, gelu))
+        assert_close(run_glu(vk_ctx, gate, up, x, n, "mat_cols_x8", gelu), reference(x, w_g, w_u, gelu))
     for t in (gate, up):
         free_tensor(vk_ctx, t)
 

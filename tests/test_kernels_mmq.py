@@ -168,6 +168,22 @@ def test_mat_vec_x8_every_type(vk_ctx, qtype):
         assert_close(y, y0 + x.astype(np.float64) @ w.T)
 
 
+def run_glu(ctx, gate, up, x, n: int, path: str, gelu: bool = False) -> np.ndarray:
+    """act(gate x) * (up x) through matmul_swiglu on `path`, x (f32 [n, K]) quantized into
+    scratch of its own."""
+    rows, cols = gate.rows, gate.cols
+    xb, out, scratch, x8 = (ctx.alloc(size) for size in (x.nbytes, 4 * n * rows, 4 * n * rows, x8_bytes(n, cols)))
+    ctx.upload(xb, x)
+    rec = ctx.recording()
+    matmul_swiglu(rec, gate, up, xb, out, n, scratch, gelu=gelu, path=path, x8=x8)
+    ctx.run(rec.finish())
+    y = ctx.download(out, count=n * rows).reshape(n, rows)
+    rec.destroy()
+    for buffer in (xb, out, scratch, x8):
+        ctx.free(buffer)
+    return y
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_glu_x8(vk_ctx, qtype):
     """The fused gate+up kernel over 8-bit activations, silu(gate x) * (up x), one column and a
@@ -178,15 +194,7 @@ def test_glu_x8(vk_ctx, qtype):
     gate, up = (upload_tensor(vk_ctx, name, qtype, (cols, 67), raw) for name, raw in (("g", raw_g), ("u", raw_u)))
     for n in (1, 3):
         x = exact_activations(n, cols, seed=n)
-        xb, out, scratch, x8 = (vk_ctx.alloc(size) for size in (x.nbytes, 4 * n * 67, 4 * n * 67, x8_bytes(n, cols)))
-        vk_ctx.upload(xb, x)
-        rec = vk_ctx.recording()
-        matmul_swiglu(rec, gate, up, xb, out, n, scratch, path="mat_vec_x8", x8=x8)
-        vk_ctx.run(rec.finish())
-        y = vk_ctx.download(out, count=n * 67).reshape(n, 67)
-        rec.destroy()
-        for buffer in (xb, out, scratch, x8):
-            vk_ctx.free(buffer)
+        y = run_glu(vk_ctx, gate, up, x, n, "mat_vec_x8")
         g, u = x.astype(np.float64) @ w_g.T, x.astype(np.float64) @ w_u.T
         assert_close(y, g * (0.5 + 0.5 * np.tanh(g / 2)) * u)   # silu(g) * u
     for tensor in (gate, up):
