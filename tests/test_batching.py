@@ -150,7 +150,9 @@ def test_the_heartbeat_keeps_every_running_job_alive(app, client, worker, redis_
     here), so that RQ never takes a job of a live worker for abandoned."""
     r = Redis.from_url(redis_url)
     registry = StartedJobRegistry(protocol.queue_name(MODEL), connection=r)
-    jobs = [enqueue(app, prompt=f"Epic {i}", max_tokens=400) for i in range(3)]
+    # long enough to outlast the window below on a fast machine (lavapipe decodes this model's
+    # three sequences at about 130 tokens/s each: 400 tokens ended one job inside it); cancelled after
+    jobs = [enqueue(app, prompt=f"Epic {i}", max_tokens=1200) for i in range(3)]
     while min(stream_tokens(r, j) for j in jobs) < 2:
         time.sleep(0.01)
 
