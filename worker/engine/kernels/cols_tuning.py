@@ -93,7 +93,9 @@ class ColsTuner:
         with each candidate shape, quantization of x included."""
         ctx = self.ctx
         qtype, rows, k = key
-        copies = min(MAX_COPIES, max(2, cdiv(self.budget.rotation_bytes, rows * row_bytes(qtype, k))))
+        used, total = ctx.memory_budget()
+        rotation = min(self.budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
+        copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, k))))
         x8 = ctx.alloc(x8_bytes(cols, k))
         record = record_glu_products if glu else record_products
 
