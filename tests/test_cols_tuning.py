@@ -16,7 +16,7 @@ from tests.test_engine_decode_x8 import alone_and_together, x8_ctx  # noqa: F401
 from worker.engine.engine import Engine
 from worker.engine.kernels import cols_tuning
 from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner, candidates
-from worker.engine.kernels.matmul import mat_cols_x8_shape, mat_cols_x8_tile_bytes
+from worker.engine.kernels.mat_cols import mat_cols_x8_shape, mat_cols_x8_tile_bytes
 from worker.engine.sampling import SamplingParams
 
 

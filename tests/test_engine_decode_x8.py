@@ -108,7 +108,8 @@ def test_greedy_tokens_match_reference(x8_ctx, synth_dir):
     assert tokens == RefModel(ModelFile.open(path)).greedy(prompt, 8)
 
 
-@pytest.mark.parametrize("mix, kernel", [("Q8_0", "mul_mat_vec_x8_slices_q8_0"), ("Q4_K_M", "mul_mat_cols_glu_x8_c4_q4_k")])
+@pytest.mark.parametrize("mix, kernel", [("Q8_0", "mul_mat_vec_x8_slices_q8_0"),
+                                         ("Q4_K_M", "mul_mat_cols_glu_x8_c4_q4_k")])
 def test_sequences_decoded_together_give_what_each_gives_alone(x8_ctx, synth_dir, mix, kernel):
     """Three sequences in one batch: each step's products take an 8-bit kernel over their three
     columns (Q8_0 the mat-vec kernel's column groups; Q4_K and Q6_K the mat-cols kernel, fused

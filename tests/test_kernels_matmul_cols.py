@@ -24,11 +24,8 @@ from tests.test_kernels_matmul import (  # noqa: F401
 from tests.test_kernels_matmul_glu import Weights, activations, reference
 from tests.test_kernels_matmul_norm import EPS, Run, rms_normed
 from worker.engine import shaderbuild
+from worker.engine.kernels.mat_cols import MAT_COLS_VARIANTS, mat_cols_columns, mat_cols_shape, mat_cols_tile
 from worker.engine.kernels.matmul import (
-    MAT_COLS_VARIANTS,
-    mat_cols_columns,
-    mat_cols_shape,
-    mat_cols_tile,
     matmul,
     matmul_qkv,
     matmul_swiglu,

@@ -16,16 +16,14 @@ from tests.test_kernels_matmul import assert_close, random_weights, small_bindin
 from tests.test_kernels_matmul_glu import reference
 from tests.test_kernels_mmq import exact_activations, run_glu, run_mmq
 from worker.engine import shaderbuild
-from worker.engine.kernels.matmul import (
+from worker.engine.kernels.mat_cols import (
     MAT_COLS_X8_VARIANTS,
     X8_ITEM_VALUES,
     mat_cols_columns,
     mat_cols_x8_shape,
     mat_cols_x8_tile_bytes,
-    matmul,
-    matmul_qkv,
-    x8_bytes,
 )
+from worker.engine.kernels.matmul import matmul, matmul_qkv, x8_bytes
 from worker.engine.kernels.paths import x8_cols_types
 from worker.engine.kernels.tensor import free_tensor, upload_rows, upload_tensor
 

@@ -19,10 +19,10 @@ from worker.engine.config import Settings
 from worker.engine.errors import PromptTooLong
 from worker.engine.generation import Event, Timings, TokenLogprobs
 from worker.engine.grammar import Constraint, GrammarError, grammar, lltokenizer
+from worker.engine.kernels.cols_tuning import model_cols_shapes
 from worker.engine.kernels.paged import row_bytes
 from worker.engine.kernels.paths import mat_mat_path
 from worker.engine.kernels.shapes import AttentionShape
-from worker.engine.kernels.cols_tuning import model_cols_shapes
 from worker.engine.kernels.tile_tuning import model_tiles
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.kvcache import KVCache

@@ -8,8 +8,8 @@ has cached for the weight) and the cooperative-matrix mat-mat kernel (the old
 rule's choice past 8 columns). Per weight and n: microseconds, the fastest kernel's time as a
 ratio to the one-column f32 mat-vec (1.0 = the batch costs one weight read) and as a share of
 the measured read bandwidth, and the f32 mat-cols result's relative difference from the
-mat-vec kernel's on the same random input (a check on this device's compiler). Then one 8B pass per n, summed from its weights, as each
-rule would run it. Timing as `vkllm bench kernels`: distinct weight copies cycled through,
+mat-vec kernel's on the same random input (a check on this device's compiler). Then one 8B
+pass per n, summed from its weights, as each rule would run it. Timing as `vkllm bench kernels`: distinct weight copies cycled through,
 warm-up, medians of GPU timestamps."""
 import statistics
 
@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner
-from worker.engine.kernels.matmul import MAT_COLS_X8_VARIANTS, mat_cols_columns, mat_cols_shape, mat_cols_tile, x8_bytes
+from worker.engine.kernels.mat_cols import MAT_COLS_X8_VARIANTS, mat_cols_columns, mat_cols_shape, mat_cols_tile
+from worker.engine.kernels.matmul import x8_bytes
 from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, mmq_types, paths, x8_cols_types
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
@@ -67,9 +68,8 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                     times["mat_cols"] = w.time(n, "mat_cols", None, args.runs, warmup)
                     if have_x8 and qtype in x8_cols_types() and n <= MAT_COLS_X8_MAX:
                         c = mat_cols_columns(n, MAT_COLS_X8_VARIANTS)
-                        tuned = tuner and c in MAT_COLS_X8_TUNED
-                        shape = tuner.shape((qtype, rows, cols), c, glu) if tuned else None
-                        times["mat_cols_x8"] = w.time(n, "mat_cols_x8", shape, args.runs, warmup)
+                        tuned = tuner.shape((qtype, rows, cols), c, glu) if tuner and c in MAT_COLS_X8_TUNED else None
+                        times["mat_cols_x8"] = w.time(n, "mat_cols_x8", tuned, args.runs, warmup)
                     if have_coopmat:
                         times["coopmat"] = w.time(n, "coopmat", None, args.runs, warmup)
                 old = times["mat_vec"] if n <= MAT_VEC_MAX_COLS or not have_coopmat else times["coopmat"]
@@ -83,8 +83,8 @@ def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
                     checks.setdefault((name, qtype.name), {})[n] = w.check(n)
                 check = f"{checks[name, qtype.name][n]:8.1e}" if n > 1 else "       -"
                 print(f"{name:12} {qtype.name:5} {f'{rows}x{cols}':>12} {n:3d} {us(times['mat_vec'])} "
-                      f"{us(times.get('mat_vec_x8'), 8)} {us(times.get('mat_cols'), 11)} {shape:>8} {us(times.get('mat_cols_x8'))} "
-                      f"{us(times.get('coopmat'))} {best / one:9.2f} {100 * w.nbytes / best / measured:6.1f}% {check}",
+                      f"{us(times.get('mat_vec_x8'), 8)} {us(times.get('mat_cols'), 11)} {shape:>8} "
+                      f"{us(times.get('mat_cols_x8'))} {us(times.get('coopmat'))} {best / one:9.2f} {100 * w.nbytes / best / measured:6.1f}% {check}",
                       flush=True)
                 if args.cols_shapes and n > 1:
                     lanes = ctx.info.subgroup_size

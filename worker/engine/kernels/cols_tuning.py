@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import (MAT_COLS_MANY, MAT_COLS_X8_RAW_WORDS, MAT_COLS_X8_VARIANTS,
-                                          X8_ITEM_RAW_WORDS, mat_cols_shape_runs, mat_cols_x8_shape,
-                                          mat_cols_x8_tile_bytes, x8_bytes)
-from worker.engine.kernels.paths import decode_x8, x8_cols_types
+from worker.engine.kernels.mat_cols import (MAT_COLS_MANY, MAT_COLS_X8_RAW_WORDS, MAT_COLS_X8_VARIANTS,
+                                            X8_ITEM_RAW_WORDS, mat_cols_shape_runs, mat_cols_x8_shape,
+                                            mat_cols_x8_tile_bytes)
+from worker.engine.kernels.matmul import x8_bytes
+from worker.engine.kernels.paths import product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
 from worker.engine.kernels.tuning import CPU_BUDGET, Budget, Key, wanted
@@ -47,26 +48,27 @@ def candidates(ctx, cols: int, mats: int, qtype) -> list[Shape]:
     subgroups within its workgroup limit, lanes per row dividing the subgroup, the tile of x
     within shared memory, sums and raw words within twice the default's register budget."""
     default = mat_cols_x8_shape(ctx, cols, mats, qtype)
-    grid = [(s * ctx.info.subgroup_size, r, lanes, t) for s, r, lanes, t in itertools.product(SUBGROUPS, ROWS, ROW_LANES, TILES)
+    grid = [(s * ctx.info.subgroup_size, r, lanes, t)
+            for s, r, lanes, t in itertools.product(SUBGROUPS, ROWS, ROW_LANES, TILES)
             if r * mats * cols <= SUMS and t * r * mats * X8_ITEM_RAW_WORDS[qtype] <= 2 * MAT_COLS_X8_RAW_WORDS]
     return [shape for shape in dict.fromkeys([default, *grid])
             if mat_cols_shape_runs(ctx, shape)
             and mat_cols_x8_tile_bytes(cols, shape, qtype) <= ctx.info.max_shared_memory]
 
 
-def model_cols_shapes(ctx, settings, keys, glu_keys=()) -> dict[tuple[Key, int, bool], Shape]:
-    """(weight, columns, through the gate+up kernel) -> shape for the weights of `keys` (and the
-    gates of `glu_keys`) that take the 8-bit mat-cols kernel, at each count of MAT_COLS_X8_TUNED:
-    measured (or cached) where settings.tune asks for tuning and the device takes the kernel;
-    empty otherwise (the default shapes)."""
-    if not wanted(settings.tune, ctx) or not decode_x8(ctx) or settings.batch_kernel != "auto":
+def model_cols_shapes(ctx, settings, keys, glu_keys=()) -> dict[Key, dict[tuple[int, bool], Shape]]:
+    """weight -> {(columns, through the gate+up kernel): shape} (DeviceTensor.cols_shapes) for
+    the weights of `keys` (and the gates of `glu_keys`) whose products take the 8-bit mat-cols
+    kernel on this device (paths.product_path), at each count of MAT_COLS_X8_TUNED: measured
+    (or cached) where settings.tune asks for tuning; empty otherwise (the default shapes)."""
+    if not wanted(settings.tune, ctx):
         return {}
     # a gate's key alone would time plain products its weight never takes (the fused kernel does)
     plain, glu_keys = set(keys) - set(glu_keys), set(glu_keys)
     takes = [(key, glu) for group, glu in ((plain, False), (glu_keys, True)) for key in sorted(group)
-             if key[0] in x8_cols_types() and key[2] % 256 == 0]
+             if product_path(ctx, MAT_COLS_X8_TUNED[0], key[2], qtype=key[0]) == "mat_cols_x8"]
     tuner = ColsTuner(ctx, settings.cache_dir)
-    shapes = {(key, cols, glu): tuner.shape(key, cols, glu) for key, glu in takes for cols in MAT_COLS_X8_TUNED}
+    shapes = {key: {(cols, glu): tuner.shape(key, cols, glu) for cols in MAT_COLS_X8_TUNED} for key, glu in takes}
     if tuner.measured:
         log.info("8-bit mat-cols shapes: timed %d weights and column counts on %s (cached in %s)",
                  tuner.measured, ctx.info.name, tuner.path)

@@ -19,8 +19,11 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
-from worker.engine.kernels.paths import (MAT_VEC_MAX_COLS, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape, mmq_types,
-                                         product_path)
+from worker.engine.kernels.mat_cols import (MAT_COLS_X8_VARIANTS, X8_ITEM_VALUES, mat_cols_columns,
+                                            mat_cols_shape, mat_cols_shape_runs, mat_cols_tile, mat_cols_x8_shape,
+                                            x8_tile_fits)
+from worker.engine.kernels.paths import (MAT_VEC_MAX_COLS, X8_BLOCK_BYTES, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape,
+                                         mmq_types, product_path)
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
@@ -43,26 +46,6 @@ COOPMAT_FEW_COLS_TILE = (64, 64, 32, 32, 32, 1)
 COOPMAT_FEW_COLS = 64
 GET_ROWS_THREADS = 64
 QUANTIZE_X8_THREADS = 64
-X8_BLOCK_BYTES = 48   # shaders/x8.glsl's block: 32 signed bytes and (d, two slice sums, 0) as f32, in planes
-# mul_mat_cols.comp's column counts (variants.toml `columns`; paths.py says which products take it).
-MAT_COLS_VARIANTS = (2, 4, 8, 16)
-# Its workgroup: subgroups sharing one staged tile of x, threads over rows such that a thread's
-# partial sums (columns x rows x weights) stay within MAT_COLS_SUMS registers, up to 4 rows; a
-# row's K split over a whole subgroup below MAT_COLS_MANY columns, over MAT_COLS_ROW_LANES
-# lanes from there on (a workgroup then covers lanes / MAT_COLS_ROW_LANES times more rows and
-# reads x once for all of them).
-MAT_COLS_SUBGROUPS = 4
-MAT_COLS_SUMS = 32
-MAT_COLS_MANY = 8
-MAT_COLS_ROW_LANES = 8
-# Its 8-bit variant ("mat_cols_x8", variants.toml mul_mat_cols_*x8: 2 .. 32 columns, the types
-# of paths.x8_cols_types): the values of one item of each type (mul_mat_vec_items.glsl's
-# ITEM_VALUES), and the raw 32-bit words a thread keeps in flight per tile (its items' loads,
-# of every row and weight) at most.
-MAT_COLS_X8_VARIANTS = (2, 4, 8, 16, 32)
-X8_ITEM_VALUES = {T.Q4_K: 64, T.Q5_K: 64, T.Q6_K: 128}
-X8_ITEM_RAW_WORDS = {T.Q4_K: 12, T.Q5_K: 20, T.Q6_K: 40}
-MAT_COLS_X8_RAW_WORDS = 96
 
 
 # Fixed mat-vec shapes in (subgroups, rows) per workgroup, for weights without a tuned one.
@@ -81,79 +64,6 @@ def mat_vec_shape(ctx) -> tuple[int, int]:
     return subgroups * ctx.info.subgroup_size, rows
 
 
-def mat_cols_columns(n: int, variants: tuple[int, ...] = MAT_COLS_VARIANTS) -> int:
-    """Columns per mat-cols workgroup for n columns: the smallest variant that holds them, or
-    that holds an even share of them over the fewest groups of the largest."""
-    share = cdiv(n, cdiv(n, variants[-1]))
-    return next(c for c in variants if c >= share)
-
-
-def mat_cols_shape(ctx, cols: int, mats: int = 1) -> tuple[int, int, int]:
-    """(threads, rows per lane group, lanes per row) of a mat-cols workgroup over `cols` columns
-    of `mats` weights (2: gate and up); a CPU driver's workgroup is one subgroup, as for the
-    mat-vec kernel."""
-    lanes = ctx.info.subgroup_size
-    subgroups = 1 if ctx.info.kind == "cpu" else MAT_COLS_SUBGROUPS
-    return (subgroups * lanes, max(1, min(4, MAT_COLS_SUMS // (mats * cols))),
-            lanes if cols < MAT_COLS_MANY else min(lanes, MAT_COLS_ROW_LANES))
-
-
-def mat_cols_tile(ctx, cols: int, shape: tuple[int, int, int]) -> int | None:
-    """16-value slices of x per tile: as many as a subgroup has lanes, fewer where shared memory
-    runs short; None where the shape cannot run (`_runs`)."""
-    slices = min(ctx.info.subgroup_size, ctx.info.max_shared_memory // (64 * cols))
-    return slices if mat_cols_shape_runs(ctx, shape) and slices > 0 else None
-
-
-def mat_cols_shape_runs(ctx, shape: tuple[int, ...]) -> bool:
-    """Whether a mat-cols workgroup shape can run: lanes per row a power of 2 dividing the
-    subgroup, threads whole subgroups within the device's limit, rows at least one."""
-    threads, rows, row_lanes = shape[:3]
-    lanes = ctx.info.subgroup_size
-    return (threads % lanes == 0 and threads <= ctx.info.max_workgroup_size and rows > 0
-            and 0 < row_lanes <= lanes and lanes % row_lanes == 0 and row_lanes & (row_lanes - 1) == 0)
-
-
-def mat_cols_x8_shape(ctx, cols: int, mats: int, qtype: T) -> tuple[int, int, int, int]:
-    """(threads, rows per lane group, lanes per row, items per lane and tile) of a mat-cols
-    workgroup over 8-bit x. Up to 4 columns and on CPU drivers: rows and lanes as for the f32
-    kernel. From 8 on a GPU, measured on an H200 (Llama-8B's weights, 8-32 columns): one row per
-    lane group while columns' sums fill the registers, and tiles of x small enough that several
-    workgroups share an SM (a 48 KiB tile left one and ran 2-3x slower): gate+up (two weights)
-    over 4 lanes per row (8 at 16 columns), one item per tile; one weight over 16 lanes per row
-    (Q6_K, whose items are twice as long: 8), two rows from 16 columns on, two items per tile up to
-    16. Lanes are halved until one item each fits shared memory, then as many items per tile (up to
-    4) as keep the raw words in flight within MAT_COLS_X8_RAW_WORDS and the tile within it."""
-    threads, rows, row_lanes = mat_cols_shape(ctx, cols, mats)
-    tiles = (4, 2)
-    if cols >= MAT_COLS_MANY and ctx.info.kind != "cpu":
-        lanes, big = ctx.info.subgroup_size, cols > 16 or mats == 1
-        threads = (2 if big else 1) * MAT_COLS_SUBGROUPS * lanes
-        if mats == 2:
-            rows, row_lanes, tiles = 1, 8 if cols == 16 else 4, ()
-        else:
-            rows, row_lanes = (1 if cols <= MAT_COLS_MANY else 2), (8 if qtype == T.Q6_K else 16)
-            tiles = (2,) if cols <= 16 and qtype != T.Q6_K else ()
-        row_lanes = min(row_lanes, lanes)
-    raw = mats * rows * X8_ITEM_RAW_WORDS[qtype]
-    while row_lanes > 1 and not _x8_tile_fits(ctx, cols, (threads, rows, row_lanes, 1), qtype):
-        row_lanes //= 2
-    tile = next((t for t in tiles if t * raw <= MAT_COLS_X8_RAW_WORDS
-                 and _x8_tile_fits(ctx, cols, (threads, rows, row_lanes, t), qtype)), 1)
-    return threads, rows, row_lanes, tile
-
-
-def _x8_tile_fits(ctx, cols: int, shape: tuple[int, int, int, int], qtype: T) -> bool:
-    return mat_cols_x8_tile_bytes(cols, shape, qtype) <= ctx.info.max_shared_memory
-
-
-def mat_cols_x8_tile_bytes(cols: int, shape: tuple[int, int, int, int], qtype: T) -> int:
-    """Shared memory of the 8-bit mat-cols kernel's tile of x: 48 bytes per 32 values (x8.glsl)
-    of lanes x items values per column."""
-    _, _, row_lanes, tile_items = shape
-    return cols * row_lanes * tile_items * X8_ITEM_VALUES[qtype] // X8_BLOCK_VALUES * X8_BLOCK_BYTES
-
-
 def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
               mats: int, shape: tuple[int, ...] | None, x8: bool = False):
     """One mul_mat_cols dispatch per part of w (bindings[i]: part i's buffers). Column groups are
@@ -165,7 +75,7 @@ def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buff
         cols = mat_cols_columns(n, MAT_COLS_X8_VARIANTS)
         shape = shape or w.cols_shapes.get((cols, mats == 2)) or mat_cols_x8_shape(ctx, cols, mats, w.ggml_type)
         threads, rows, row_lanes, tile = shape
-        fits = (mat_cols_shape_runs(ctx, shape) and tile > 0 and _x8_tile_fits(ctx, cols, shape, w.ggml_type)
+        fits = (mat_cols_shape_runs(ctx, shape) and tile > 0 and x8_tile_fits(ctx, cols, shape, w.ggml_type)
                 and w.cols % X8_ITEM_VALUES[w.ggml_type] == 0)
     else:
         cols = mat_cols_columns(n)
@@ -384,11 +294,11 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
     path = path or product_path(rec.ctx, n, weights[0].cols, norm is not None, (fused or weights[0]).ggml_type)
     if path in X8_PATHS:   # x quantized once for all the products; types without the kernel take f32 x
         xq = _quantized_x(rec, x, x8, n, weights[0].cols, norm)
-        if fused is not None and path == "mat_vec_x8":
-            _mat_vec_qkv(rec, fused, "mul_mat_vec_qkv_x8", xq, outs, n, None)
-        elif fused is not None:
-            _mat_cols_qkv(rec, fused, "mul_mat_cols_qkv_x8", xq, outs, n)
         if fused is not None:
+            if path == "mat_vec_x8":
+                _mat_vec_qkv(rec, fused, "mul_mat_vec_qkv_x8", xq, outs, n, None)
+            else:
+                _mat_cols_qkv(rec, fused, "mul_mat_cols_qkv_x8", xq, outs, n, x8=True)
             rest = rest[len(fused.sections):]
         for w, y in rest:
             own = product_path(rec.ctx, n, w.cols, qtype=w.ggml_type)
@@ -407,13 +317,14 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
         matmul(rec, w, x, y, n, norm=norm, path=path)
 
 
-def _mat_cols_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int):
-    """The fused Q/K/V weight in one mat-cols dispatch per part (kernel `op`, over 8-bit x where
-    it ends in _x8), writing each section's rows to its output."""
+def _mat_cols_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int,
+                  x8: bool = False):
+    """The fused Q/K/V weight in one mat-cols dispatch per part (kernel `op`; `x8`: over 8-bit
+    x), writing each section's rows to its output."""
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_v = outs[2] if len(fused.sections) == 3 else outs[1]   # as _mat_vec_qkv's
     _mat_cols(rec, op, fused, [[part, x, outs[0], outs[1], y_v] for part, _, _ in fused.parts], n,
-              _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first), 1, None, x8=op.endswith("_x8"))
+              _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first), 1, None, x8)
 
 
 def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int,

@@ -15,6 +15,7 @@ COOPMAT_TILES = tuple((*t, stages) for t in ((64, 64, 32, 32, 32), (64, 64, 32, 
                                               (128, 128, 64, 64, 64), (256, 128, 64, 64, 32))
                       for stages in (1, 2))
 X8_BLOCK_VALUES = 32
+X8_BLOCK_BYTES = 48   # shaders/x8.glsl's block: 32 signed bytes and (d, two slice sums, 0) as f32, in planes
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
 # mul_mat_cols.comp (batched decode, "mat_cols"): the column counts it is built for (variants.toml
 # `columns`); with Settings.batch_kernel "auto" (the default), products of 2 .. MAT_COLS_MAX

@@ -67,11 +67,6 @@ def glu_keys(model_file) -> set:
             and (up.ggml_type, up.shape) == (info.ggml_type, info.shape)}
 
 
-def _cols_shapes(tuned: dict, key) -> dict:
-    """A weight's entries of model_cols_shapes' table: (columns, gate+up) -> shape."""
-    return {(cols, glu): shape for (k, cols, glu), shape in tuned.items() if k == key}
-
-
 def mat_vec_keys(model_file) -> set:
     """(type, rows, K) of every weight the dense mat-vec multiplies: all matrices except the
     embedding table, which is looked up by row unless it is also the output head, and the
@@ -100,8 +95,8 @@ class Model:
         (worker/engine/kernels/tuning.py) of the weights in `mat_vec_keys`, and of the gates in
         `glu_keys` through the fused gate+up kernel; the others keep the fixed shape.
         `coopmat_tiles`, one per stage: the same keys -> tuned cooperative-matrix mat-mat tile
-        (worker/engine/kernels/tile_tuning.py). `cols_shapes`, one per stage: (key, columns,
-        gate+up) -> tuned 8-bit mat-cols shape (worker/engine/kernels/cols_tuning.py)."""
+        (worker/engine/kernels/tile_tuning.py). `cols_shapes`, one per stage: the same keys ->
+        {(columns, gate+up): tuned 8-bit mat-cols shape} (worker/engine/kernels/cols_tuning.py)."""
         self.stages, self.config, self.n_ctx, self.kv = placement, config, n_ctx, kv
         first, last = placement[0].ctx, placement[-1].ctx
         # context -> (mat-vec shapes, gate+up shapes, coopmat tiles, 8-bit mat-cols shapes) its tensors run with
@@ -156,7 +151,7 @@ class Model:
         key = (tensor.ggml_type, tensor.rows, tensor.cols)
         shapes, glu_shapes, tiles, cols = self._tuned[id(ctx)]
         tensor.mat_vec_shape, tensor.glu_shape = shapes.get(key), glu_shapes.get(key)
-        tensor.coopmat_tile, tensor.cols_shapes = tiles.get(key), _cols_shapes(cols, key)
+        tensor.coopmat_tile, tensor.cols_shapes = tiles.get(key), cols.get(key, {})
         return tensor
 
     def _upload_qkv(self, ctx, layer: dict, infos):
@@ -171,7 +166,7 @@ class Model:
         self._owned.append((ctx, fused))
         shapes, _, tiles, cols = self._tuned[id(ctx)]
         fused.mat_vec_shape = shapes.get((fused.ggml_type, fused.rows, fused.cols))
-        fused.cols_shapes = _cols_shapes(cols, (fused.ggml_type, fused.rows, fused.cols))
+        fused.cols_shapes = cols.get((fused.ggml_type, fused.rows, fused.cols), {})
         for view in views:   # alone they serve prefill's mat-mat products
             key = (view.ggml_type, view.rows, view.cols)
             view.mat_vec_shape, view.coopmat_tile = shapes.get(key), tiles.get(key)
