@@ -73,26 +73,15 @@ void main() {
     }
 #if defined(X8)
     const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
-    uint row_byte[NUM_ROWS];
-    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-        row_byte[r] = clamped_row(row_base + r * groups) * (p.ncols / QUANT_K) * BLOCK_BYTES;
-    }
+    ITEM_ROW_BYTES(row_byte, row_base, groups)
     for (uint i0 = 0; i0 < items; i0 += TILE_SPAN) {
-        // This tile's weights first (items past the row's end clamped to its last), in flight
-        // while x is staged.
-        item_raw raw[TILE_ITEMS][NUM_MATS][NUM_ROWS];
-        [[unroll]] for (uint u = 0; u < TILE_ITEMS; u++) {
-            const uint item = min(i0 + u * ROW_LANES + j, items - 1);
-            [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
-                [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-                    raw[u][m][r] = WEIGHTS(m, load_item, (row_byte[r], item));
-                }
-            }
-        }
+        // This tile's weights first, in flight while x is staged.
+        LOAD_ITEMS(raw, TILE_ITEMS, i0 + j, ROW_LANES, items, row_byte)
         barrier();   // the previous tile's reads are done
         for (uint i = tid; i < NUM_COLS * 3 * TILE_BLOCKS; i += BLOCK_SIZE) {
-            const uint t = i % TILE_SPAN, s = i / TILE_SPAN % ITEM_BLOCKS, h = i / TILE_BLOCKS % 3, c = i / (3 * TILE_BLOCKS);
-            xs[i] = i0 + t < items ? x8[x8_word(clamped_col(col0 + c), x_blocks, (i0 + t) * ITEM_BLOCKS + s, h)] : ivec4(0);
+            const uint t = i % TILE_SPAN, s = i / TILE_SPAN % ITEM_BLOCKS, h = i / TILE_BLOCKS % 3;
+            const uint c = i / (3 * TILE_BLOCKS), b = (i0 + t) * ITEM_BLOCKS + s;
+            xs[i] = i0 + t < items ? x8[x8_word(clamped_col(col0 + c), x_blocks, b, h)] : ivec4(0);
         }
         barrier();
         [[unroll]] for (uint u = 0; u < TILE_ITEMS; u++) {
@@ -119,8 +108,9 @@ void main() {
                     [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
                         [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
                             const vec4 f = ab[m][r];
-                            acc[c][m][r] += ds.x * (f.x * small_int_float(idot16(q[m][r][0], x0, 0)) + f.z * small_int_float(idot16(q[m][r][1], x1, 0)))
-                                            + f.y * ds.y + f.w * ds.z;
+                            const float d0 = small_int_float(idot16(q[m][r][0], x0, 0));
+                            const float d1 = small_int_float(idot16(q[m][r][1], x1, 0));
+                            acc[c][m][r] += ds.x * (f.x * d0 + f.z * d1) + f.y * ds.y + f.w * ds.z;
                         }
                     }
                 }

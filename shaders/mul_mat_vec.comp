@@ -66,9 +66,9 @@ void main() {
     // once (as mul_mmq.comp): a * d * (w . q) + b * d * sum(q).
     items_setup();
     const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
-    ITEM_ROW_BYTES(row_byte)
+    ITEM_ROW_BYTES(row_byte, row0, 1)
     for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
-        LOAD_ITEMS(raw, i0, items, row_byte)
+        LOAD_ITEMS(raw, UNROLL, i0, BLOCK_SIZE, items, row_byte)
         [[unroll]] for (uint u = 0; u < UNROLL; u++) {
             const uint item = i0 + u * BLOCK_SIZE;
             if (item >= items) {
@@ -128,9 +128,9 @@ void main() {
     // of x (a 16-value group and its sum) serving all rows and weights.
     items_setup();
     const uint items = p.ncols / ITEM_VALUES;
-    ITEM_ROW_BYTES(row_byte)
+    ITEM_ROW_BYTES(row_byte, row0, 1)
     for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
-        LOAD_ITEMS(raw, i0, items, row_byte)
+        LOAD_ITEMS(raw, UNROLL, i0, BLOCK_SIZE, items, row_byte)
         [[unroll]] for (uint u = 0; u < UNROLL; u++) {
             const uint item = i0 + u * BLOCK_SIZE;
             if (item >= items) {

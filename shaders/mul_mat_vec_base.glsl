@@ -99,19 +99,19 @@ const uint UNROLL = ITEMS_FIT < 1 ? 1 : (ITEMS_FIT > 4 ? 4 : ITEMS_FIT);
 #endif
 
 #if defined(ITEM_LOOPS)
-// The steps the item loops share (mul_mat_vec.comp's f32 and 8-bit ones; mul_mat_cols.comp's
-// 8-bit one aligns its items with ALIGN_ITEMS): each row's first byte; the
-// loads of UNROLL items (from i0, BLOCK_SIZE apart, clamped to the last) of every row and weight
-// before any math; the words of item u in place.
-#define ITEM_ROW_BYTES(row_byte) \
+// The steps the item loops share (mul_mat_vec.comp's f32 and 8-bit ones, mul_mat_cols.comp's
+// 8-bit one): the first byte of each row (rows first, first + step, ...); the loads of `count` items
+// (from i0, `stride` apart, clamped to the last) of every row and weight before any math; the
+// words of item u in place.
+#define ITEM_ROW_BYTES(row_byte, first, step) \
     uint row_byte[NUM_ROWS]; \
     [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
-        row_byte[r_] = clamped_row(row0 + r_) * (p.ncols / QUANT_K) * BLOCK_BYTES; \
+        row_byte[r_] = clamped_row((first) + r_ * (step)) * (p.ncols / QUANT_K) * BLOCK_BYTES; \
     }
-#define LOAD_ITEMS(raw, i0, items, row_byte) \
-    item_raw raw[UNROLL][NUM_MATS][NUM_ROWS]; \
-    [[unroll]] for (uint u_ = 0; u_ < UNROLL; u_++) { \
-        const uint item_ = min((i0) + u_ * BLOCK_SIZE, (items) - 1); \
+#define LOAD_ITEMS(raw, count, i0, stride, items, row_byte) \
+    item_raw raw[count][NUM_MATS][NUM_ROWS]; \
+    [[unroll]] for (uint u_ = 0; u_ < (count); u_++) { \
+        const uint item_ = min((i0) + u_ * (stride), (items) - 1); \
         [[unroll]] for (uint m_ = 0; m_ < NUM_MATS; m_++) { \
             [[unroll]] for (uint r_ = 0; r_ < NUM_ROWS; r_++) { \
                 raw[u_][m_][r_] = WEIGHTS(m_, load_item, (row_byte[r_], item_)); \
