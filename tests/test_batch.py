@@ -13,6 +13,7 @@ from worker.engine.engine import Engine
 from worker.engine.errors import PromptTooLong
 from worker.engine.kvblocks import BLOCK_TOKENS
 from worker.engine.modelfile import ModelFile
+from worker.engine.runner import recorded_size
 from worker.engine.sampling import SamplingParams
 from worker.tools.synth import write_model
 
@@ -91,6 +92,16 @@ def test_sequences_decoded_together_give_what_each_gives_alone(engine, model_pat
         assert got.logprobs.top[0][0] == want.logprobs.top[0][0]
         assert got.logprobs.logprob == pytest.approx(want.logprobs.logprob, abs=1e-3)
     assert len(engine.batch) == 0 and engine.batch.stats()["kv_blocks_used"] == 0
+    # passes of 1..8 tokens and 1..4 logits rows, each recorded for its size's power of two
+    sizes = {size for n, _, rows in engine.runner.recorded_passes() for size in (n, rows) if size is not None}
+    assert sizes <= {0, 1, 2, 4, 8} and 8 in sizes, engine.runner.recorded_passes()
+
+
+@pytest.mark.parametrize("count, capacity, size", [(0, 8, 0), (1, 8, 1), (2, 8, 2), (3, 8, 4), (5, 8, 8),
+                                                   (8, 8, 8), (9, 64, 16), (17, 64, 24), (33, 36, 36),
+                                                   (500, 512, 504)])
+def test_passes_are_recorded_for_a_few_sizes(count, capacity, size):
+    assert recorded_size(count, capacity) == size
 
 
 def test_joins_mid_batch_are_prefilled_while_the_others_stream(engine):

@@ -92,8 +92,10 @@ def test_bad_batch_kernel_is_refused():
 def test_bench_prints_each_pass_and_its_kernels(engine, capsys):
     """`vkllm bench --batch 1,5 --profile`'s pass table."""
     from worker.tools.bench_batch import print_pass_profiles
+    before = engine.kv.stats()
     print_pass_profiles(engine, [1, 5], 10)
+    assert engine.kv.stats() == before   # the profiled sequences gave their blocks back
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "one pass over n tokens at position 10 (batch kernel: mat_cols):"
+    assert lines[0] == "one decode step of n sequences at position 10 (batch kernel: mat_cols):"
     assert lines[1].startswith("  n=  1:") and "mul_mat_cols" not in lines[1]
     assert lines[2].startswith("  n=  5:") and "mul_mat_cols_glu_c8_q4_k" in lines[2]

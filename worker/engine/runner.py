@@ -19,13 +19,25 @@ import numpy as np
 
 from worker.engine.choice import HOST, MASKED
 from worker.engine.errors import KVCacheFull
+from worker.engine.intmath import round_up
 from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
 from worker.engine.staged import StagedPass, handoff_poll_s
 from worker.engine.workspace import Workspace
 
-_MAX_RECORDINGS = 32  # recordings kept per model, by (tokens per pass, selection, logits rows)
+_MAX_RECORDINGS = 64  # recordings kept per model, by (tokens per pass, selection, logits rows)
+
+
+def recorded_size(count: int, capacity: int) -> int:
+    """The size (tokens, or logits rows) a pass of `count` is recorded for, at most `capacity`:
+    a power of two up to 8, then a multiple of 8. The entries past `count` repeat its last one
+    (`_pad`). Recording a pass costs the host about 0.4 ms a dispatch (150 ms for a 32-layer
+    model); a batch whose sequences come and go, or prompts of every length, would otherwise
+    record a pass for nearly every step."""
+    if count <= 1:
+        return count
+    return min(capacity, 1 << (count - 1).bit_length() if count <= 8 else round_up(count, 8))
 
 
 class Runner:
@@ -145,13 +157,38 @@ class Runner:
         self._recordings.move_to_end(key)
         return self._recordings[key]
 
-    def _run(self, rec, ids, pos0: int):
-        """Runs ids at positions pos0.. of its own sequence."""
+    def _pad(self, n: int, size: int, rows: int = 0, row_size: int = 0, ids: str = "ids"):
+        """Tokens n..size-1 of a pass recorded for `size` repeat token n - 1 (its id, sequence
+        slot and position: the same K/V written twice, the same logits), and logits rows
+        rows..row_size-1 repeat row rows - 1; what the pads compute is never read."""
+        ws = self.workspace
+        token_ids = getattr(ws, ids).view(np.uint32)
+        token_ids[n:size] = token_ids[n - 1]
+        step = ws.step.view(np.uint32)[:2 * size].reshape(size, 2)
+        step[n:] = step[n - 1]
+        if row_size > rows:
+            out_rows = ws.rows.view(np.uint32)
+            out_rows[rows:row_size] = out_rows[rows - 1]
+
+    def _size(self, n: int) -> int:
+        return recorded_size(n, self.workspace.n)
+
+    def _row_size(self, rows: int) -> int:
+        return recorded_size(rows, self.workspace.sequences)
+
+    def recorded_passes(self) -> list[tuple[int, str, int | None]]:
+        """(tokens, selection, logits rows) of the passes recorded and kept, oldest first."""
+        return list(self._recordings)
+
+    def _run(self, rec, ids, pos0: int, size: int | None = None):
+        """Runs ids at positions pos0.. of its own sequence, through a pass recorded for `size`
+        tokens (default: len(ids))."""
         n = len(ids)
         self.hold(pos0 + n)
         self.workspace.ids.view(np.uint32)[:n] = ids
         step = self.workspace.step.view(np.uint32)[:2 * n].reshape(n, 2)
         step[:, 0], step[:, 1] = self.slot, np.arange(pos0, pos0 + n)
+        self._pad(n, size or n)
         rec.run(self._fences)
         self._last = rec
 
@@ -159,7 +196,9 @@ class Runner:
         """A batched pass over the n tokens whose ids, (slot, position) pairs and logits rows
         the caller wrote into the workspace (ids, step, rows) and whose sequences' block table
         rows it wrote; `select` applies to each of the `rows` logits rows."""
-        rec = self._recording(n, select, rows=rows)
+        size, row_size = self._size(n), self._row_size(rows)
+        self._pad(n, size, rows, row_size)
+        rec = self._recording(size, select, rows=row_size)
         rec.run(self._fences)
         self._last = rec
 
@@ -168,8 +207,10 @@ class Runner:
         whose ids are the argmax rows of the pass before (ws.best, read on the GPU, so it can run
         while the host handles them), each token its own logits row; the caller wrote the step
         values and block table rows, and ws.rows as the pass before had them (0..n-1)."""
-        rec = self._recording(n, "argmax_fed", rows=n,
-                              record=lambda: self._record(n, "argmax", rows=n, ids="best"))
+        size = self._row_size(n)
+        self._pad(n, size, n, size, ids="best")
+        rec = self._recording(size, "argmax_fed", rows=size,
+                              record=lambda: self._record(size, "argmax", rows=size, ids="best"))
         rec.submit(self._batch_fence)
         self._last = self._fed = rec
 
@@ -182,7 +223,8 @@ class Runner:
         for start in range(0, len(ids), chunk):
             part = ids[start:start + chunk]
             last = start + chunk >= len(ids)
-            self._run(self._recording(len(part), select if last else "logits"), part, pos0 + start)
+            size = self._size(len(part))
+            self._run(self._recording(size, select if last else "logits"), part, pos0 + start, size)
 
     def decode(self, token: int, pos: int, select: str = "argmax"):
         self._run(self._recording(1, select), [token], pos)
@@ -270,9 +312,41 @@ class Runner:
         return result
 
     def profile(self, n: int, pos0: int = 0) -> dict[str, tuple[int, float]]:
-        """GPU time of one forward pass over n tokens by kernel: name -> (dispatches, ns)."""
+        """GPU time of one forward pass over n tokens of its own sequence (a prefill chunk) by
+        kernel: name -> (dispatches, ns)."""
         rec = self._record(n, "argmax", profile=True)
         self._run(rec, [0] * n, pos0)
+        return self._timings(rec)
+
+    def profile_decode(self, n: int, pos: int) -> dict[str, tuple[int, float]]:
+        """As `profile`, for one batched decode step of n sequences at position pos each (the
+        shape of Batch's decode passes: one token and one logits row a sequence, attention over
+        each sequence's own blocks). The sequences are taken and given back here; their K/V
+        rows before pos are whatever the blocks held."""
+        slots = [self.kv.take_slot() for _ in range(n)]
+        seqs = [self.kv.sequence() for _ in range(n)]
+        try:
+            if None in slots or not all(seq.reserve(pos + 1) for seq in seqs):
+                raise KVCacheFull(f"the KV cache has no room for {n} sequences of {pos + 1} positions")
+            for slot, seq in zip(slots, seqs):
+                self.kv.write_table(slot, seq)
+            ws = self.workspace
+            ws.ids.view(np.uint32)[:n] = 0
+            step = ws.step.view(np.uint32)[:2 * n].reshape(n, 2)
+            step[:, 0], step[:, 1] = slots, pos
+            ws.rows.view(np.uint32)[:n] = np.arange(n)
+            rec = self._record(n, "argmax", profile=True, rows=n)
+            rec.run(self._fences)
+            return self._timings(rec)
+        finally:
+            for seq in seqs:
+                seq.release()
+            for slot in slots:
+                if slot is not None:
+                    self.kv.give_slot(slot)
+
+    @staticmethod
+    def _timings(rec) -> dict[str, tuple[int, float]]:
         table: dict[str, tuple[int, float]] = {}
         for label, ns in rec.timings_ns():
             count, total = table.get(label, (0, 0.0))

@@ -19,7 +19,7 @@ def register(sub):
     p.add_argument("--peer", choices=["llama.cpp"], help="also time llama.cpp's Vulkan backend (cyllama)")
     p.add_argument("--profile", action="store_true",
                    help="also print GPU time per kernel of one decode step and one prefill chunk "
-                        "(with --batch: of one pass over N tokens each)")
+                        "(with --batch: of one decode step of N sequences each)")
     p.add_argument("--batch", type=lambda text: [int(n) for n in text.split(",")], metavar="N,N,...",
                    help="instead: aggregate decode tokens/s of N sequences decoded together "
                         "(prompts of -p tokens, -n tokens each)")

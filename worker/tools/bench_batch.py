@@ -61,11 +61,11 @@ def run(engine, sizes: list[int], n_prompt: int, n_gen: int, reps: int):
 
 
 def print_pass_profiles(engine, sizes: list[int], pos: int, top: int = 6):
-    """GPU time of one forward pass over n tokens (a batched decode step's shape) for each n, and
-    its costliest kernels (Settings.batch_kernel picks the products' kernel)."""
-    print(f"one pass over n tokens at position {pos} (batch kernel: {engine.ctx.settings.batch_kernel}):")
+    """GPU time of one batched decode step of n sequences at position pos for each n, and its
+    costliest kernels (Settings.batch_kernel picks the products' kernel)."""
+    print(f"one decode step of n sequences at position {pos} (batch kernel: {engine.ctx.settings.batch_kernel}):")
     for n in sizes:
-        table = engine.runner.profile(n, pos)
+        table = engine.runner.profile_decode(n, pos)
         total = sum(ns for _, ns in table.values())
         costliest = sorted(table.items(), key=lambda item: -item[1][1])[:top]
         print(f"  n={n:3d}: {total / 1e6:8.2f} ms GPU in {sum(c for c, _ in table.values())} dispatches | " +
