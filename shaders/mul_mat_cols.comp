@@ -105,12 +105,20 @@ void main() {
                 [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
                     const ivec4 x0 = x_word(c, 0, s, t), x1 = x_word(c, 1, s, t);
                     const vec4 ds = intBitsToFloat(x_word(c, 2, s, t));
+#if defined(PAIRED_GROUPS)   // one sub-block: its two halves' sums meet as integers
+                    const float sum = ds.y + ds.z;
+#endif
                     [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
                         [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
                             const vec4 f = ab[m][r];
+#if defined(PAIRED_GROUPS)
+                            const float d = small_int_float(idot16(q[m][r][1], x1, idot16(q[m][r][0], x0, 0)));
+                            acc[c][m][r] += ds.x * f.x * d + f.y * sum;
+#else
                             const float d0 = small_int_float(idot16(q[m][r][0], x0, 0));
                             const float d1 = small_int_float(idot16(q[m][r][1], x1, 0));
                             acc[c][m][r] += ds.x * (f.x * d0 + f.z * d1) + f.y * ds.y + f.w * ds.z;
+#endif
                         }
                     }
                 }

@@ -24,6 +24,7 @@
 //   ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab)
 //                                                   the group's quants as signed bytes (as
 //                                                   dequant.glsl's quants16), w_i = ab.x * q_i + ab.y
+//   PAIRED_GROUPS (defined where groups 2k and 2k + 1 always have the same ab: one 32-value block)
 // Layouts follow ggml's dequantize_row_* (as dequant.glsl, which the other kernels use).
 // A kernel over two weights (GLU) includes this file again with ITEMS_UP defined: the loaders
 // over binding 1, named *_up.
@@ -198,6 +199,7 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 #define ITEM_VALUES 64
 #define ITEM_GROUPS 4
 #define ITEM_ALIGN 16
+#define PAIRED_GROUPS   // groups 2k and 2k + 1 are one sub-block: the same a and b
 #if defined(DATA_A_Q4_K)
 #define ITEM_RAW_WORDS 12
 struct item_raw { uvec4 head; uvec4 qs[2]; };

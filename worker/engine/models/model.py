@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
 from worker.engine.kernels.matmul import Quantized, get_rows, matmul, matmul_qkv, matmul_swiglu, normed_input
-from worker.engine.kernels.paths import product_path
+from worker.engine.kernels.paths import X8_PATHS, product_path
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_rows, upload_tensor
 from worker.engine.models.moe import record_moe_ffn
@@ -242,7 +242,7 @@ class Model:
         rec.barrier()
         # where the output product takes 8-bit input, attention writes it (its merge, in decode)
         w_out = layer["attn_output"]
-        x8_out = product_path(rec.ctx, n, w_out.cols, qtype=w_out.ggml_type) == "mat_vec_x8"
+        x8_out = product_path(rec.ctx, n, w_out.cols, qtype=w_out.ggml_type) in X8_PATHS
         attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention,
                            sinks=layer.get("attn_sinks"), x8=ws.x8 if x8_out else None)
         rec.barrier()
