@@ -1,5 +1,5 @@
 """The mat-cols kernel over 8-bit activations (mul_mat_cols.comp with X8, matmul.py's
-"mat_cols_x8" path: batched decode of 2 .. 32 columns of Q4_K, Q5_K and Q6_K weights, the
+"mat_cols_x8" path: batched decode of 2 .. 64 columns of Q4_K, Q5_K and Q6_K weights, the
 weights' integer quants dotted with the activations' by packed 8-bit dot products), on lavapipe
 (and on a GPU), against gguf.quants.dequantize + numpy in float64.
 

@@ -89,7 +89,7 @@ class Workspace:
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
         mmq = n > MAT_VEC_MAX_COLS and "mmq" in (mat_mat_path(ctx), expert_path)
-        # decode's 8-bit mat-vec groups (up to 8 columns) and mat-cols products (up to 32)
+        # decode's 8-bit mat-vec groups (up to 8 columns) and mat-cols products (up to 64)
         x8_rows = n if mmq else min(n, MAT_COLS_X8_MAX) if decode_x8(ctx) else 0
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
