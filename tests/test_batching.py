@@ -120,6 +120,7 @@ def test_a_shared_prompt_prefix_is_prefilled_once(app, client, worker):
     first_hits = worker_metric(worker, "vkllm_prefix_cache_hit_tokens_total") - hits
     second = wait(client, enqueue(app, prompt=system + "What is a dog?", max_tokens=2))
     second_hits = worker_metric(worker, "vkllm_prefix_cache_hit_tokens_total") - hits - first_hits
+    assert first["state"] == second["state"] == "finished"
     assert shared >= 1000 and first_hits <= 64
     # all but the last, partly filled, KV block of the shared prefix (and the token where the
     # question starts, which may merge differently)
