@@ -32,9 +32,11 @@ _MAX_RECORDINGS = 64  # recordings kept per model, by (tokens per pass, selectio
 def recorded_size(count: int, capacity: int) -> int:
     """The size (tokens, or logits rows) a pass of `count` is recorded for, at most `capacity`:
     a power of two up to 8, then a multiple of 8. The entries past `count` repeat its last one
-    (`_pad`). Recording a pass costs the host about 0.4 ms a dispatch (150 ms for a 32-layer
-    model); a batch whose sequences come and go, or prompts of every length, would otherwise
-    record a pass for nearly every step."""
+    (`_pad`). Recording a pass costs the host tens of microseconds a dispatch (the `vulkan`
+    package builds every struct in Python; 0.42 ms a dispatch under cProfile on the GPU
+    machine), tens of milliseconds or more for a 32-layer model's 342 dispatches: a batch whose
+    sequences come and go, or prompts of every length, would otherwise record a pass for nearly
+    every step (32 sequences of the 8B, ending one by one: 292 tok/s before, 944 after)."""
     if count <= 1:
         return count
     return min(capacity, 1 << (count - 1).bit_length() if count <= 8 else round_up(count, 8))

@@ -12,6 +12,7 @@ vk = load_vulkan()
 _ACCESS = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT \
     | vk.VK_ACCESS_TRANSFER_WRITE_BIT
 _STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+_BARRIER = [vk.VkMemoryBarrier(srcAccessMask=_ACCESS, dstAccessMask=_ACCESS)]   # built once: recording is host-bound
 
 
 class Recording:
@@ -35,6 +36,8 @@ class Recording:
             self.query_pool = vk.vkCreateQueryPool(self.device, query_info, None)
             vk.vkCmdResetQueryPool(self.command_buffer, self.query_pool, 0, max_timestamps)
         self.sets_used, self.dispatches = 0, 0
+        self._set_allocs = {}   # kernel -> its VkDescriptorSetAllocateInfo from this pool
+        self._buffer_infos = {}   # (buffer, offset, size) -> its VkDescriptorBufferInfo
         self.profile = profile
         if profile:
             self.timestamp("start")
@@ -45,16 +48,16 @@ class Recording:
         assert len(buffers) == kernel.bindings, f"{kernel.name} takes {kernel.bindings} buffers"
         push = kernel.push.pack(push or {})
         assert len(push) <= PUSH_CONSTANT_BYTES
-        layouts = [kernel.descriptor_set_layout]
-        set_alloc = vk.VkDescriptorSetAllocateInfo(descriptorPool=self.descriptor_pool, descriptorSetCount=1,
-                                                   pSetLayouts=layouts)
-        descriptor_set = vk.vkAllocateDescriptorSets(self.device, set_alloc)[0]
+        if kernel not in self._set_allocs:   # the struct building is most of a dispatch's host time
+            self._set_allocs[kernel] = vk.VkDescriptorSetAllocateInfo(
+                descriptorPool=self.descriptor_pool, descriptorSetCount=1, pSetLayouts=[kernel.descriptor_set_layout])
+        descriptor_set = vk.vkAllocateDescriptorSets(self.device, self._set_allocs[kernel])[0]
         self.sets_used += 1
-        infos = [[vk.VkDescriptorBufferInfo(buffer=b.vk_buffer, offset=b.offset, range=b.size)] for b in buffers]
-        writes = [vk.VkWriteDescriptorSet(dstSet=descriptor_set, dstBinding=i, descriptorCount=1,
-                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=info)
-                  for i, info in enumerate(infos)]
-        vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
+        # one write for all bindings: bindings 0 .. n-1 are alike, so the update runs on through them
+        infos = [self._buffer_info(b) for b in buffers]
+        writes = [vk.VkWriteDescriptorSet(dstSet=descriptor_set, dstBinding=0, descriptorCount=len(infos),
+                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=infos)]
+        vk.vkUpdateDescriptorSets(self.device, 1, writes, 0, None)
         cb = self.command_buffer
         vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.compute_pipeline)
         sets = [descriptor_set]
@@ -67,11 +70,15 @@ class Recording:
         if self.profile:
             self.timestamp(kernel.name)
 
+    def _buffer_info(self, b: Buffer):
+        key = (b.vk_buffer, b.offset, b.size)
+        if key not in self._buffer_infos:
+            self._buffer_infos[key] = vk.VkDescriptorBufferInfo(buffer=b.vk_buffer, offset=b.offset, range=b.size)
+        return self._buffer_infos[key]
+
     def barrier(self):
         """Shader and transfer work before is finished and visible to all that comes after."""
-        barrier = [vk.VkMemoryBarrier(srcAccessMask=_ACCESS, dstAccessMask=_ACCESS)]
-        vk.vkCmdPipelineBarrier(self.command_buffer, _STAGES, _STAGES, 0,
-                                1, barrier, 0, None, 0, None)
+        vk.vkCmdPipelineBarrier(self.command_buffer, _STAGES, _STAGES, 0, 1, _BARRIER, 0, None, 0, None)
 
     def copy(self, src: Buffer, dst: Buffer, size: int | None = None):
         size = min(src.size, dst.size) if size is None else size
