@@ -5,7 +5,6 @@ same tokens as a request that spells the same values out."""
 import subprocess
 import sys
 
-import openai
 import pytest
 
 from tests.conftest import VKLLM, openai_client
