@@ -6,7 +6,10 @@ first token (TTFT) and time per output token after the first (TPOT), mean and pe
 
 Prompts are random words (API) or random token ids (engine), a different one per job, after an
 optional prefix all jobs share (--prefix-tokens: what prefix caching saves). A job may stop
-before --output-tokens (end of generation): the figures count the tokens each job produced."""
+before --output-tokens (end of generation): the figures count the tokens each job produced.
+With --prefix-tokens, after the load: one job alone whose prefix (a new one) nothing has cached,
+then one more sharing that prefix, one token each: their TTFTs and the second's share of the
+first's (the issue's "second job sharing a 2k-token prefix" figure)."""
 import json
 import threading
 import time
@@ -33,6 +36,7 @@ class Trace:
     prompt_tokens: int = 0
     output_tokens: int = 0
     error: str | None = None
+    cached_tokens: int | None = None   # prompt tokens found in the prefix cache (engine mode)
 
 
 def add_arguments(p) -> None:
@@ -43,7 +47,9 @@ def add_arguments(p) -> None:
     p.add_argument("--engine", help="GGUF file: drive its engine's batch in this process instead of the API")
     p.add_argument("-n", "--num-jobs", type=int, default=8)
     p.add_argument("-p", "--prompt-tokens", type=int, default=128, help="tokens per prompt, after the prefix")
-    p.add_argument("--prefix-tokens", type=int, default=0, help="tokens of a prefix every prompt starts with")
+    p.add_argument("--prefix-tokens", type=int, default=0,
+                   help="tokens of a prefix every prompt starts with; then also the TTFT of a job alone and of the "
+                        "next one sharing its prefix")
     p.add_argument("-o", "--output-tokens", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--peer", choices=["llama.cpp"],
@@ -54,13 +60,15 @@ def run(args) -> int:
     if args.peer and not args.engine:
         raise VkllmError("--peer compares with --engine (the same prompts, as token ids)")
     if args.engine:
-        prompts, traces = engine_traces(args)
+        prompts, traces, reuse = engine_traces(args)
     elif args.model:
-        traces = api_traces(args)
+        traces, reuse = api_traces(args)
     else:
         raise VkllmError("bench serve needs --model NAME (through the API at --url) or --engine FILE")
     ours = summary(traces)
     print(report(ours))
+    if reuse:
+        print(reuse_report(args.prefix_tokens, *reuse))
     if args.peer:
         from worker.tools.bench_peer import serve_llama_cpp
         peer = summary([Trace(*t) for t in serve_llama_cpp(args.engine, prompts, args.output_tokens)])
@@ -84,6 +92,22 @@ def summary(traces: list[Trace]) -> dict:
             "prompt_tokens": sum(t.prompt_tokens for t in done), "output_tokens": out,
             "output_tokens_per_s": out / duration, "jobs_per_s": len(done) / duration,
             "ttft_ms": _stats(ttft), "tpot_ms": _stats(tpot)}
+
+
+def prefix_pair(run_one, prefix: list, suffixes: list) -> tuple[Trace, Trace]:
+    """run_one(prompt) -> Trace of one job run alone: prefix + suffixes[0], then prefix + suffixes[1]."""
+    return run_one(prefix + suffixes[0]), run_one(prefix + suffixes[1])
+
+
+def reuse_report(prefix_tokens: int, cold: Trace, warm: Trace) -> str:
+    for trace in (cold, warm):
+        if trace.error is not None or trace.first is None:
+            raise VkllmError(f"a prefix-reuse job produced no token: {trace.error or 'no output'}")
+    first, second = ((t.first - t.submitted) * 1e3 for t in (cold, warm))
+    cached = [f" ({t.cached_tokens} of {t.prompt_tokens} prompt tokens cached)" if t.cached_tokens is not None else ""
+              for t in (cold, warm)]
+    return (f"Prefix reuse ({prefix_tokens} tokens): TTFT {first:.2f} ms alone{cached[0]}, {second:.2f} ms for the "
+            f"next job sharing it{cached[1]}: {second / first:.2f}x")
 
 
 def _stats(seconds: np.ndarray) -> dict:
@@ -112,10 +136,15 @@ def report(s: dict) -> str:
 
 
 # -- through the API -----------------------------------------------------------------------------
-def api_traces(args) -> list[Trace]:
+def _words(rng, n: int) -> str:
+    return " ".join(rng.choice(WORDS, n))
+
+
+def api_traces(args) -> tuple[list[Trace], tuple[Trace, Trace] | None]:
+    """The load's traces, and the prefix-reuse pair's (None without --prefix-tokens)."""
     rng = np.random.default_rng(args.seed)
-    prefix = " ".join(rng.choice(WORDS, args.prefix_tokens)) + " " if args.prefix_tokens else ""
-    prompts = [prefix + " ".join(rng.choice(WORDS, args.prompt_tokens)) for _ in range(args.num_jobs)]
+    prefix = _words(rng, args.prefix_tokens) + " " if args.prefix_tokens else ""
+    prompts = [prefix + _words(rng, args.prompt_tokens) for _ in range(args.num_jobs)]
     traces = [Trace(0.0) for _ in prompts]
     start = threading.Barrier(len(prompts))
     threads = [threading.Thread(target=_api_job, args=(args, prompt, trace, start), daemon=True)
@@ -124,13 +153,21 @@ def api_traces(args) -> list[Trace]:
         t.start()
     for t in threads:
         t.join()
-    return traces
+    if not args.prefix_tokens:
+        return traces, None
+
+    def run_one(prompt: str) -> Trace:
+        trace = Trace(0.0)
+        _api_job(args, prompt, trace, threading.Barrier(1), max_tokens=1)
+        return trace
+    return traces, prefix_pair(run_one, _words(rng, args.prefix_tokens) + " ",
+                               [_words(rng, args.prompt_tokens) for _ in range(2)])
 
 
-def _api_job(args, prompt: str, trace: Trace, start: threading.Barrier) -> None:
+def _api_job(args, prompt: str, trace: Trace, start: threading.Barrier, max_tokens: int | None = None) -> None:
     headers = {"Authorization": f"Bearer {args.api_key}", "Content-Type": "application/json"}
-    body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_tokens, "temperature": 0,
-            "ignore_eos": True}   # every job produces its -o tokens
+    body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens or args.output_tokens, "temperature": 0,
+            "ignore_eos": True}   # every job produces its tokens
     start.wait()
     trace.submitted = time.monotonic()
     try:
@@ -167,8 +204,9 @@ def _sse(response):
 
 
 # -- straight into the engine's batch --------------------------------------------------------------
-def engine_traces(args) -> tuple[list[list[int]], list[Trace]]:
-    """The prompts (token ids) and their traces."""
+def engine_traces(args) -> tuple[list[list[int]], list[Trace], tuple[Trace, Trace] | None]:
+    """The prompts (token ids), their traces, and the prefix-reuse pair's (None without
+    --prefix-tokens)."""
     from vkllm import sampling_defaults
     from worker.engine.batch import Request
     from worker.engine.config import Settings
@@ -190,7 +228,19 @@ def engine_traces(args) -> tuple[list[list[int]], list[Trace]]:
         # shape's pass is recorded (and its pipelines built) on first use
         _drive(engine.batch, [Request(ids, replace(params, max_tokens=16)) for ids in prompts()])
         timed = prompts()
-        return timed, _drive(engine.batch, [Request(ids, params) for ids in timed])
+        traces = _drive(engine.batch, [Request(ids, params) for ids in timed])
+        if not args.prefix_tokens:
+            return timed, traces, None
+        one = replace(params, max_tokens=1)
+
+        def run_one(ids: list[int]) -> Trace:
+            hits = engine.batch.stats()["prefix_hit_tokens"]
+            trace = _drive(engine.batch, [Request(ids, one)])[0]
+            trace.cached_tokens = engine.batch.stats()["prefix_hit_tokens"] - hits
+            return trace
+        reuse = prefix_pair(run_one, rng.integers(0, vocab, args.prefix_tokens).tolist(),
+                            [rng.integers(0, vocab, args.prompt_tokens).tolist() for _ in range(2)])
+        return timed, traces, reuse
     finally:
         engine.close()
 
