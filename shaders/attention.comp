@@ -11,7 +11,9 @@
 // g * group + (y % row_groups) * ROWS + r (r < ROWS), and the positions of split s of S (the
 // dispatch's x): [first + s * chunk, min(first + (s + 1) * chunk, tokens[t].y + 1)), first the
 // first visible position and chunk the token's visible positions over S, rounded up to whole
-// streams: every token's splits share its own length, however long the longest sequence.
+// streams, or min_chunk if more: every token's splits share its own length, however long the
+// longest sequence, and none takes fewer than min_chunk positions (splits past the token's
+// positions finish at once).
 // LANES invocations share one position: each loads a few f16vec4 blocks of the K and V rows
 // (coalesced), the dot products are summed by subgroup shuffles, and one K/V read serves all
 // ROWS heads of the GQA group. The workgroup's STREAMS lane groups walk the positions
@@ -54,7 +56,7 @@ layout(std430, binding = 5) writeonly buffer O { float o[]; };
 layout(std430, binding = SINKS_BINDING) readonly buffer Sinks { float sinks[]; };
 #endif
 layout(push_constant) uniform Push {
-    uint n_head; uint n_head_kv; uint group; uint row_groups; float scale; uint window; uint table_stride;
+    uint n_head; uint n_head_kv; uint group; uint row_groups; uint min_chunk; float scale; uint window; uint table_stride;
 } p;
 
 #if defined(KV_Q8)
@@ -85,7 +87,7 @@ void main() {
     const uint seen = tokens[t].y + 1;   // positions up to and including this token's
     const uint first_visible = p.window != 0 && seen > p.window ? seen - p.window : 0;
     const uint per_split = STREAMS * gl_NumWorkGroups.x;
-    const uint chunk = (seen - first_visible + per_split - 1) / per_split * STREAMS;
+    const uint chunk = max(p.min_chunk, (seen - first_visible + per_split - 1) / per_split * STREAMS);
     const uint begin = first_visible + split * chunk, end = min(begin + chunk, seen);
 
     for (uint i = tid; i < ROWS * BLOCKS; i += WG) {

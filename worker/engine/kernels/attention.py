@@ -8,7 +8,8 @@ GQA group share the workgroup and its K/V reads (attention.comp says how the wor
 out). When tokens x KV heads alone give too few workgroups (decode), the sequence is split
 (flash-decoding) and attention_merge combines the partials by log-sum-exp; the split count is
 fixed at record time (from the workgroups and the longest sequence the cache holds,
-shape.n_ctx), and the shader shares each token's positions among the splits by its own length. The partials live in a buffer the caller owns, of split_scratch_bytes."""
+shape.n_ctx), and the shader shares each token's positions among the splits by its own length
+(MIN_CHUNK positions a split at least). The partials live in a buffer the caller owns, of split_scratch_bytes."""
 from dataclasses import dataclass
 
 from worker.engine.intmath import cdiv, round_up
@@ -21,8 +22,8 @@ from worker.engine.vk.memory import Buffer
 
 ACCUMULATORS = 64        # f32 accumulators per invocation: heads per workgroup x head_dim / LANES
 LANES = 8                # invocations sharing one position (attention.comp's LANES)
-# Positions per split at least at the longest sequence the cache holds (the split count is at most
-# n_ctx / MIN_CHUNK), so a split's fixed cost (and the merge's per split) stays small.
+# Positions per split at least (and the split count at most n_ctx / MIN_CHUNK), so a split's fixed
+# cost (and the merge's per split) stays small.
 # H200, decode at position 600 of 656 (split attention + merge, us a layer; tg128 tok/s): 1B
 # 16.2 + 4.9 at 128 (724.9), 12.3 + 5.7 at 64 (721.8, 738.7 again), 10.4 + 9.7 at 16 (711.7);
 # 8B 19.0 + 5.7 (284.3), 14.2 + 7.1 (287.0, 288.1), 13.2 + 12.3 (270.7); Qwen3-30B-A3B 18.6 +
@@ -101,7 +102,7 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
     splits = plan.splits
     spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES, 5: cache.block}
     push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, row_groups=plan.row_groups,
-                scale=float(shape.scale), window=shape.window, table_stride=cache.table_stride)
+                min_chunk=round_up(MIN_CHUNK, size // LANES), scale=float(shape.scale), window=shape.window, table_stride=cache.table_stride)
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
     sink_suffix, sink_buffers = ("_sinks", [sinks]) if sinks is not None else ("", [])
     kv = [q, cache.k, cache.v, step, cache.table]
