@@ -19,10 +19,16 @@
 // ROWS heads of the GQA group. The workgroup's STREAMS lane groups walk the positions
 // independently, each with its own online softmax (running max m, sum l, accumulator), so no
 // barrier sits in the loop and loads of many positions are in flight; the streams are merged by
-// log-sum-exp at the end. With SPLIT the unnormalized result of the split (acc, m, l) goes to
-// attention_merge (flash-decoding); otherwise the finished output. With SINKS (gpt-oss) each
-// head's learned logit sinks[h] joins the softmax's denominator only: out = sum_i e^(s_i - M) v_i /
-// (sum_i e^(s_i - M) + e^(sinks[h] - M)), M the maximum over the scores and the sink.
+// log-sum-exp at the end. With SPLIT (flash-decoding) each split writes its unnormalized result
+// (acc, m, l) to the partials, and the last of a token's splits to finish for these heads (a
+// counter per (token, y), made visible before it is counted) merges all of them into the
+// finished output: no dispatch and barrier of its own for the merge; it leaves the counter at 0
+// (the caller's scratch starts zeroed). Otherwise each workgroup writes the finished output. With
+// SINKS (gpt-oss) each head's learned logit sinks[h] joins the softmax's denominator only:
+// out = sum_i e^(s_i - M) v_i / (sum_i e^(s_i - M) + e^(sinks[h] - M)), M the maximum over the
+// scores and the sink. With X8 (heads of a multiple of 32 values) the output is also written in
+// x8.glsl's 8-bit blocks, the input of the 8-bit products (a block's 8 invocations hold one
+// head's values).
 layout(constant_id = 1) const uint HEAD_DIM = 128;
 layout(constant_id = 2) const uint ROWS = 1;
 layout(constant_id = 3) const uint LANES = 8;            // attention.py's LANES
@@ -40,11 +46,14 @@ layout(std430, binding = 1) readonly buffer K { KV_VEC4 k4[]; };
 layout(std430, binding = 2) readonly buffer V { KV_VEC4 v4[]; };
 layout(std430, binding = 3) readonly buffer Step { uvec2 tokens[]; };   // (slot, position) per token
 #if defined(SPLIT)
-layout(std430, binding = 5) writeonly buffer PartO { float part_o[]; };
-layout(std430, binding = 6) writeonly buffer PartML { vec2 part_ml[]; };
-#define SCALE_BINDING 7
+// coherent: the merging workgroup reads what the others wrote
+layout(std430, binding = 5) coherent buffer PartO { vec4 part_o4[]; };
+layout(std430, binding = 6) coherent buffer PartML { vec2 part_ml[]; };
+layout(std430, binding = 7) writeonly buffer O { vec4 o4[]; };
+layout(std430, binding = 8) coherent buffer Counters { uint counters[]; };
+#define SCALE_BINDING 9
 #else
-layout(std430, binding = 5) writeonly buffer O { float o[]; };
+layout(std430, binding = 5) writeonly buffer O { vec4 o4[]; };
 #define SCALE_BINDING 6
 #endif
 #if defined(KV_Q8)
@@ -54,6 +63,14 @@ layout(std430, binding = 5) writeonly buffer O { float o[]; };
 #endif
 #if defined(SINKS)
 layout(std430, binding = SINKS_BINDING) readonly buffer Sinks { float sinks[]; };
+#define X8_BINDING (SINKS_BINDING + 1)
+#else
+#define X8_BINDING SINKS_BINDING
+#endif
+#if defined(X8)
+#include "x8.glsl"
+layout(std430, binding = X8_BINDING) writeonly buffer Q8 { uint q8[]; };
+#include "x8_store.glsl"
 #endif
 layout(push_constant) uniform Push {
     uint n_head; uint n_head_kv; uint group; uint row_groups; uint min_chunk; float scale; uint window; uint table_stride;
@@ -73,6 +90,9 @@ vec4 load_v(uint i) { return vec4(v4[i]); }
 shared vec4 q_sh[ROWS * BLOCKS];
 shared vec4 acc_sh[STREAMS * BLOCKS];
 shared vec2 ml_sh[STREAMS];
+#if defined(SPLIT)
+shared bool last_sh;
+#endif
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
@@ -159,9 +179,7 @@ void main() {
             }
 #if defined(SPLIT)
             const uint part = row * gl_NumWorkGroups.x + split;
-            for (uint c = 0; c < 4; c++) {
-                part_o[part * HEAD_DIM + 4 * blk + c] = sum[c];
-            }
+            part_o4[part * BLOCKS + blk] = sum;
             if (blk == 0) {
                 part_ml[part] = vec2(big_m, big_l);
             }
@@ -171,11 +189,54 @@ void main() {
             const float sink = sinks[head0 + r], m_all = max(big_m, sink);
             norm = exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all));
 #endif
-            for (uint c = 0; c < 4; c++) {
-                o[row * HEAD_DIM + 4 * blk + c] = sum[c] * norm;
-            }
+            o4[row * BLOCKS + blk] = sum * norm;
 #endif
         }
         barrier();
     }
+#if defined(SPLIT)
+    // This split's partials visible device-wide, then counted; the last split of the token's
+    // heads merges them all: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M = max_s m_s
+    // (empty splits carry l = 0 and m = NO_SCORE: they weigh nothing).
+    memoryBarrierBuffer();
+    barrier();
+    const uint splits = gl_NumWorkGroups.x, counter = t * gl_NumWorkGroups.y + gl_WorkGroupID.y;
+    if (tid == 0) {
+        last_sh = atomicAdd(counters[counter], 1u) == splits - 1;
+    }
+    barrier();
+    if (!last_sh) {
+        return;
+    }
+    memoryBarrierBuffer();
+    // a thread per 4 values of a head: a block of x8 is 8 consecutive threads of one head
+    for (uint i = tid; i < rows * BLOCKS; i += WG) {
+        const uint r = i / BLOCKS, blk = i % BLOCKS;
+        const uint row = t * p.n_head + head0 + r, first = row * splits;
+        float big_m = NO_SCORE, big_l = 0.0;
+        for (uint s = 0; s < splits; s++) {
+            big_m = max(big_m, part_ml[first + s].x);
+        }
+        vec4 sum = vec4(0.0);
+        for (uint s = 0; s < splits; s++) {
+            const vec2 ml = part_ml[first + s];
+            const float w = exp(ml.x - big_m);
+            big_l += w * ml.y;
+            sum += w * part_o4[(first + s) * BLOCKS + blk];
+        }
+#if defined(SINKS)
+        const float sink = sinks[head0 + r], m_all = max(big_m, sink);
+        sum *= exp(big_m - m_all);
+        big_l = big_l * exp(big_m - m_all) + exp(sink - m_all);
+#endif
+        const vec4 v = sum / big_l;
+        o4[row * BLOCKS + blk] = v;
+#if defined(X8)
+        store_x8(row * BLOCKS + blk, v, p.n_head * HEAD_DIM);
+#endif
+    }
+    if (tid == 0) {
+        counters[counter] = 0u;   // for the next pass
+    }
+#endif
 }

@@ -50,7 +50,7 @@ def attention_out(dev, paged, q, shape, tokens, splits, sinks=None) -> np.ndarra
     n_tokens = len(tokens)
     out = dev.empty(q.nbytes)
     nbytes = split_scratch_bytes(shape, n_tokens, splits)
-    scratch = dev.empty(nbytes) if nbytes else None
+    scratch = dev.put(np.zeros(nbytes, np.uint8)) if nbytes else None   # zeroed: its counters
     cache, step = paged.cache(), step_buffer(dev, tokens)
     dev.run(lambda rec: attention(rec, shape, dev.put(q), cache, out, step, n_tokens, scratch, splits=splits,
                                   sinks=None if sinks is None else dev.put(sinks)))
@@ -95,6 +95,27 @@ def test_batched_sequences_of_different_lengths(dev, splits, kv_type):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_passes_of_different_sizes_share_one_scratch(dev):
+    """As the workspace's: passes of 1, 40 and 1 tokens, each split, over one scratch zeroed once:
+    the merging splits leave the counters at 0, and no pass's partials land on the counters of
+    a larger pass (40 tokens x 2 KV heads count past what one token's pass would reserve)."""
+    rng = np.random.default_rng(5)
+    n_head, n_head_kv, head_dim, n_ctx = 4, 2, 64, 700
+    paged = Paged(dev, rng, 1, n_ctx, n_head_kv, head_dim)
+    k, v = f32(rng, 660, n_head_kv, head_dim), f32(rng, 660, n_head_kv, head_dim)
+    paged.fill(0, k, v)
+    stored = paged.stored(k), paged.stored(v)
+    cache, shape = paged.cache(), AttentionShape(n_head, n_head_kv, head_dim, n_ctx, scale=0.125)
+    scratch = dev.put(np.zeros(split_scratch_bytes(shape, 40, splits=2), np.uint8))
+    for n_tokens in (1, 40, 1):
+        tokens = [(0, 620 + t) for t in range(n_tokens)]
+        q, out = f32(rng, n_tokens, n_head, head_dim), dev.empty(n_tokens * n_head * head_dim * 4)
+        step = step_buffer(dev, tokens)
+        dev.run(lambda rec: attention(rec, shape, dev.put(q), cache, out, step, n_tokens, scratch, splits=2))
+        expected = np.stack([attention_reference(q[t], *stored, pos, 0.125) for t, (_, pos) in enumerate(tokens)])
+        np.testing.assert_allclose(dev.get(out, count=q.size).reshape(q.shape), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_recorded_decode_replays_with_the_step_buffer(dev):
     """Attention recorded once, replayed for successive positions of two sequences as a batch
     decodes them: the step buffer's positions and the cache's rows change, the recording not."""
@@ -108,7 +129,7 @@ def test_recorded_decode_replays_with_the_step_buffer(dev):
     shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, scale=0.125)
     bq = dev.empty(2 * n_head * head_dim * 4)
     out, step = dev.empty(2 * n_head * head_dim * 4), step_buffer(dev, [(0, 0), (1, 0)])
-    scratch = dev.empty(split_scratch_bytes(shape, 2))
+    scratch = dev.put(np.zeros(split_scratch_bytes(shape, 2), np.uint8))
     rec = dev.ctx.recording()
     attention(rec, shape, bq, cache, out, step, 2, scratch)
     rec.finish()
@@ -201,7 +222,7 @@ def test_x8_output_is_the_quantized_output(dev, n_head, head_dim, splits, sinks)
     cols = n_head * head_dim
     out, x8, ref8 = dev.empty(q.nbytes), dev.empty(x8_bytes(len(tokens), cols)), dev.empty(x8_bytes(len(tokens), cols))
     nbytes = split_scratch_bytes(shape, len(tokens), splits)
-    scratch = dev.empty(nbytes) if nbytes else None
+    scratch = dev.put(np.zeros(nbytes, np.uint8)) if nbytes else None   # zeroed: its counters
     cache, step = paged.cache(), step_buffer(dev, tokens)
     sink_logits = np.full(n_head, -30.0, np.float32)   # present, weighing next to nothing
 

@@ -1,6 +1,6 @@
 """Every buffer a recorded forward pass writes besides the KV cache: the per-replay inputs the host
 fills (step values, token ids, the rows that get logits), the activations, the kernels' own
-scratch (split attention's partials, top-k's survivors) and what the sampler reads back. Allocated
+scratch (split attention's partials and counters, top-k's survivors) and what the sampler reads back. Allocated
 once by the Runner that owns it, for passes of up to `n` tokens with logits for up to `sequences`
 rows (one per sequence of a batched pass); the memory plan counts the same sizes (`sizes` and
 `kernel_sizes`), so what is planned is what is allocated. This module loads no Vulkan until a
@@ -109,6 +109,9 @@ class Workspace:
                    for name, nbytes in sizes.items()}
         workspace = cls(**buffers)
         workspace.n, workspace.sequences = n, sequences
+        if workspace.attention is not None:
+            from worker.engine.kernels.attention import clear_scratch
+            clear_scratch(ctx, workspace.attention)
         return workspace
 
     def free(self, ctx):

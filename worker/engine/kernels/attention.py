@@ -6,11 +6,16 @@ every step.
 Attention runs one workgroup per (token, KV head, split of the sequence); the query heads of a
 GQA group share the workgroup and its K/V reads (attention.comp says how the work is laid
 out). When tokens x KV heads alone give too few workgroups (decode), the sequence is split
-(flash-decoding) and attention_merge combines the partials by log-sum-exp; the split count is
+(flash-decoding), and the last split of a token's heads to finish merges the partials by
+log-sum-exp in the same dispatch (a counter per token and heads in the scratch); the split count is
 fixed at record time (from the workgroups and the longest sequence the cache holds,
 shape.n_ctx), and the shader shares each token's positions among the splits by its own length
-(MIN_CHUNK positions a split at least). The partials live in a buffer the caller owns, of split_scratch_bytes."""
+(MIN_CHUNK positions a split at least). The partials and counters live in a buffer the caller
+owns, of split_scratch_bytes, zeroed once when it is allocated (the merging split leaves its
+counter at 0)."""
 from dataclasses import dataclass
+
+import numpy as np
 
 from worker.engine.intmath import cdiv, round_up
 from worker.engine.kernels.matmul import quantize_x8
@@ -30,7 +35,6 @@ LANES = 8                # invocations sharing one position (attention.comp's LA
 # 6.0 (243.2), 13.7 + 7.3 (244.2, 243.8), 13.3 + 12.6 (228.2).
 MIN_CHUNK = 64
 TARGET_WORKGROUPS = 1024  # enough workgroups to keep a large GPU's loads in flight in decode
-MERGE_THREADS = 64
 OFFSET_ALIGN = 256       # the largest minStorageBufferOffsetAlignment Vulkan allows
 
 
@@ -56,21 +60,33 @@ def _plan(shape: AttentionShape, n_tokens: int, splits: int | None) -> _Plan:
     return _Plan(rows, row_groups, splits)
 
 
-def _partial_bytes(shape: AttentionShape, n_tokens: int, splits: int) -> tuple[int, int]:
-    """Bytes of the partial outputs and of their (max, sum) pairs; the pairs start at the first."""
-    return round_up(n_tokens * shape.n_head * splits * shape.head_dim * 4, OFFSET_ALIGN), \
-        n_tokens * shape.n_head * splits * 8
+# Counters of the merging split, one per token and workgroup of heads: a pass splits only while
+# those are fewer than TARGET_WORKGROUPS (`_plan`), so a region of that many words at the start
+# of the scratch serves every pass, and no partials of another pass ever land on it.
+COUNTER_BYTES = round_up(4 * TARGET_WORKGROUPS, OFFSET_ALIGN)
+
+
+def _scratch_parts(shape: AttentionShape, n_tokens: int, plan: _Plan) -> tuple[int, int, int]:
+    """Bytes of the counters, of the partial outputs and of their (max, sum) pairs, each part
+    starting where the one before ends."""
+    return (COUNTER_BYTES, round_up(n_tokens * shape.n_head * plan.splits * shape.head_dim * 4, OFFSET_ALIGN),
+            n_tokens * shape.n_head * plan.splits * 8)
 
 
 def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | None = None) -> int:
     """Bytes of the `scratch` buffer that attention needs for any pass of up to max_tokens tokens
-    (0: it never splits). `splits` as given to attention."""
+    (0: it never splits). `splits` as given to attention. Zero it once (`clear_scratch`)."""
     need = 0
     for n in range(1, max_tokens + 1):
-        s = _plan(shape, n, splits).splits
-        if s > 1:
-            need = max(need, sum(_partial_bytes(shape, n, s)))
+        plan = _plan(shape, n, splits)
+        if plan.splits > 1:
+            need = max(need, sum(_scratch_parts(shape, n, plan)))
     return need
+
+
+def clear_scratch(ctx, scratch: Buffer):
+    """Zeroes a newly allocated scratch buffer: its counters start at 0 (and are left so)."""
+    ctx.upload(scratch, np.zeros(scratch.size, np.uint8))
 
 
 def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer,
@@ -80,12 +96,12 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     token t's sequence (slot step[2t], position pos_t = step[2t + 1]; only the last
     shape.window positions of that range when the window is set), q and out f32
     [n_tokens, n_head, head_dim]. `splits` overrides the automatic split count. With more than one
-    split this records two dispatches with a barrier between them, the partials in `scratch`
-    (split_scratch_bytes). `sinks` (f32 [n_head], gpt-oss): each head's sink logit joins the
-    softmax's denominator. `x8`: the output in 8-bit blocks there too (x8.glsl, for the 8-bit
-    mat-vec products; n_head x head_dim a multiple of 32), written by the merge where the
-    sequence splits and heads are whole blocks (decode: one dispatch and barrier less than a
-    quantize_x8 after it), else by a quantize_x8 after a barrier."""
+    split the partials and counters are in `scratch` (split_scratch_bytes, zeroed when
+    allocated). `sinks` (f32 [n_head], gpt-oss): each head's sink logit joins the softmax's
+    denominator. `x8`: the output in 8-bit blocks there too (x8.glsl, for the 8-bit products;
+    n_head x head_dim a multiple of 32), written by the merging split where the sequence splits
+    and heads are whole blocks (decode: one dispatch and barrier less than a quantize_x8 after
+    it), else by a quantize_x8 after a barrier."""
     merged = x8 if x8 is not None and shape.head_dim % X8_BLOCK_VALUES == 0 else None
     if not _record(rec, shape, q, cache, out, step, n_tokens, scratch, splits, sinks, merged) and x8 is not None:
         rec.barrier()
@@ -95,14 +111,15 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
 def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer, step: Buffer,
             n_tokens: int, scratch: Buffer | None, splits: int | None, sinks: Buffer | None,
             x8: Buffer | None) -> bool:
-    """attention's dispatches; True where the merge wrote x8 too."""
+    """attention's dispatch; True where it wrote x8 too."""
     ctx = rec.ctx
     size = attention_threads(ctx)
     plan = _plan(shape, n_tokens, splits)
     splits = plan.splits
     spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES, 5: cache.block}
     push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, row_groups=plan.row_groups,
-                min_chunk=round_up(MIN_CHUNK, size // LANES), scale=float(shape.scale), window=shape.window, table_stride=cache.table_stride)
+                min_chunk=round_up(MIN_CHUNK, size // LANES), scale=float(shape.scale), window=shape.window,
+                table_stride=cache.table_stride)
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
     sink_suffix, sink_buffers = ("_sinks", [sinks]) if sinks is not None else ("", [])
     kv = [q, cache.k, cache.v, step, cache.table]
@@ -110,15 +127,15 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
         rec.dispatch(ctx.kernel("attention" + cache.suffix + sink_suffix, spec),
                      [*kv, out, *cache.scales, *sink_buffers], groups, push)
         return False
-    o_bytes, ml_bytes = _partial_bytes(shape, n_tokens, splits)
-    if scratch is None or scratch.size < o_bytes + ml_bytes:
-        raise ValueError(f"attention over {splits} splits needs {o_bytes + ml_bytes} bytes of scratch")
-    part_o, part_ml = scratch.sub(0, o_bytes), scratch.sub(o_bytes, ml_bytes)
-    rec.dispatch(ctx.kernel("attention_split" + cache.suffix, spec), [*kv, part_o, part_ml, *cache.scales], groups,
-                 push)
-    rec.barrier()
+    if groups[1] * n_tokens > TARGET_WORKGROUPS:
+        raise ValueError(f"attention splits passes of at most {TARGET_WORKGROUPS} tokens x workgroups of heads, "
+                         f"not {groups[1] * n_tokens}")
+    c_bytes, o_bytes, ml_bytes = _scratch_parts(shape, n_tokens, plan)
+    if scratch is None or scratch.size < c_bytes + o_bytes + ml_bytes:
+        raise ValueError(f"attention over {splits} splits needs {c_bytes + o_bytes + ml_bytes} bytes of scratch")
+    counters, part_o, part_ml = (scratch.sub(0, c_bytes), scratch.sub(c_bytes, o_bytes),
+                                 scratch.sub(c_bytes + o_bytes, ml_bytes))
     x8_suffix, x8_buffers = ("_x8", [x8]) if x8 is not None else ("", [])
-    rec.dispatch(ctx.kernel("attention_merge" + sink_suffix + x8_suffix, {0: MERGE_THREADS}),
-                 [part_o, part_ml, out, *sink_buffers, *x8_buffers], (shape.n_head, n_tokens, 1),
-                 dict(n_splits=splits, head_dim=shape.head_dim))
+    rec.dispatch(ctx.kernel("attention_split" + cache.suffix + sink_suffix + x8_suffix, spec),
+                 [*kv, part_o, part_ml, out, counters, *cache.scales, *sink_buffers, *x8_buffers], groups, push)
     return x8 is not None
