@@ -201,8 +201,8 @@ def test_attention_sliding_window(dev, n_tokens, pos0, window, n_ctx, splits):
 
 
 @pytest.mark.parametrize("n_head, head_dim, splits, sinks", [
-    (4, 64, None, False),   # decode split over the sequence: the merge writes the blocks
-    (6, 128, 3, True),      # with sinks, through the sinks' merge
+    (4, 64, None, False),   # decode split over the sequence: the merging split writes the blocks
+    (6, 128, 3, True),      # with sinks, merged with them
     (4, 64, 1, False),      # one pass: a quantize_x8 after it
     (8, 80, 2, False),      # heads across blocks (80 values): split, then a quantize_x8
 ])
