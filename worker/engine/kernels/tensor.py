@@ -41,6 +41,11 @@ class DeviceTensor:
     def nbytes(self) -> int:
         return self.rows * self.row_bytes
 
+    @property
+    def key(self) -> tuple[GGMLQuantizationType, int, int]:
+        """(type, rows, K): how the tuners' tables name a weight (tuning.Key)."""
+        return self.ggml_type, self.rows, self.cols
+
 
 def _rows_data(name: str, ggml_type: GGMLQuantizationType, shape, data_uint8) -> tuple[int, int, np.ndarray]:
     """(cols, rows, bytes) of a weight, checked."""

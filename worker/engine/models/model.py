@@ -148,7 +148,7 @@ class Model:
             return self._upload_f32(ctx, info.data.view(np.float32))
         tensor = upload_tensor(ctx, info.name, info.ggml_type, info.shape, info.data)
         self._owned.append((ctx, tensor))
-        key = (tensor.ggml_type, tensor.rows, tensor.cols)
+        key = tensor.key
         shapes, glu_shapes, tiles, cols = self._tuned[id(ctx)]
         tensor.mat_vec_shape, tensor.glu_shape = shapes.get(key), glu_shapes.get(key)
         tensor.coopmat_tile, tensor.cols_shapes = tiles.get(key), cols.get(key, {})
@@ -165,11 +165,9 @@ class Model:
         fused, views = joined
         self._owned.append((ctx, fused))
         shapes, _, tiles, cols = self._tuned[id(ctx)]
-        fused.mat_vec_shape = shapes.get((fused.ggml_type, fused.rows, fused.cols))
-        fused.cols_shapes = cols.get((fused.ggml_type, fused.rows, fused.cols), {})
+        fused.mat_vec_shape, fused.cols_shapes = shapes.get(fused.key), cols.get(fused.key, {})
         for view in views:   # alone they serve prefill's mat-mat products
-            key = (view.ggml_type, view.rows, view.cols)
-            view.mat_vec_shape, view.coopmat_tile = shapes.get(key), tiles.get(key)
+            view.mat_vec_shape, view.coopmat_tile = shapes.get(view.key), tiles.get(view.key)
         layer["attn_qkv"] = fused
         layer.update(zip(names, views))
 
