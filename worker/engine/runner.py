@@ -10,8 +10,9 @@ the host handles the current one (`greedy`).
 
 A model split across contexts (worker/engine/placement.py) has a workspace and a command buffer
 per stage (worker/engine/staged.py): the host writes a pass's inputs into the first stage's
-workspace (`workspace`) and reads its outputs from the last one's; in split greedy decode the
-host hands each step's argmax to the first stage of the next."""
+workspace (`workspace`) and reads its outputs from the last one's; in split greedy decode each
+step's argmax reaches the first stage of the next through the memory they share, and where the
+host orders the stages, the next step is queued once the step before has ended."""
 from collections import OrderedDict, deque
 from typing import Iterator
 
@@ -24,6 +25,7 @@ from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
 from worker.engine.staged import StagedPass, handoff_poll_s
+from worker.engine.vk.linked import SharedMemory, Timeline, shares_timeline
 from worker.engine.workspace import Workspace
 
 _MAX_RECORDINGS = 64  # recordings kept per model, by (tokens per pass, selection, logits rows)
@@ -47,9 +49,17 @@ class Runner:
         """`max_batch`: the most tokens one pass takes (the prefill chunk); `sequences`: the most
         logits rows of a batched pass."""
         self.model, self.kv, self.stages = model, model.kv, model.stages
-        staged = len(self.stages) > 1
+        ctxs = [stage.ctx for stage in self.stages]
+        self._shared = self._timeline = None
+        shared = [{}] * len(ctxs)
+        if len(ctxs) > 1:
+            sizes = Workspace.sizes(model.config, max_batch, sequences, staged=True)
+            self._shared = SharedMemory(ctxs, {name: sizes[name] for name in Workspace.SHARED})
+            shared = [dict(zip(Workspace.SHARED, buffers))
+                      for buffers in zip(*(self._shared.buffers(name) for name in Workspace.SHARED))]
+            self._timeline = Timeline(ctxs) if shares_timeline(ctxs) else None
         self.workspaces = [Workspace.allocate(stage.ctx, model.config, max_batch, model.attention_shape, sequences,
-                                              staged) for stage in self.stages]
+                                              stage_shared) for stage, stage_shared in zip(self.stages, shared)]
         # the host writes a pass's inputs into the first stage's and reads its outputs from the last one's
         self.workspace, self._out = self.workspaces[0], self.workspaces[-1]
         self._fences = self._new_fences()
@@ -92,7 +102,7 @@ class Runner:
             if not profile:
                 rec.timestamp("forward")
             recordings.append(rec.finish())
-        return StagedPass(recordings, self.workspaces, 4 * n * self.model.config.n_embd, inputs)
+        return StagedPass(recordings, self.workspaces, inputs, self._timeline)
 
     def _record(self, n: int, select: str, logits=None, profile: bool = False, rows: int | None = None,
                 ids: str = "ids") -> StagedPass:
@@ -236,8 +246,8 @@ class Runner:
         at position pos + k and yields its argmax, at most `steps` steps. While the caller handles
         one token the next step runs, queued before it was needed: a caller that stops early
         leaves one step done for nothing, whose KV row lies past what it keeps. Split across
-        contexts, a step's token goes through the host to the first stage: the step after waits
-        for it when it is queued, and then runs while the caller handles that token."""
+        contexts with no timeline shared between them, the host orders the stages: the step after
+        is queued once this one has ended, and then runs while the caller handles its token."""
         recordings = [self._recording(1, f"greedy{slot}", lambda slot=slot: self._record_greedy(slot))
                       for slot in (0, 1)]
         in_flight: deque[int] = deque()
@@ -251,11 +261,10 @@ class Runner:
 
         def launch(k: int):
             slot = (k + 1) % 2
-            step, ids, _ = self._greedy_slot(slot)
+            step = self._greedy_slot(slot)[0]
             getattr(self.workspace, step).view(np.uint32)[:2] = (self.slot, pos + k)
-            if self._out is not self.workspace:   # split: the token of step k - 1, last stage to first
+            if self._shared is not None and self._timeline is None:   # the token of step k - 1 comes first
                 finish(1 - slot, handoff_poll_s(self.stages[-1].ctx))
-                getattr(self.workspace, ids).view(np.uint32)[0] = getattr(self._out, ids).view(np.uint32)[0]
             recordings[slot].submit(self._greedy_fences[slot])
             in_flight.append(slot)
             unfinished.add(slot)
@@ -364,3 +373,6 @@ class Runner:
         self.kv.give_slot(self.slot)
         for stage, ws in zip(self.stages, self.workspaces):
             ws.free(stage.ctx)
+        for shared in (self._timeline, self._shared):
+            if shared is not None:
+                shared.destroy()

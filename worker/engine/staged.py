@@ -1,19 +1,20 @@
 """A recorded forward pass as one command buffer per stage (worker/engine/placement.py),
-submitted in stage order. Between two stages the host waits on the earlier one's fence and
-copies the hidden state from its workspace's host-visible `handoff` into the next one's: each
-stage's context is its own VkDevice (even two on one physical device), and a Vulkan semaphore
-or buffer belongs to one device (external semaphores and memory could lift that; not used).
-Before the first submission the host-written inputs of the first stage's workspace that later
-stages read (step values, logits rows) are copied to theirs. With one stage a pass is one
-submission and nothing is copied: the unsplit path.
+submitted in stage order. Each stage's context is its own VkDevice (even two on one physical
+device), and what the stages hand each other (the hidden state, the greedy token) lies in host
+memory that all of them import (vk/linked.py's SharedMemory): no stage copies it through the
+host. The host-written inputs of the first stage's workspace that later stages read too (step
+values, logits rows) are copied to theirs before the first submission. With one stage a pass is
+one submission: the unsplit path.
 
-A hand-off polls the earlier stage's fence (HANDOFF_POLL_S) before it blocks on it: the GPU idles
-from the signal until the host has submitted the next stage, and the blocking wait wakes late.
-llama-3.1-8b Q4_K_M over two contexts of the H200 (2026-12-02, tg128 tok/s): blocking waits
-243.6 against 298.3 on one context (0.82x, 736 us of host time a token), polled 258.4 against
-301.3 (0.86x, 505 us). A CPU device (lavapipe) runs the stage on the host's cores, from which a
-poll would take one: there a hand-off blocks (tiny-llama split on lavapipe: 151.7 tok/s
-blocking, 128.5 polling)."""
+The order of the stages: where the contexts share a timeline semaphore (one GPU whose driver
+exports them: vk/linked.py's Timeline), every stage is queued at once, each waiting on the GPU for
+the one before. Otherwise the host waits on the earlier stage's fence before it submits the next,
+polling it first (HANDOFF_POLL_S): the GPU idles from the signal until the next stage is queued,
+and a blocking wait wakes late. llama-3.1-8b Q4_K_M over two contexts of the H200 (2026-12-02,
+tg128 tok/s, before the shared memory and the timeline): host waits blocking 243.6 against 298.3
+on one context (0.82x, 736 us of host time a token), polled 258.4 against 301.3 (0.86x, 505 us).
+A CPU device (lavapipe) runs the stage on the host's cores, from which a poll would take one:
+there a hand-off blocks (tiny-llama split on lavapipe: 151.7 tok/s blocking, 128.5 polling)."""
 
 HANDOFF_POLL_S = 0.01   # covers a decode stage; a prefill chunk's stage polls this long, then blocks
 
@@ -24,24 +25,28 @@ def handoff_poll_s(ctx) -> float:
 
 
 class StagedPass:
-    def __init__(self, recordings: list, workspaces: list, handoff_bytes: int, inputs: dict[str, int]):
+    def __init__(self, recordings: list, workspaces: list, inputs: dict[str, int], timeline=None):
         """`recordings`: one finished Recording per stage; `inputs`: workspace buffer name ->
-        bytes that the host writes into the first stage's and the later stages read too."""
+        bytes that the host writes into the first stage's and the later stages read too;
+        `timeline`: the stages' shared Timeline, None where the host orders them."""
         self.recordings, self._workspaces = recordings, workspaces
-        self._handoff_bytes, self._inputs = handoff_bytes, inputs
+        self._inputs, self._timeline = inputs, timeline
 
     def submit(self, fences: list):
-        """Queues the pass (`fences`: one per stage); returns once its last stage is queued."""
+        """Queues the pass (`fences`: one per stage; with a timeline only the last one's is
+        used); returns once its last stage is queued."""
         first = self._workspaces[0]
         for ws in self._workspaces[1:]:
             for name, nbytes in self._inputs.items():
                 getattr(ws, name).view()[:nbytes] = getattr(first, name).view()[:nbytes]
+        last = len(self.recordings) - 1
         for s, rec in enumerate(self.recordings):
+            if self._timeline is not None:
+                self._timeline.submit(rec, fences[s] if s == last else None)
+                continue
             if s:
                 earlier = self.recordings[s - 1].ctx
                 earlier.wait(fences[s - 1], handoff_poll_s(earlier))
-                n = self._handoff_bytes
-                self._workspaces[s].handoff.view()[:n] = self._workspaces[s - 1].handoff.view()[:n]
             rec.ctx.submit(rec, fences[s])
 
     def wait(self, fences: list, poll_s: float = 0.0):

@@ -52,11 +52,14 @@ class Workspace:
     select: Buffer             # argmax's and top-k's survivors over the logits
     x8: Buffer | None          # the mmq products' 8-bit activations (None: the device's prefill takes other kernels)
     # A model split across contexts (worker/engine/placement.py): f32 [n, n_embd], the hidden
-    # state a stage hands to the next, copied by the host (None with one context)
+    # state a stage hands to the next (None with one context). It, best and best_alt lie in host
+    # memory every stage's context imports (SHARED, vk/linked.py): what one stage writes there
+    # the next reads, the first stage's greedy token included.
     handoff: Buffer | None
 
     HOST_VISIBLE = frozenset({"step", "ids", "rows", "logits", "best", "top_ids", "top_values", "step_alt",
                               "best_alt", "mask", "handoff"})
+    SHARED = ("handoff", "best", "best_alt")
 
     @staticmethod
     def sizes(config, n: int, sequences: int = 1, staged: bool = False) -> dict[str, int]:
@@ -103,18 +106,24 @@ class Workspace:
                           x8_bytes(min(n, MAT_VEC_MAX_COLS) * c.n_expert_used, c.n_ff_exp) if decode_x8(ctx) else 0)}
 
     @classmethod
-    def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, staged: bool = False) -> Workspace:
-        sizes = cls.sizes(config, n, sequences, staged) | cls.kernel_sizes(ctx, config, n, shape, sequences)
-        buffers = {name: (ctx.alloc_host if name in cls.HOST_VISIBLE else ctx.alloc)(nbytes) if nbytes else None
+    def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, shared: dict[str, Buffer] | None = None
+                 ) -> Workspace:
+        """`shared`: the SHARED buffers of a stage of a split model, allocated by the caller
+        (the workspace is then sized for a stage, with its `handoff`)."""
+        shared = shared or {}
+        sizes = cls.sizes(config, n, sequences, bool(shared)) | cls.kernel_sizes(ctx, config, n, shape, sequences)
+        buffers = {name: shared.get(name) or ((ctx.alloc_host if name in cls.HOST_VISIBLE else ctx.alloc)(nbytes)
+                                              if nbytes else None)
                    for name, nbytes in sizes.items()}
         workspace = cls(**buffers)
-        workspace.n, workspace.sequences = n, sequences
+        workspace.n, workspace.sequences, workspace.shared = n, sequences, set(shared)
         if workspace.attention is not None:
             from worker.engine.kernels.attention import clear_scratch
             clear_scratch(ctx, workspace.attention)
         return workspace
 
     def free(self, ctx):
+        """Frees what `allocate` allocated (the shared buffers are the caller's)."""
         for f in fields(self):
-            if getattr(self, f.name) is not None:
+            if getattr(self, f.name) is not None and f.name not in self.shared:
                 ctx.free(getattr(self, f.name))

@@ -98,7 +98,24 @@ class Recording:
         vk.vkEndCommandBuffer(self.command_buffer)
         self._command_buffers = [self.command_buffer]  # kept alive: the submit struct points at it
         self.submit_infos = [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=self._command_buffers)]
+        self._timeline_submit = None
         return self
+
+    def timeline_submit_infos(self, semaphore) -> tuple[list, object]:
+        """Submit structs that wait for the timeline `semaphore` to reach values[0] before the
+        command buffer starts and set it to values[1] when it is done; `values` (a cffi
+        uint64_t[2]) is filled by the caller before each submission (vk/linked.py)."""
+        if self._timeline_submit is None:
+            values = vk.ffi.new("uint64_t[2]")
+            counts = vk.VkTimelineSemaphoreSubmitInfo(waitSemaphoreValueCount=1, pWaitSemaphoreValues=values,
+                                                      signalSemaphoreValueCount=1, pSignalSemaphoreValues=values + 1)
+            semaphores, stages = [semaphore], [vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT]
+            infos = [vk.VkSubmitInfo(pNext=counts, waitSemaphoreCount=1, pWaitSemaphores=semaphores,
+                                     pWaitDstStageMask=stages, commandBufferCount=1,
+                                     pCommandBuffers=self._command_buffers, signalSemaphoreCount=1,
+                                     pSignalSemaphores=semaphores)]
+            self._timeline_submit = (infos, values, counts, semaphores, stages)   # all kept alive
+        return self._timeline_submit[0], self._timeline_submit[1]
 
     def timings_ns(self) -> list[tuple[str, float]]:
         """(label, ns since the previous timestamp) for each timestamp after the first."""

@@ -14,7 +14,9 @@ _KIND_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
 COOPMAT = "VK_KHR_cooperative_matrix"
 INTEGER_DOT = "VK_KHR_shader_integer_dot_product"
-_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget", COOPMAT, INTEGER_DOT)
+HOST_MEMORY = "VK_EXT_external_memory_host"       # host memory imported by several devices (vk/linked.py)
+SEMAPHORE_FD = "VK_KHR_external_semaphore_fd"     # a semaphore shared with another device of this GPU
+_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget", COOPMAT, INTEGER_DOT, HOST_MEMORY, SEMAPHORE_FD)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ class DeviceInfo:
     # 4-vectors are faster than the same arithmetic done by hand (lavapipe: no)
     int8_dot: bool = False
     int8_dot_accelerated: bool = False
+    # the device's and its driver's UUIDs: devices (contexts) with equal ones can share a
+    # semaphore exported as an opaque fd, where `shares_timeline` says the driver can
+    uuid: bytes = b""
+    shares_timeline: bool = False
 
     def describe(self) -> str:
         return (f"[{self.index}] {self.name} ({self.kind}, {self.device_local_bytes / 2**30:.1f} GiB, "
@@ -90,9 +96,22 @@ def _int8_dot(physical_device, extensions) -> tuple[bool, bool]:
     return bool(features.shaderIntegerDotProduct), bool(props.integerDotProduct4x8BitPackedSignedAccelerated)
 
 
+def _shares_timeline(physical_device, extensions) -> bool:
+    """Timeline semaphores exported and imported as opaque fds (VK_KHR_external_semaphore_fd)."""
+    if SEMAPHORE_FD not in extensions:
+        return False
+    timeline = vk.VkSemaphoreTypeCreateInfo(semaphoreType=vk.VK_SEMAPHORE_TYPE_TIMELINE)
+    query = vk.VkPhysicalDeviceExternalSemaphoreInfo(pNext=timeline,
+                                                     handleType=vk.VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT)
+    features = vk.vkGetPhysicalDeviceExternalSemaphoreProperties(physical_device, query).externalSemaphoreFeatures
+    both = vk.VK_EXTERNAL_SEMAPHORE_FEATURE_EXPORTABLE_BIT | vk.VK_EXTERNAL_SEMAPHORE_FEATURE_IMPORTABLE_BIT
+    return features & both == both
+
+
 def describe_physical_device(instance, index, physical_device) -> DeviceInfo:
     subgroup = vk.VkPhysicalDeviceSubgroupProperties()
-    maintenance3 = vk.VkPhysicalDeviceMaintenance3Properties(pNext=subgroup)
+    ids = vk.VkPhysicalDeviceIDProperties(pNext=subgroup)
+    maintenance3 = vk.VkPhysicalDeviceMaintenance3Properties(pNext=ids)
     props2 = vk.VkPhysicalDeviceProperties2(pNext=maintenance3)
     vk.vkGetPhysicalDeviceProperties2(physical_device, props2)
     props, limits = props2.properties, props2.properties.limits
@@ -112,7 +131,9 @@ def describe_physical_device(instance, index, physical_device) -> DeviceInfo:
         max_workgroup_size=min(limits.maxComputeWorkGroupSize[0], limits.maxComputeWorkGroupInvocations),
         max_shared_memory=limits.maxComputeSharedMemorySize, driver_version=props.driverVersion,
         api_version=props.apiVersion, coopmat_shapes=_coopmat_shapes(instance, physical_device, extensions),
-        int8_dot=int8_dot, int8_dot_accelerated=int8_dot_accelerated)
+        int8_dot=int8_dot, int8_dot_accelerated=int8_dot_accelerated,
+        uuid=bytes(ids.deviceUUID) + bytes(ids.driverUUID),
+        shares_timeline=_shares_timeline(physical_device, extensions))
 
 
 def list_devices(instance) -> list[tuple[DeviceInfo, object]]:
@@ -145,7 +166,7 @@ def compute_queue_family(physical_device) -> int:
 
 
 def create_logical_device(physical_device, info: DeviceInfo, family: int):
-    usable = {COOPMAT: bool(info.coopmat_shapes), INTEGER_DOT: info.int8_dot}
+    usable = {COOPMAT: bool(info.coopmat_shapes), INTEGER_DOT: info.int8_dot, SEMAPHORE_FD: info.shares_timeline}
     extensions = [e for e in _WANTED_DEVICE_EXTENSIONS if e in info.extensions and usable.get(e, True)]
     priorities = [1.0]
     queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=priorities)
@@ -159,7 +180,8 @@ def create_logical_device(physical_device, info: DeviceInfo, family: int):
     features12 = vk.VkPhysicalDeviceVulkan12Features(pNext=chain, shaderFloat16=vk.VK_TRUE,
                                                      shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
                                                      uniformAndStorageBuffer8BitAccess=vk.VK_TRUE,
-                                                     vulkanMemoryModel=vk.VK_TRUE if coopmat else vk.VK_FALSE)
+                                                     vulkanMemoryModel=vk.VK_TRUE if coopmat else vk.VK_FALSE,
+                                                     timelineSemaphore=vk.VK_TRUE)   # a Vulkan 1.2 must
     features11 = vk.VkPhysicalDeviceVulkan11Features(pNext=features12, storageBuffer16BitAccess=vk.VK_TRUE,
                                                      uniformAndStorageBuffer16BitAccess=vk.VK_TRUE)
     base = vk.VkPhysicalDeviceFeatures(shaderInt16=vk.VK_TRUE, shaderInt64=vk.VK_TRUE)

@@ -1,5 +1,7 @@
 """Device memory: a few large VkDeviceMemory blocks, each wrapped by one VkBuffer, with tensors
 sub-allocated inside at the storage-buffer offset alignment (docs/ARCHITECTURE.md, "Memory")."""
+import ctypes
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,23 +48,42 @@ class Buffer:
         return raw.view(dtype)
 
 
+_HOST_POINTER = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
+
+
 class Block:
     """One VkDeviceMemory with a VkBuffer over all of it and a first-fit free list."""
 
-    def __init__(self, device, size: int, type_index: int, host_visible: bool):
+    def __init__(self, device, size: int, type_index: int, host_visible: bool, host: mmap.mmap | None = None):
+        """`host`: instead of allocating, import this page-aligned host memory of `size` bytes
+        (VK_EXT_external_memory_host), which other devices may import too; `type_index` is then
+        not used (the driver says which types can hold it)."""
         self.device, self.size = device, size
-        info = vk.VkBufferCreateInfo(size=size, usage=_USAGE, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+        external = vk.VkExternalMemoryBufferCreateInfo(handleTypes=_HOST_POINTER) if host is not None else None
+        info = vk.VkBufferCreateInfo(pNext=external, size=size, usage=_USAGE, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
         self.vk_buffer = vk.vkCreateBuffer(device, info, None)
         requirements = vk.vkGetBufferMemoryRequirements(device, self.vk_buffer)
         alloc = vk.VkMemoryAllocateInfo(allocationSize=requirements.size, memoryTypeIndex=type_index)
+        self._pointer = None
+        if host is not None:
+            self._pointer = ctypes.c_char.from_buffer(host)   # pins the mapping while the block lives
+            pointer = vk.ffi.cast("void *", ctypes.addressof(self._pointer))
+            props = vk.VkMemoryHostPointerPropertiesEXT()   # the package's own would lack its sType
+            vk.vkGetDeviceProcAddr(device, "vkGetMemoryHostPointerPropertiesEXT")(device, _HOST_POINTER, pointer, props)
+            types = props.memoryTypeBits & requirements.memoryTypeBits
+            imported = vk.VkImportMemoryHostPointerInfoEXT(handleType=_HOST_POINTER, pHostPointer=pointer)
+            alloc = vk.VkMemoryAllocateInfo(pNext=imported, allocationSize=size,
+                                            memoryTypeIndex=(types & -types).bit_length() - 1)
         try:
             self.memory = vk.vkAllocateMemory(device, alloc, None)
-        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as e:
+        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory, vk.VkErrorInvalidExternalHandle) as e:
             vk.vkDestroyBuffer(device, self.vk_buffer, None)
             raise OutOfDeviceMemory(f"the device could not allocate {size / 2**20:.0f} MiB") from e
         vk.vkBindBufferMemory(device, self.vk_buffer, self.memory, 0)
         self.mapped = None
-        if host_visible:
+        if host is not None:
+            self.mapped = np.frombuffer(host, np.uint8)
+        elif host_visible:
             self.mapped = np.frombuffer(vk.vkMapMemory(device, self.memory, 0, size, 0), np.uint8)
         self.free = [(0, size)]  # sorted (offset, size) holes
 
@@ -91,7 +112,7 @@ class Block:
         return self.size - sum(hole for _, hole in self.free)
 
     def destroy(self):
-        self.mapped = None
+        self.mapped = self._pointer = None
         vk.vkDestroyBuffer(self.device, self.vk_buffer, None)
         vk.vkFreeMemory(self.device, self.memory, None)
 
