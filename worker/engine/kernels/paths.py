@@ -32,6 +32,12 @@ MAT_COLS_MAX = 16
 MAT_COLS_X8_MAX = 64
 # The kernels over 8-bit activations in decode: their input is x quantized once (x8 scratch).
 X8_PATHS = frozenset({"mat_vec_x8", "mat_cols_x8"})
+# Types whose one-column products keep f32 x under decode_kernel "auto": MXFP4's 8-bit quants
+# come from byte loads and a table per 16 values (dequant.glsl's quants16), where its f32 kernel
+# has item loops. H200 (`vkllm bench kernels`, 2026-12-02, us): 4096x4096 64.0 over 8-bit x against
+# 14.3 over f32, 14336x4096 210.2 against 35.6, 4096x14336 212.7 against 33.8, 128256x4096 1786
+# against 263. Dense products and gpt-oss's expert products alike (models/moe.py asks this rule).
+F32_DECODE_TYPES = frozenset({T.MXFP4})
 
 
 def coopmat_shape(info) -> tuple[int, int, int] | None:
@@ -93,7 +99,8 @@ def decode_x8(ctx) -> bool:
     take the kernel over 8-bit activations (`mat_vec_x8`): Settings.decode_kernel "x8" (an error where the device
     lacks integer dot products), "mat_vec" never; with "auto" on GPUs that have them (on an H200
     it beat the f32 kernel for every type at every Llama-8B shape, 1.7x on the gate+up
-    product, quantization of x included), not on CPU drivers (lavapipe has them unaccelerated)."""
+    product, quantization of x included; `product_path` keeps F32_DECODE_TYPES on f32 x), not
+    on CPU drivers (lavapipe has them unaccelerated)."""
     choice = ctx.settings.decode_kernel
     if choice == "x8" and "mmq" not in paths(ctx):
         raise VkllmError(f"VKLLM_DECODE_KERNEL=x8: {ctx.info.name} has no integer dot products")
@@ -111,16 +118,18 @@ def product_path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None 
     folds into them) and batch_kernel is "auto", products of weights of `qtype` over a K that
     is a multiple of 256 take kernels over 8-bit x: 2 .. MAT_COLS_X8_MAX columns of the types of
     `x8_cols_types` the mat-cols one, others of up to MAT_VEC_MAX_COLS columns of a type with an
-    8-bit mat-vec kernel (and K a multiple of 32) that one (so on a GPU with integer dot
-    products: Q4_K, Q5_K and Q6_K 8-bit mat-cols up to 64 columns; other quantized types 8-bit
-    mat-vec up to 8, f32 mat-cols 9 .. 16)."""
+    8-bit mat-vec kernel (and K a multiple of 32) that one, but for F32_DECODE_TYPES unless
+    decode_kernel is "x8" (so on a GPU with integer dot products: Q4_K, Q5_K and Q6_K 8-bit
+    mat-cols up to 64 columns; other quantized types 8-bit mat-vec up to 8, f32 mat-cols 9 .. 16;
+    MXFP4 the f32 kernels: mat-vec for one column, mat-cols for 2 .. 16)."""
     path = _f32_path(ctx, n, k, folded)
     auto = ctx.settings.batch_kernel == "auto"
     if folded or not decode_x8(ctx) or not (auto or path == "mat_vec"):
         return path
     if auto and 2 <= n <= MAT_COLS_X8_MAX and qtype in x8_cols_types() and k % 256 == 0:
         return "mat_cols_x8"
-    if n <= MAT_VEC_MAX_COLS and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0:
+    if n <= MAT_VEC_MAX_COLS and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0 \
+            and not (qtype in F32_DECODE_TYPES and ctx.settings.decode_kernel == "auto"):
         return "mat_vec_x8"
     return path
 
