@@ -138,7 +138,12 @@ layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
 #include "x8.glsl"
 layout(std430, binding = NUM_MATS) readonly buffer Activations8 { ivec4 x8[]; };
 #endif
-layout(std430, binding = NUM_MATS + 1) buffer Y { float y[]; };
+#if defined(NORMED_OUT)   // its last workgroup reads back what the others stored (mul_mat_vec.comp)
+#define Y_ACCESS coherent
+#else
+#define Y_ACCESS
+#endif
+layout(std430, binding = NUM_MATS + 1) Y_ACCESS buffer Y { float y[]; };
 #if defined(EXPERT_TILES)
 // moe_group.comp's output: the slots by expert, then (expert, first, count) per tile
 layout(std430, binding = NUM_MATS + 2) readonly buffer Tiles { uint tiles[]; };
@@ -174,8 +179,8 @@ layout(push_constant) uniform Push {
     uint expert_count;  // experts in the part
     uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
 #endif
-#if defined(NORM)
-    float eps;        // the RMSNorm's
+#if defined(NORM) || defined(NORMED_OUT)
+    float eps;        // the RMSNorm's (NORMED_OUT: the norm of the output's)
 #endif
 #if defined(QKV)
     uint k_first;     // first row of K in the weight

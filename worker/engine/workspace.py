@@ -8,10 +8,14 @@ device is at hand: the plan of `vkllm models inspect` needs none."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+
+import numpy as np
 from typing import TYPE_CHECKING
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.shapes import MAX_K
+
+DONE_COUNTERS = 16   # one per column group of a NormedOut product (one column: one)
 
 if TYPE_CHECKING:
     from worker.engine.vk.memory import Buffer
@@ -51,6 +55,8 @@ class Workspace:
     attention: Buffer | None   # split attention's partials (None: attention never splits)
     select: Buffer             # argmax's and top-k's survivors over the logits
     x8: Buffer | None          # the mmq products' 8-bit activations (None: the device's prefill takes other kernels)
+    done: Buffer               # uint32 counters of the residual products that write the next norm (matmul's
+                               # NormedOut): zeroed when allocated, left at 0 by each product's last workgroup
     # A model split across contexts (worker/engine/placement.py): f32 [n, n_embd], the hidden
     # state a stage hands to the next (None with one context). It, best and best_alt lie in host
     # memory every stage's context imports (SHARED, vk/linked.py): what one stage writes there
@@ -78,7 +84,7 @@ class Workspace:
         return {"step": 8 * n, "ids": 4 * n, "rows": 4 * s, **{name: 4 * n * width for name, width in rows.items()},
                 "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,
                 "top_values": 4 * MAX_K * s, "step_alt": 8, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32) * s,
-                "handoff": 4 * n * c.n_embd if staged else 0}
+                "handoff": 4 * n * c.n_embd if staged else 0, "done": 4 * DONE_COUNTERS}
 
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape, sequences: int = 1) -> dict[str, int]:
@@ -117,9 +123,9 @@ class Workspace:
                    for name, nbytes in sizes.items()}
         workspace = cls(**buffers)
         workspace.n, workspace.sequences, workspace.shared = n, sequences, set(shared)
-        if workspace.attention is not None:
-            from worker.engine.kernels.attention import clear_scratch
-            clear_scratch(ctx, workspace.attention)
+        for counted in (workspace.attention, workspace.done):   # counters start at 0 (and are left so)
+            if counted is not None:
+                ctx.upload(counted, np.zeros(counted.size, np.uint8))
         return workspace
 
     def free(self, ctx):

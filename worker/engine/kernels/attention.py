@@ -15,8 +15,6 @@ owns, of split_scratch_bytes, zeroed once when it is allocated (the merging spli
 counter at 0)."""
 from dataclasses import dataclass
 
-import numpy as np
-
 from worker.engine.intmath import cdiv, round_up
 from worker.engine.kernels.matmul import quantize_x8
 from worker.engine.kernels.paged import PagedCache
@@ -75,18 +73,13 @@ def _scratch_parts(shape: AttentionShape, n_tokens: int, plan: _Plan) -> tuple[i
 
 def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | None = None) -> int:
     """Bytes of the `scratch` buffer that attention needs for any pass of up to max_tokens tokens
-    (0: it never splits). `splits` as given to attention. Zero it once (`clear_scratch`)."""
+    (0: it never splits). `splits` as given to attention. Zero it once (Workspace.allocate does)."""
     need = 0
     for n in range(1, max_tokens + 1):
         plan = _plan(shape, n, splits)
         if plan.splits > 1:
             need = max(need, sum(_scratch_parts(shape, n, plan)))
     return need
-
-
-def clear_scratch(ctx, scratch: Buffer):
-    """Zeroes a newly allocated scratch buffer: its counters start at 0 (and are left so)."""
-    ctx.upload(scratch, np.zeros(scratch.size, np.uint8))
 
 
 def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer,
