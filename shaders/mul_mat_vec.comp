@@ -3,7 +3,7 @@
 #include "int_dot.glsl"
 #endif
 #extension GL_EXT_control_flow_attributes : require
-#if defined(NORMED_OUT)
+#if defined(NORMED_OUT) || defined(BLOCKS_OUT)
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
 #include "common.glsl"
@@ -75,6 +75,39 @@ void normalize_when_last(uint col0) {
 
 // Inner loops. Each dequantizes a piece of weights once and applies it to all NUM_COLS columns
 // of x; each load of x serves all NUM_ROWS rows of all NUM_MATS weights.
+
+#if defined(BLOCKS_OUT)
+// A one-column, one-part product (the fused gate+up's, over rows of a multiple of 32) that also
+// writes its output in x8.glsl's 8-bit blocks (the input of the 8-bit down product): the last of
+// a 32-row block's workgroups to store its rows (a counter per block, counted once its stores
+// are visible, left at 0) reads the block back and quantizes it with 8 invocations, as
+// quantize_x8.comp would: that dispatch and its barrier are gone. NUM_ROWS divides 32. Bindings
+// after y: the blocks, the counters.
+layout(std430, binding = NUM_MATS + 1) coherent buffer Y4 { vec4 y4[]; };
+layout(std430, binding = NUM_MATS + 2) writeonly buffer Q8 { uint q8[]; };
+layout(std430, binding = NUM_MATS + 3) coherent buffer Done { uint done[]; };
+#include "x8_store.glsl"
+shared bool last_sh;
+
+void quantize_when_last(uint row0) {
+    const uint tid = gl_LocalInvocationID.x, block = row0 / 32;
+    if (tid == 0) {   // the invocation that stored this workgroup's rows
+        memoryBarrierBuffer();
+        last_sh = atomicAdd(done[block], 1u) == 32 / NUM_ROWS - 1;
+    }
+    barrier();
+    if (!last_sh) {
+        return;
+    }
+    memoryBarrierBuffer();
+    if (tid < 8) {   // lanes 0..7 of the first subgroup: a block's 8 4-vectors
+        store_x8(8 * block + tid, y4[8 * block + tid], p.rows);
+    }
+    if (tid == 0) {
+        done[block] = 0u;
+    }
+}
+#endif
 
 void main() {
     const uint row0 = first_row(), col0 = first_col();
@@ -252,5 +285,7 @@ void main() {
     reduce_and_store(row0, col0, acc);
 #if defined(NORMED_OUT)
     normalize_when_last(col0);
+#elif defined(BLOCKS_OUT)
+    quantize_when_last(row0);
 #endif
 }

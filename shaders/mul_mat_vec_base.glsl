@@ -138,7 +138,7 @@ layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
 #include "x8.glsl"
 layout(std430, binding = NUM_MATS) readonly buffer Activations8 { ivec4 x8[]; };
 #endif
-#if defined(NORMED_OUT)   // its last workgroup reads back what the others stored (mul_mat_vec.comp)
+#if defined(NORMED_OUT) || defined(BLOCKS_OUT)   // last workgroups read back what others stored (mul_mat_vec.comp)
 #define Y_ACCESS coherent
 #else
 #define Y_ACCESS

@@ -25,7 +25,7 @@ from tests.kernel_io import own_context
 from tests.test_kernels_matmul import assert_close, random_weights
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
-from worker.engine.kernels.matmul import NormedOut, matmul, matmul_swiglu, quantize_x8, x8_bytes
+from worker.engine.kernels.matmul import BlocksOut, NormedOut, matmul, matmul_swiglu, quantize_x8, x8_bytes
 from worker.engine.kernels.norm import rms_norm_x8
 from worker.engine.kernels.paths import mat_mat_path, mmq_types, paths, product_path
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
@@ -251,6 +251,38 @@ def test_glu_x8(vk_ctx, qtype):
         assert_close(y, g * (0.5 + 0.5 * np.tanh(g / 2)) * u)   # silu(g) * u
     for tensor in (gate, up):
         free_tensor(vk_ctx, tensor)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_glu_x8_writes_its_output_in_blocks(vk_ctx, qtype):
+    """One column of silu(gate x) * (up x) over 8-bit x, 512 rows (16 blocks of 32, each from
+    several workgroups), its output also in 8-bit blocks (BlocksOut): the f32 output as without
+    them, the blocks numpy's quantization of it; twice from one recording (the counters back at 0)."""
+    rows, cols = 512, cols_of(qtype)
+    (raw_g, w_g), (raw_u, w_u) = random_weights(qtype, rows, cols, seed=4), random_weights(qtype, rows, cols, seed=5)
+    gate, up = (upload_tensor(vk_ctx, name, qtype, (cols, rows), raw) for name, raw in (("g", raw_g), ("u", raw_u)))
+    x = exact_activations(1, cols, seed=1)
+    xb, out, scratch, x8 = (vk_ctx.alloc(size) for size in (x.nbytes, 4 * rows, 4 * rows, x8_bytes(1, cols)))
+    blocks, done = vk_ctx.alloc(x8_bytes(1, rows)), vk_ctx.alloc(4 * rows // 32)
+    vk_ctx.upload(xb, x)
+    vk_ctx.upload(done, np.zeros(rows // 32, np.uint32))
+    rec = vk_ctx.recording()
+    matmul_swiglu(rec, gate, up, xb, out, 1, scratch, path="mat_vec_x8", x8=x8, blocks_out=BlocksOut(blocks, done))
+    rec.finish()
+    try:
+        g, u = x.astype(np.float64) @ w_g.T, x.astype(np.float64) @ w_u.T
+        for _ in range(2):
+            vk_ctx.run(rec)
+            y = vk_ctx.download(out, count=rows).reshape(1, rows)
+            assert_close(y, g * (0.5 + 0.5 * np.tanh(g / 2)) * u)   # silu(g) * u
+            assert_blocks(vk_ctx.download(blocks, np.uint8, x8_bytes(1, rows)), y, 1, 1e-6)
+            assert (vk_ctx.download(done, np.uint32, rows // 32) == 0).all()
+    finally:
+        rec.destroy()
+        for tensor in (gate, up):
+            free_tensor(vk_ctx, tensor)
+        for buffer in (xb, out, scratch, x8, blocks, done):
+            vk_ctx.free(buffer)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.shapes import MAX_K
 
-DONE_COUNTERS = 16   # one per column group of a NormedOut product (one column: one)
+DONE_COUNTERS = 16   # one per column group of a NormedOut product (one column: one); a BlocksOut one per block
 
 if TYPE_CHECKING:
     from worker.engine.vk.memory import Buffer
@@ -55,8 +55,10 @@ class Workspace:
     attention: Buffer | None   # split attention's partials (None: attention never splits)
     select: Buffer             # argmax's and top-k's survivors over the logits
     x8: Buffer | None          # the mmq products' 8-bit activations (None: the device's prefill takes other kernels)
-    done: Buffer               # uint32 counters of the residual products that write the next norm (matmul's
-                               # NormedOut): zeroed when allocated, left at 0 by each product's last workgroup
+    x8_ffn: Buffer | None      # the gate+up output in 8-bit blocks, one column (matmul's BlocksOut;
+                               # None: the device decodes over f32 x, or the FFN is a mixture of experts)
+    done: Buffer               # uint32 counters of the products whose last workgroups write more (matmul's
+                               # NormedOut, BlocksOut): zeroed when allocated, left at 0 by those workgroups
     # A model split across contexts (worker/engine/placement.py): f32 [n, n_embd], the hidden
     # state a stage hands to the next (None with one context). It, best and best_alt lie in host
     # memory every stage's context imports (SHARED, vk/linked.py): what one stage writes there
@@ -84,7 +86,7 @@ class Workspace:
         return {"step": 8 * n, "ids": 4 * n, "rows": 4 * s, **{name: 4 * n * width for name, width in rows.items()},
                 "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,
                 "top_values": 4 * MAX_K * s, "step_alt": 8, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32) * s,
-                "handoff": 4 * n * c.n_embd if staged else 0, "done": 4 * DONE_COUNTERS}
+                "handoff": 4 * n * c.n_embd if staged else 0, "done": 4 * (DONE_COUNTERS + cdiv(ff, 32))}
 
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape, sequences: int = 1) -> dict[str, int]:
@@ -109,7 +111,8 @@ class Workspace:
                 # the products' inputs per token, and in decode the expert down products' per slot
                 # (models/moe.py; in prefill those take f32 input)
                 "x8": max(x8_bytes(x8_rows, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)),
-                          x8_bytes(min(n, MAT_VEC_MAX_COLS) * c.n_expert_used, c.n_ff_exp) if decode_x8(ctx) else 0)}
+                          x8_bytes(min(n, MAT_VEC_MAX_COLS) * c.n_expert_used, c.n_ff_exp) if decode_x8(ctx) else 0),
+                "x8_ffn": x8_bytes(1, c.n_ff) if decode_x8(ctx) and not c.n_expert else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, shared: dict[str, Buffer] | None = None

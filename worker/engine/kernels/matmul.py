@@ -161,6 +161,25 @@ class NormedOut:
     done: Buffer
 
 
+@dataclass(frozen=True)
+class BlocksOut:
+    """What a fused gate+up product (`matmul_swiglu`, where `writes_blocks` says it can) writes
+    besides its f32 output: that output in 8-bit blocks into x8, the down product's input, each
+    block by the last of its workgroups (`done`: counters of a zeroed buffer, one per block, left at 0)."""
+    x8: Buffer
+    done: Buffer
+
+
+def writes_blocks(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, n: int, path: str | None = None) -> bool:
+    """Whether matmul_swiglu of these weights over n columns can take a BlocksOut: one column,
+    one part each of one type, through the fused 8-bit mat-vec kernel whose workgroups' rows
+    tile the 32-row blocks."""
+    rows_per_group = (w_gate.glu_shape or mat_vec_shape(ctx))[1]
+    return (n == 1 and len(w_gate.parts) == len(w_up.parts) == 1 and w_gate.ggml_type == w_up.ggml_type
+            and w_gate.rows % X8_BLOCK_VALUES == 0 and X8_BLOCK_VALUES % rows_per_group == 0
+            and (path or product_path(ctx, 1, w_gate.cols, qtype=w_gate.ggml_type)) == "mat_vec_x8")
+
+
 def norm_into_x8(ctx, n: int, consumers: list[DeviceTensor]) -> bool:
     """Whether the norm in front of these products is recorded into 8-bit blocks: they all take
     8-bit input (normed_input; a NormedOut may write them instead)."""
@@ -390,7 +409,8 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
                   up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None, path: str | None = None,
-                  cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None):
+                  cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None,
+                  blocks_out: BlocksOut | None = None):
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
     gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh
     form in place of silu). Where the mat-vec kernel would
@@ -401,10 +421,22 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     swiglu into out. Either way the caller orders only x before and out after, as for matmul.
     `norm`: as matmul's, for both products. Where the mat-cols kernel takes them (matmul's rule,
     or `path`), its fused variant does the same (`cols_shape` as matmul's). On the mmq path both
-    products take x quantized once into `x8`."""
+    products take x quantized once into `x8`. `blocks_out` (SwiGLU, where `writes_blocks`): the
+    output in 8-bit blocks too (BlocksOut)."""
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
+    if blocks_out is not None:
+        if gelu or norm is not None or not writes_blocks(ctx, w_gate, w_up, n, path):
+            raise ValueError("only a one-column, one-part SwiGLU of the fused 8-bit mat-vec kernel writes its "
+                             "output in 8-bit blocks")
+        threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
+        kernel = ctx.kernel(f"mul_mat_vec_glu_x8_blocks_{w_gate.ggml_type.name.lower()}",
+                            {0: threads, 1: rows_per_group, 2: 1})
+        rec.dispatch(kernel, [w_gate.parts[0][0], w_up.parts[0][0], _quantized_x(rec, x, x8, n, w_gate.cols, None),
+                              out, blocks_out.x8, blocks_out.done],
+                     _groups(ctx, cdiv(w_gate.rows, rows_per_group)), _push(w_gate, 0, w_gate.rows, 1, False))
+        return
     path = path or product_path(ctx, n, w_gate.cols, norm is not None, w_gate.ggml_type)
     same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
     if path == "mat_cols" and norm is None and w_gate.ggml_type == w_up.ggml_type and same_parts:

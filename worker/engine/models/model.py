@@ -26,8 +26,8 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
-from worker.engine.kernels.matmul import (NormedOut, Quantized, get_rows, matmul, matmul_qkv, matmul_swiglu,
-                                          norm_into_x8, normed_input, writes_normed)
+from worker.engine.kernels.matmul import (BlocksOut, NormedOut, Quantized, get_rows, matmul, matmul_qkv,
+                                          matmul_swiglu, norm_into_x8, normed_input, writes_blocks, writes_normed)
 from worker.engine.kernels.paths import X8_PATHS, product_path
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_rows, upload_tensor
@@ -300,7 +300,13 @@ class Model:
             return False
         x_in, folded = (Quantized(ws.x8), None) if normed else normed_input(
             rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps, self._ffn_in(layer), glu=True, x8=ws.x8)
-        matmul_swiglu(rec, layer["ffn_gate"], layer["ffn_up"], x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu,
-                      norm=folded, x8=ws.x8)
+        gate, up, down = layer["ffn_gate"], layer["ffn_up"], layer["ffn_down"]
+        # the SwiGLU's output in 8-bit blocks from the gate+up product itself where the down
+        # product takes them (one column over 8-bit x), else quantized by the down product's call
+        blocks = (ws.x8_ffn is not None and not c.ffn_gelu and folded is None and writes_blocks(rec.ctx, gate, up, n)
+                  and product_path(rec.ctx, n, down.cols, qtype=down.ggml_type) == "mat_vec_x8")
+        matmul_swiglu(rec, gate, up, x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu, norm=folded, x8=ws.x8,
+                      blocks_out=BlocksOut(ws.x8_ffn, ws.done) if blocks else None)
         rec.barrier()
-        return self.record_residual(rec, ws, layer, "ffn_down", ws.gate, "post_ffw_norm", n, following)
+        return self.record_residual(rec, ws, layer, "ffn_down", Quantized(ws.x8_ffn) if blocks else ws.gate,
+                                    "post_ffw_norm", n, following)
