@@ -28,7 +28,7 @@
 // out = sum_i e^(s_i - M) v_i / (sum_i e^(s_i - M) + e^(sinks[h] - M)), M the maximum over the
 // scores and the sink. With X8 (heads of a multiple of 32 values) the output is also written in
 // x8.glsl's 8-bit blocks, the input of the 8-bit products (a block's 8 invocations hold one
-// head's values).
+// head's values), by the merging split or, unsplit, by each workgroup for its heads.
 layout(constant_id = 1) const uint HEAD_DIM = 128;
 layout(constant_id = 2) const uint ROWS = 1;
 layout(constant_id = 3) const uint LANES = 8;            // attention.py's LANES
@@ -190,6 +190,9 @@ void main() {
             norm = exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all));
 #endif
             o4[row * BLOCKS + blk] = sum * norm;
+#if defined(X8)   // a block of x8 is 8 consecutive threads of one head (blk = tid)
+            store_x8(row * BLOCKS + blk, sum * norm, p.n_head * HEAD_DIM);
+#endif
 #endif
         }
         barrier();

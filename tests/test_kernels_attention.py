@@ -203,7 +203,8 @@ def test_attention_sliding_window(dev, n_tokens, pos0, window, n_ctx, splits):
 @pytest.mark.parametrize("n_head, head_dim, splits, sinks", [
     (4, 64, None, False),   # decode split over the sequence: the merging split writes the blocks
     (6, 128, 3, True),      # with sinks, merged with them
-    (4, 64, 1, False),      # one pass: a quantize_x8 after it
+    (4, 64, 1, False),      # one pass: each workgroup writes its heads' blocks
+    (6, 128, 1, True),      # the same with sinks
     (8, 80, 2, False),      # heads across blocks (80 values): split, then a quantize_x8
 ])
 def test_x8_output_is_the_quantized_output(dev, n_head, head_dim, splits, sinks):

@@ -92,9 +92,9 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     split the partials and counters are in `scratch` (split_scratch_bytes, zeroed when
     allocated). `sinks` (f32 [n_head], gpt-oss): each head's sink logit joins the softmax's
     denominator. `x8`: the output in 8-bit blocks there too (x8.glsl, for the 8-bit products;
-    n_head x head_dim a multiple of 32), written by the merging split where the sequence splits
-    and heads are whole blocks (decode: one dispatch and barrier less than a quantize_x8 after
-    it), else by a quantize_x8 after a barrier."""
+    n_head x head_dim a multiple of 32), written by the attention kernel itself where heads are
+    whole blocks (by the merging split where the sequence splits; one dispatch and barrier less
+    than a quantize_x8 after it), else by a quantize_x8 after a barrier."""
     merged = x8 if x8 is not None and shape.head_dim % X8_BLOCK_VALUES == 0 else None
     if not _record(rec, shape, q, cache, out, step, n_tokens, scratch, splits, sinks, merged) and x8 is not None:
         rec.barrier()
@@ -116,10 +116,11 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
     sink_suffix, sink_buffers = ("_sinks", [sinks]) if sinks is not None else ("", [])
     kv = [q, cache.k, cache.v, step, cache.table]
+    x8_suffix, x8_buffers = ("_x8", [x8]) if x8 is not None else ("", [])
     if splits == 1:
-        rec.dispatch(ctx.kernel("attention" + cache.suffix + sink_suffix, spec),
-                     [*kv, out, *cache.scales, *sink_buffers], groups, push)
-        return False
+        rec.dispatch(ctx.kernel("attention" + cache.suffix + sink_suffix + x8_suffix, spec),
+                     [*kv, out, *cache.scales, *sink_buffers, *x8_buffers], groups, push)
+        return x8 is not None
     if groups[1] * n_tokens > TARGET_WORKGROUPS:
         raise ValueError(f"attention splits passes of at most {TARGET_WORKGROUPS} tokens x workgroups of heads, "
                          f"not {groups[1] * n_tokens}")
@@ -128,7 +129,6 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
         raise ValueError(f"attention over {splits} splits needs {c_bytes + o_bytes + ml_bytes} bytes of scratch")
     counters, part_o, part_ml = (scratch.sub(0, c_bytes), scratch.sub(c_bytes, o_bytes),
                                  scratch.sub(c_bytes + o_bytes, ml_bytes))
-    x8_suffix, x8_buffers = ("_x8", [x8]) if x8 is not None else ("", [])
     rec.dispatch(ctx.kernel("attention_split" + cache.suffix + sink_suffix + x8_suffix, spec),
                  [*kv, part_o, part_ml, out, counters, *cache.scales, *sink_buffers, *x8_buffers], groups, push)
     return x8 is not None
