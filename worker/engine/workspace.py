@@ -8,9 +8,9 @@ device is at hand: the plan of `vkllm models inspect` needs none."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-from typing import TYPE_CHECKING
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.shapes import MAX_K
