@@ -232,11 +232,8 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         if not (writes_normed(ctx, w, n, path) and y_accumulate and norm is None):
             raise ValueError("only a one-column, one-part residual product of the 8-bit mat-vec kernel writes "
                              "the next norm's input")
-        xq = _quantized_x(rec, x, x8, n, w.cols, None)
-        kernel = ctx.kernel(f"mul_mat_vec_x8_normed_{type_name}", _mat_vec_spec(ctx, w, 1, None))
-        groups = _groups(ctx, cdiv(w.rows, _mat_vec_spec(ctx, w, 1, None)[1]))
-        rec.dispatch(kernel, [w.parts[0][0], xq, y, normed_out.weight, normed_out.x8, normed_out.done], groups,
-                     _push(w, 0, w.rows, n, True) | dict(eps=float(normed_out.eps)))
+        _mat_vec(rec, w, "mul_mat_vec_x8_normed", _quantized_x(rec, x, x8, n, w.cols, None), y, n, True,
+                 normed_out=normed_out)
         return
     path = path or product_path(ctx, n, w.cols, norm is not None, w.ggml_type)
     if path == "mmq":
@@ -294,24 +291,19 @@ def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, n
 
 
 def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: int, accumulate: bool,
-             norm: FoldedNorm | None = None):
+             norm: FoldedNorm | None = None, normed_out: NormedOut | None = None):
     """y (+)= w x through mat-vec kernel `op`_<type> (mul_mat_vec, its norm-folding or 8-bit
-    variant: x then holds 8-bit blocks): the weight's tuned workgroup shape, else the device
-    kind's; one dispatch per part."""
-    spec = _mat_vec_spec(rec.ctx, w, n, norm)
-    rows_per_group, cols = spec[1], spec[2]
-    kernel = rec.ctx.kernel(_mat_vec_name(op, w.ggml_type, cols), spec)
+    variant: x then holds 8-bit blocks; with `normed_out`, mul_mat_vec_x8_normed): the weight's
+    tuned workgroup shape, else the device kind's; one dispatch per part."""
+    threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
+    cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm)
+    kernel = rec.ctx.kernel(_mat_vec_name(op, w.ggml_type, cols), {0: threads, 1: rows_per_group, 2: cols})
+    tail = _norm_buffers(norm) if normed_out is None else [normed_out.weight, normed_out.x8, normed_out.done]
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
-        rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
-                     _push(w, first, count, n, accumulate, norm))
-
-
-def _mat_vec_spec(ctx, w: DeviceTensor, n: int, norm: FoldedNorm | None) -> dict[int, int]:
-    """The mat-vec kernel's specialization for w over n columns: the weight's tuned workgroup
-    shape, else the device kind's (threads, rows per workgroup), and columns per workgroup."""
-    threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(ctx)
-    return {0: threads, 1: rows_per_group, 2: _mat_vec_cols(ctx, n, threads, rows_per_group, norm)}
+        push = _push(w, first, count, n, accumulate, norm)
+        rec.dispatch(kernel, [buffer, x, y, *tail], (x_groups, y_groups, cdiv(n, cols)),
+                     push if normed_out is None else push | dict(eps=float(normed_out.eps)))
 
 
 def quantize_x8(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int):
@@ -426,17 +418,9 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
-    if blocks_out is not None:
-        if gelu or norm is not None or not writes_blocks(ctx, w_gate, w_up, n, path):
-            raise ValueError("only a one-column, one-part SwiGLU of the fused 8-bit mat-vec kernel writes its "
-                             "output in 8-bit blocks")
-        threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
-        kernel = ctx.kernel(f"mul_mat_vec_glu_x8_blocks_{w_gate.ggml_type.name.lower()}",
-                            {0: threads, 1: rows_per_group, 2: 1})
-        rec.dispatch(kernel, [w_gate.parts[0][0], w_up.parts[0][0], _quantized_x(rec, x, x8, n, w_gate.cols, None),
-                              out, blocks_out.x8, blocks_out.done],
-                     _groups(ctx, cdiv(w_gate.rows, rows_per_group)), _push(w_gate, 0, w_gate.rows, 1, False))
-        return
+    if blocks_out is not None and (gelu or norm is not None or not writes_blocks(ctx, w_gate, w_up, n, path)):
+        raise ValueError("only a one-column, one-part SwiGLU of the fused 8-bit mat-vec kernel writes its "
+                         "output in 8-bit blocks")
     path = path or product_path(ctx, n, w_gate.cols, norm is not None, w_gate.ggml_type)
     same_parts = [p[1:] for p in w_gate.parts] == [p[1:] for p in w_up.parts]
     if path == "mat_cols" and norm is None and w_gate.ggml_type == w_up.ggml_type and same_parts:
@@ -454,6 +438,8 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     sums = 2 * rows_per_group + (norm is not None)   # partial sums per column in shared memory
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
     if path not in ("mat_vec", "mat_vec_x8") or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
+        if blocks_out is not None:
+            raise ValueError(f"the fused gate+up kernel's partial sums of {threads} threads exceed shared memory")
         if path == "mmq" and norm is None:
             _mmq_products(rec, [(w_gate, out), (w_up, up)], x, n, x8)
         else:   # on the x8 paths each product takes its own kernel's path (the up weight's type may lack it)
@@ -468,13 +454,14 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         return
     spec = {0: threads, 1: rows_per_group, 2: cols}
     op = "geglu" if gelu else "glu"
-    variant = "_x8" if path == "mat_vec_x8" else _norm_suffix(norm)
+    variant = ("_x8_blocks" if blocks_out is not None else "_x8") if path == "mat_vec_x8" else _norm_suffix(norm)
     if path == "mat_vec_x8":
         x = _quantized_x(rec, x, x8, n, w_gate.cols, norm)
     kernel = ctx.kernel(_mat_vec_name(f"mul_mat_vec_{op}{variant}", w_gate.ggml_type, cols), spec)
+    tail = _norm_buffers(norm) if blocks_out is None else [blocks_out.x8, blocks_out.done]
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
-        rec.dispatch(kernel, [gate, up_part, x, out, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
+        rec.dispatch(kernel, [gate, up_part, x, out, *tail], (x_groups, y_groups, cdiv(n, cols)),
                      _push(w_gate, first, count, n, False, norm))
 
 
