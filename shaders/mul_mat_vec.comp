@@ -3,78 +3,11 @@
 #include "int_dot.glsl"
 #endif
 #extension GL_EXT_control_flow_attributes : require
-#if defined(NORMED_OUT) || defined(BLOCKS_OUT)
+#if defined(BLOCKS_OUT)
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
 #include "common.glsl"
 #include "mul_mat_vec_base.glsl"
-
-#if defined(NORMED_OUT)
-// A layer's residual product (y += W x, one part, y_offset 0) that also writes the input of the
-// norm after it: the last workgroup to store its rows (a counter per column group, counted once
-// its stores are visible, left at 0 for the next pass) reads back the whole updated columns of y
-// and writes rms_norm(y) * norm weight in x8.glsl's 8-bit blocks, as rms_norm.comp's X8 variant
-// does: that norm's dispatch and its barrier are gone. Bindings after y: the norm weight, the
-// blocks, the counters.
-#include "reduce.glsl"
-layout(std430, binding = NUM_MATS + 1) coherent buffer Y4 { vec4 y4[]; };
-layout(std430, binding = NUM_MATS + 2) readonly buffer NextNorm { vec4 next_norm4[]; };
-layout(std430, binding = NUM_MATS + 3) writeonly buffer Q8 { uint q8[]; };
-layout(std430, binding = NUM_MATS + 4) coherent buffer Done { uint done[]; };
-#include "x8_store.glsl"
-shared bool last_sh;
-const uint NORMED_LOADS = 8;
-
-void normalize_when_last(uint col0) {
-    const uint tid = gl_LocalInvocationID.x;
-    if (tid == 0) {   // the invocation that stored this workgroup's rows
-        memoryBarrierBuffer();
-        last_sh = atomicAdd(done[gl_WorkGroupID.z], 1u) == (p.rows + NUM_ROWS - 1) / NUM_ROWS - 1;
-    }
-    barrier();
-    if (!last_sh) {
-        return;
-    }
-    memoryBarrierBuffer();
-    // One workgroup (often of one subgroup) over the whole column: NORMED_LOADS 4-vectors a
-    // thread loaded before any math, so their latencies overlap. The 8 invocations holding a
-    // block's 4-vectors (x8_store.glsl) share the bound: rows and BLOCK_SIZE are multiples of 8.
-    const uint n4 = p.y_stride / 4, step = BLOCK_SIZE * NORMED_LOADS;
-    for (uint c = 0; c < stored_cols(col0); c++) {
-        const uint base = out_col(col0 + c) * n4;
-        float sum = 0.0;
-        for (uint i0 = tid; i0 < n4; i0 += step) {
-            vec4 v[NORMED_LOADS];
-            [[unroll]] for (uint u = 0; u < NORMED_LOADS; u++) {
-                v[u] = i0 + u * BLOCK_SIZE < n4 ? y4[base + i0 + u * BLOCK_SIZE] : vec4(0.0);
-            }
-            [[unroll]] for (uint u = 0; u < NORMED_LOADS; u++) {
-                sum += dot(v[u], v[u]);
-            }
-        }
-        const float inv = inversesqrt(workgroup_sum(sum) / float(p.y_stride) + p.eps);
-        for (uint i0 = tid; i0 < n4; i0 += step) {
-            vec4 v[NORMED_LOADS], nw[NORMED_LOADS];
-            [[unroll]] for (uint u = 0; u < NORMED_LOADS; u++) {
-                const uint i = min(i0 + u * BLOCK_SIZE, n4 - 1);
-                v[u] = y4[base + i];
-                nw[u] = next_norm4[i];
-            }
-            [[unroll]] for (uint u = 0; u < NORMED_LOADS; u++) {
-                if (i0 + u * BLOCK_SIZE < n4) {
-                    store_x8(base + i0 + u * BLOCK_SIZE, v[u] * inv * nw[u], p.y_stride);
-                }
-            }
-        }
-    }
-    if (tid == 0) {
-        done[gl_WorkGroupID.z] = 0u;
-    }
-}
-#endif
-
-// Inner loops. Each dequantizes a piece of weights once and applies it to all NUM_COLS columns
-// of x; each load of x serves all NUM_ROWS rows of all NUM_MATS weights.
 
 #if defined(BLOCKS_OUT)
 // A one-column, one-part product (the fused gate+up's, over rows of a multiple of 32) that also
@@ -108,6 +41,9 @@ void quantize_when_last(uint row0) {
     }
 }
 #endif
+
+// Inner loops. Each dequantizes a piece of weights once and applies it to all NUM_COLS columns
+// of x; each load of x serves all NUM_ROWS rows of all NUM_MATS weights.
 
 void main() {
     const uint row0 = first_row(), col0 = first_col();
@@ -283,9 +219,7 @@ void main() {
     }
 #endif
     reduce_and_store(row0, col0, acc);
-#if defined(NORMED_OUT)
-    normalize_when_last(col0);
-#elif defined(BLOCKS_OUT)
+#if defined(BLOCKS_OUT)
     quantize_when_last(row0);
 #endif
 }

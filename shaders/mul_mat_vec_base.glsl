@@ -138,7 +138,7 @@ layout(std430, binding = NUM_MATS) readonly buffer X4 { vec4 x4[]; };
 #include "x8.glsl"
 layout(std430, binding = NUM_MATS) readonly buffer Activations8 { ivec4 x8[]; };
 #endif
-#if defined(NORMED_OUT) || defined(BLOCKS_OUT)   // last workgroups read back what others stored (mul_mat_vec.comp)
+#if defined(BLOCKS_OUT)   // last workgroups read back what others stored (mul_mat_vec.comp)
 #define Y_ACCESS coherent
 #else
 #define Y_ACCESS
@@ -179,8 +179,8 @@ layout(push_constant) uniform Push {
     uint expert_count;  // experts in the part
     uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
 #endif
-#if defined(NORM) || defined(NORMED_OUT)
-    float eps;        // the RMSNorm's (NORMED_OUT: the norm of the output's)
+#if defined(NORM)
+    float eps;        // the RMSNorm's
 #endif
 #if defined(QKV)
     uint k_first;     // first row of K in the weight

@@ -25,7 +25,7 @@ from tests.kernel_io import own_context
 from tests.test_kernels_matmul import assert_close, random_weights
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
-from worker.engine.kernels.matmul import BlocksOut, NormedOut, matmul, matmul_swiglu, quantize_x8, x8_bytes
+from worker.engine.kernels.matmul import BlocksOut, matmul, matmul_swiglu, quantize_x8, x8_bytes
 from worker.engine.kernels.norm import rms_norm_x8
 from worker.engine.kernels.paths import mat_mat_path, mmq_types, paths, product_path
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
@@ -166,58 +166,6 @@ def test_mat_vec_x8_every_type(vk_ctx, qtype):
         y0 = np.random.default_rng(n).standard_normal((n, 67)).astype(np.float32)
         y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n, y0, path="mat_vec_x8")
         assert_close(y, y0 + x.astype(np.float64) @ w.T)
-
-
-@pytest.mark.parametrize("qtype, rows", [(T.Q4_K, 512), (T.Q6_K, 2048), (T.Q8_0, 512)], ids=lambda v: str(v))
-def test_a_residual_product_writes_the_next_norms_blocks(vk_ctx, qtype, rows):
-    """y += W x over 8-bit x (one column, 512 or 2048 rows: many workgroups, a column longer
-    than one round of the last workgroup's loads), whose last workgroup also writes rms_norm(y) *
-    weight in 8-bit blocks over x's (NormedOut): y as the plain product gives it, the blocks
-    numpy's norm of that y quantized. Twice from one recording: the counter is back at 0 for the
-    second pass, whose y has the product added again."""
-    cols, eps = cols_of(qtype), 1e-5
-    raw, w = random_weights(qtype, rows, cols, seed=5)
-    rng = np.random.default_rng(6)
-    x, y0 = exact_activations(1, cols, seed=7), rng.standard_normal((1, rows)).astype(np.float32)
-    norm_w = rng.standard_normal(rows).astype(np.float32)
-    tensor = upload_tensor(vk_ctx, "w", qtype, (cols, rows), raw)
-    xb, yb, nb, done = vk_ctx.alloc(x.nbytes), vk_ctx.alloc(y0.nbytes), vk_ctx.alloc(norm_w.nbytes), vk_ctx.alloc(64)
-    x8 = vk_ctx.alloc(x8_bytes(1, max(rows, cols)))
-    for buffer, data in ((xb, x), (yb, y0), (nb, norm_w), (done, np.zeros(16, np.uint32))):
-        vk_ctx.upload(buffer, data)
-    rec = vk_ctx.recording()
-    matmul(rec, tensor, xb, yb, 1, y_accumulate=True, path="mat_vec_x8", x8=x8, normed_out=NormedOut(nb, eps, x8, done))
-    rec.finish()
-    try:
-        for times in (1, 2):
-            vk_ctx.run(rec)
-            y = vk_ctx.download(yb, count=rows).reshape(1, rows)
-            assert_close(y, y0 + times * (x.astype(np.float64) @ w.T))
-            normed = y / np.sqrt((y.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * norm_w
-            assert_blocks(vk_ctx.download(x8, np.uint8, x8_bytes(1, rows)), normed.astype(np.float32), 1, 1e-5)
-            assert (vk_ctx.download(done, np.uint32, 16) == 0).all()
-    finally:
-        rec.destroy()
-        free_tensor(vk_ctx, tensor)
-        for buffer in (xb, yb, nb, done, x8):
-            vk_ctx.free(buffer)
-
-
-def test_only_a_one_column_residual_product_writes_the_next_norm(vk_ctx):
-    raw, _ = random_weights(T.Q4_K, 64, 256, seed=1)
-    tensor = upload_tensor(vk_ctx, "w", T.Q4_K, (256, 64), raw)
-    buffers = [vk_ctx.alloc(4096) for _ in range(4)]
-    rec = vk_ctx.recording()
-    try:
-        for n, accumulate in ((2, True), (1, False)):
-            with pytest.raises(ValueError, match="one-column, one-part residual product"):
-                matmul(rec, tensor, buffers[0], buffers[1], n, y_accumulate=accumulate, path="mat_vec_x8",
-                       x8=buffers[2], normed_out=NormedOut(buffers[3], 1e-5, buffers[2], buffers[3]))
-    finally:
-        rec.destroy()
-        free_tensor(vk_ctx, tensor)
-        for buffer in buffers:
-            vk_ctx.free(buffer)
 
 
 def run_glu(ctx, gate, up, x, n: int, path: str, gelu: bool = False) -> np.ndarray:

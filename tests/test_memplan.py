@@ -20,11 +20,10 @@ def test_smollm2_plan(smollm2, smollm2_path):
     # (ffn), 512 token ids and (slot, position) pairs, one logits row of 49152 (one sequence)
     # in host memory and one in device memory (a batched pass's) and its index, the argmax and a
     # second (slot, position) and argmax (greedy decode keeps two steps in flight), 64 top-k ids
-    # and values, a grammar's token mask of one bit per token, and the counters of the products
-    # whose last workgroups write the next norm's input (16) or the FFN's in 8-bit blocks (one
-    # per 32 of its 1536)
+    # and values, a grammar's token mask of one bit per token, and the counters of the gate+up
+    # products whose last workgroups write the FFN's output in 8-bit blocks (one per 32 of its 1536)
     assert plan.scratch_bytes == (4 * 512 * (2 * 576 + 2 * 576 + 2 * 192 + 2 * 1536) + 4 * 512 + 8 * 512
-                                  + 2 * 4 * 49152 + 4 + 2 * 4 + 8 + 2 * 4 * 64 + 49152 // 8 + 4 * (16 + 1536 // 32))
+                                  + 2 * 4 * 49152 + 4 + 2 * 4 + 8 + 2 * 4 * 64 + 49152 // 8 + 4 * (1536 // 32))
     assert plan.total == plan.weights_bytes + plan.kv_bytes + plan.scratch_bytes
 
 

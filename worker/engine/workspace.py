@@ -15,8 +15,6 @@ import numpy as np
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.shapes import MAX_K
 
-DONE_COUNTERS = 16   # one per column group of a NormedOut product (one column: one); a BlocksOut one per block
-
 if TYPE_CHECKING:
     from worker.engine.vk.memory import Buffer
 
@@ -57,8 +55,8 @@ class Workspace:
     x8: Buffer | None          # the mmq products' 8-bit activations (None: the device's prefill takes other kernels)
     x8_ffn: Buffer | None      # the gate+up output in 8-bit blocks, one column (matmul's BlocksOut;
                                # None: the device decodes over f32 x, or the FFN is a mixture of experts)
-    done: Buffer               # uint32 counters of the products whose last workgroups write more (matmul's
-                               # NormedOut, BlocksOut): zeroed when allocated, left at 0 by those workgroups
+    done: Buffer               # uint32 counters of the gate+up products whose last workgroups write blocks
+                               # (matmul's BlocksOut, one per block): zeroed when allocated, left at 0 by them
     # A model split across contexts (worker/engine/placement.py): f32 [n, n_embd], the hidden
     # state a stage hands to the next (None with one context). It, best and best_alt lie in host
     # memory every stage's context imports (SHARED, vk/linked.py): what one stage writes there
@@ -86,7 +84,7 @@ class Workspace:
         return {"step": 8 * n, "ids": 4 * n, "rows": 4 * s, **{name: 4 * n * width for name, width in rows.items()},
                 "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,
                 "top_values": 4 * MAX_K * s, "step_alt": 8, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32) * s,
-                "handoff": 4 * n * c.n_embd if staged else 0, "done": 4 * (DONE_COUNTERS + cdiv(ff, 32))}
+                "handoff": 4 * n * c.n_embd if staged else 0, "done": 4 * cdiv(ff, 32)}
 
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape, sequences: int = 1) -> dict[str, int]:

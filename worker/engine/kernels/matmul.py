@@ -10,9 +10,8 @@ loops, the mat-mat kernels of prefill) the products take the norm kernel's outpu
 The "mmq" mat-mat kernel and the "mat_vec_x8" mat-vec kernel (decode, `decode_x8`) take 8-bit
 activations: their products quantize x into the scratch they are given (`x8`, x8_bytes of it)
 and record a barrier before the product, unless x is already `Quantized` (normed_input's norm
-writes its output so for products that all take mat_vec_x8, or, in one-column decode, the
-residual product before that norm does: `NormedOut`); the caller's barrier after a product
-frees that scratch for the next."""
+writes its output so for products that all take mat_vec_x8); the caller's barrier after a
+product frees that scratch for the next."""
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as T
@@ -151,17 +150,6 @@ class Quantized:
 
 
 @dataclass(frozen=True)
-class NormedOut:
-    """What a residual product (`matmul` with y_accumulate, where `writes_normed` says it can)
-    writes besides y: rms_norm(y) * weight in 8-bit blocks into x8, the input of the products
-    after that norm, by its last workgroup (`done`: counters of a zeroed buffer, left at 0)."""
-    weight: Buffer
-    eps: float
-    x8: Buffer
-    done: Buffer
-
-
-@dataclass(frozen=True)
 class BlocksOut:
     """What a fused gate+up product (`matmul_swiglu`, where `writes_blocks` says it can) writes
     besides its f32 output: that output in 8-bit blocks into x8, the down product's input, each
@@ -180,35 +168,22 @@ def writes_blocks(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, n: int, path: s
             and (path or product_path(ctx, 1, w_gate.cols, qtype=w_gate.ggml_type)) == "mat_vec_x8")
 
 
-def norm_into_x8(ctx, n: int, consumers: list[DeviceTensor]) -> bool:
-    """Whether the norm in front of these products is recorded into 8-bit blocks: they all take
-    8-bit input (normed_input; a NormedOut may write them instead)."""
-    return {product_path(ctx, n, w.cols, qtype=w.ggml_type) for w in consumers} <= X8_PATHS
-
-
-def writes_normed(ctx, w: DeviceTensor, n: int, path: str | None = None) -> bool:
-    """Whether the product of w over n columns (through `path`, default matmul's rule) can take
-    a NormedOut: one column and one part through the 8-bit mat-vec kernel (decode of one
-    sequence on a GPU with integer dot products)."""
-    return n == 1 and len(w.parts) == 1 and (path or product_path(ctx, 1, w.cols, qtype=w.ggml_type)) == "mat_vec_x8"
-
-
 def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: int, cols: int, eps: float,
                  consumers: list[DeviceTensor], glu: bool = False,
                  x8: Buffer | None = None) -> tuple[Buffer | Quantized, FoldedNorm | None]:
     """The input of the products of rms_norm(x) * weight over n rows of cols by the `consumers`
     (through the fused gate+up kernel: `glu`): where they all take the mat-vec kernel (matmul's
     rule) with item loops, x itself and the norm for them to fold (no dispatch); where they all
-    take the 8-bit one, the norm quantized into `x8` in the same dispatch (`norm_into_x8`);
-    otherwise the norm is recorded into `scratch`; either of the last two then a barrier."""
-    if norm_into_x8(rec.ctx, n, consumers):
+    take the 8-bit one, the norm quantized into `x8` in the same dispatch; otherwise the norm is
+    recorded into `scratch`; either of the last two then a barrier."""
+    folding = GLU_ITEM_LOOP_TYPES if glu else ITEM_LOOP_TYPES
+    taken = {product_path(rec.ctx, n, w.cols, qtype=w.ggml_type) for w in consumers}
+    if taken == {"mat_vec"} and all(w.ggml_type in folding for w in consumers):
+        return x, FoldedNorm(weight, eps)
+    if taken <= X8_PATHS:
         rms_norm_x8(rec, x, weight, x8, n, cols, eps)
         rec.barrier()
         return Quantized(x8), None
-    folding = GLU_ITEM_LOOP_TYPES if glu else ITEM_LOOP_TYPES
-    if all(product_path(rec.ctx, n, w.cols, qtype=w.ggml_type) == "mat_vec" and w.ggml_type in folding
-           for w in consumers):
-        return x, FoldedNorm(weight, eps)
     rms_norm(rec, x, weight, scratch, n, cols, eps)
     rec.barrier()
     return scratch, None
@@ -216,8 +191,7 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
 
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
            path: str | None = None, norm: FoldedNorm | None = None,
-           cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None,
-           normed_out: NormedOut | None = None):
+           cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
     kernel `product_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
     prefill: mat-mat), or the one of `paths(ctx)` given (tests check each on every device). The
@@ -225,16 +199,8 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     mat-cols one `cols_shape` (as mat_cols_shape gives it), else `mat_cols_shape`'s. The
     cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32), the
     mmq and mat_vec_x8 kernels quantize the activations to 8 bits per block of 32 into `x8` first.
-    `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight. `normed_out`
-    (where `writes_normed`, with y_accumulate): also the next norm's 8-bit input (NormedOut)."""
+    `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
-    if normed_out is not None:
-        if not (writes_normed(ctx, w, n, path) and y_accumulate and norm is None):
-            raise ValueError("only a one-column, one-part residual product of the 8-bit mat-vec kernel writes "
-                             "the next norm's input")
-        _mat_vec(rec, w, "mul_mat_vec_x8_normed", _quantized_x(rec, x, x8, n, w.cols, None), y, n, True,
-                 normed_out=normed_out)
-        return
     path = path or product_path(ctx, n, w.cols, norm is not None, w.ggml_type)
     if path == "mmq":
         if norm is not None:
@@ -291,19 +257,17 @@ def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, n
 
 
 def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: int, accumulate: bool,
-             norm: FoldedNorm | None = None, normed_out: NormedOut | None = None):
+             norm: FoldedNorm | None = None):
     """y (+)= w x through mat-vec kernel `op`_<type> (mul_mat_vec, its norm-folding or 8-bit
-    variant: x then holds 8-bit blocks; with `normed_out`, mul_mat_vec_x8_normed): the weight's
-    tuned workgroup shape, else the device kind's; one dispatch per part."""
+    variant: x then holds 8-bit blocks): the weight's tuned workgroup shape, else the device
+    kind's; one dispatch per part."""
     threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
     cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm)
     kernel = rec.ctx.kernel(_mat_vec_name(op, w.ggml_type, cols), {0: threads, 1: rows_per_group, 2: cols})
-    tail = _norm_buffers(norm) if normed_out is None else [normed_out.weight, normed_out.x8, normed_out.done]
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
-        push = _push(w, first, count, n, accumulate, norm)
-        rec.dispatch(kernel, [buffer, x, y, *tail], (x_groups, y_groups, cdiv(n, cols)),
-                     push if normed_out is None else push | dict(eps=float(normed_out.eps)))
+        rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
+                     _push(w, first, count, n, accumulate, norm))
 
 
 def quantize_x8(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int):

@@ -26,8 +26,8 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
-from worker.engine.kernels.matmul import (BlocksOut, NormedOut, Quantized, get_rows, matmul, matmul_qkv,
-                                          matmul_swiglu, norm_into_x8, normed_input, writes_blocks, writes_normed)
+from worker.engine.kernels.matmul import (BlocksOut, Quantized, get_rows, matmul, matmul_qkv, matmul_swiglu,
+                                          normed_input, writes_blocks)
 from worker.engine.kernels.paths import X8_PATHS, product_path
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_rows, upload_tensor
@@ -196,9 +196,7 @@ class Model:
         pairs of the one named `step` -> logits of the last token, of all (all_logits), or of the
         `rows` tokens that ws.rows names (a batched pass; 0: no logits), into `logits` (the last
         stage's). A stage after the first starts from the hidden state in ws.handoff, one before
-        the last leaves its own there (memory the stages share, Runner). In one-column decode
-        over 8-bit products each residual product also writes the next norm's 8-bit output
-        (`record_residual`), which the products after it take as it is (`normed`)."""
+        the last leaves its own there (memory the stages share, Runner)."""
         assert n <= ws.n and (rows is None or rows <= ws.sequences)
         c = self.config
         if stage.first:
@@ -206,17 +204,10 @@ class Model:
         else:
             rec.copy(ws.handoff, ws.x, 4 * n * c.n_embd)
         rec.barrier()
-        normed = False   # ws.x8 holds the next norm's output already
         for i in stage.layers:
             layer = self.layers[i]
-            normed = self.record_attention(rec, ws, getattr(ws, step), i, layer, n, normed)
-            if i + 1 in stage.layers:
-                following = self.layers[i + 1]["attn_norm"], self._projections(self.layers[i + 1])
-            elif stage.last and rows is None:
-                following = self.globals["output_norm"], [self.output]
-            else:
-                following = None
-            normed = self.record_ffn(rec, ws, layer, n, normed, following)
+            self.record_attention(rec, ws, getattr(ws, step), i, layer, n)
+            self.record_ffn(rec, ws, layer, n)
         if not stage.last:
             rec.copy(ws.x, ws.handoff, 4 * n * c.n_embd)
             return
@@ -229,21 +220,16 @@ class Model:
         else:
             rows = n if all_logits else 1
             last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
-            x_in, folded = (Quantized(ws.x8), None) if normed else normed_input(
-                rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps, [self.output], x8=ws.x8)
+            x_in, folded = normed_input(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps,
+                                        [self.output], x8=ws.x8)
         matmul(rec, self.output, x_in, logits, rows, norm=folded, x8=ws.x8)
 
-    @staticmethod
-    def _projections(layer) -> list:
-        return [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
-
-    def record_attention(self, rec, ws, step, i, layer, n, normed: bool = False) -> bool:
-        """The attention block of layer i, x += its output; `normed`: ws.x8 holds attn_norm(x)
-        already. Returns whether ws.x8 holds the FFN norm's output after it."""
+    def record_attention(self, rec, ws, step, i, layer, n):
+        """The attention block of layer i, x += its output."""
         c = self.config
-        projections = self._projections(layer)
-        x_in, folded = (Quantized(ws.x8), None) if normed else normed_input(
-            rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections, x8=ws.x8)
+        projections = [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
+        x_in, folded = normed_input(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections,
+                                    x8=ws.x8)
         matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8)
         rec.barrier()
         # one dispatch: q (biased and normalised per head first where the model says) rotated in
@@ -260,47 +246,33 @@ class Model:
         attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention,
                            sinks=layer.get("attn_sinks"), x8=ws.x8 if x8_out else None)
         rec.barrier()
-        following = None if c.has_attn_out_bias or c.n_expert else (layer[c.ffn_norm], self._ffn_in(layer))
-        normed = self.record_residual(rec, ws, layer, "attn_output", Quantized(ws.x8) if x8_out else ws.att,
-                                      "post_attention_norm", n, following)
+        self.record_residual(rec, ws, layer, "attn_output", Quantized(ws.x8) if x8_out else ws.att,
+                             "post_attention_norm", n)
         if c.has_attn_out_bias:
             elementwise.add_bias(rec, ws.x, layer["attn_output.bias"], n, c.n_embd)
             rec.barrier()
-        return normed
 
-    @staticmethod
-    def _ffn_in(layer) -> list:
-        return [layer["ffn_gate"], layer["ffn_up"]]
-
-    def record_residual(self, rec, ws, layer, weight, inp, post_norm, n, following=None) -> bool:
-        """x += W inp, or with post norms x += rms_norm(W inp) (through xb, free by then).
-        `following`: (norm weight, the products after that norm) of the norm that comes next,
-        whose 8-bit output the product writes too where it can (matmul's NormedOut: one column
-        through the 8-bit mat-vec kernel, products that take 8-bit input); returns whether it did."""
+    def record_residual(self, rec, ws, layer, weight, inp, post_norm, n):
+        """x += W inp, or with post norms x += rms_norm(W inp) (through xb, free by then)."""
         c = self.config
         if not c.has_post_norms:
-            w, normed = layer[weight], None
-            if following is not None and writes_normed(rec.ctx, w, n) and norm_into_x8(rec.ctx, n, following[1]):
-                normed = NormedOut(following[0], c.norm_eps, ws.x8, ws.done)
-            matmul(rec, w, inp, ws.x, n, y_accumulate=True, x8=ws.x8, normed_out=normed)
+            matmul(rec, layer[weight], inp, ws.x, n, y_accumulate=True, x8=ws.x8)
             rec.barrier()
-            return normed is not None
+            return
         matmul(rec, layer[weight], inp, ws.xb, n, x8=ws.x8)
         rec.barrier()
         norm.rms_norm_add(rec, ws.xb, layer[post_norm], ws.x, n, c.n_embd, c.norm_eps)
         rec.barrier()
-        return False
 
-    def record_ffn(self, rec, ws, layer, n, normed: bool = False, following=None) -> bool:
-        """The FFN block, x += its output; `normed`: ws.x8 holds ffn_norm(x) already;
-        `following`: as record_residual's. Returns whether ws.x8 holds that norm's output after it."""
+    def record_ffn(self, rec, ws, layer, n):
+        """The FFN block, x += its output."""
         c = self.config
         if c.n_expert:
             record_moe_ffn(rec, ws, layer, c, n)
-            return False
-        x_in, folded = (Quantized(ws.x8), None) if normed else normed_input(
-            rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps, self._ffn_in(layer), glu=True, x8=ws.x8)
+            return
         gate, up, down = layer["ffn_gate"], layer["ffn_up"], layer["ffn_down"]
+        x_in, folded = normed_input(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps, [gate, up],
+                                    glu=True, x8=ws.x8)
         # the SwiGLU's output in 8-bit blocks from the gate+up product itself where the down
         # product takes them (one column over 8-bit x), else quantized by the down product's call
         blocks = (ws.x8_ffn is not None and not c.ffn_gelu and folded is None and writes_blocks(rec.ctx, gate, up, n)
@@ -308,5 +280,5 @@ class Model:
         matmul_swiglu(rec, gate, up, x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu, norm=folded, x8=ws.x8,
                       blocks_out=BlocksOut(ws.x8_ffn, ws.done) if blocks else None)
         rec.barrier()
-        return self.record_residual(rec, ws, layer, "ffn_down", Quantized(ws.x8_ffn) if blocks else ws.gate,
-                                    "post_ffw_norm", n, following)
+        self.record_residual(rec, ws, layer, "ffn_down", Quantized(ws.x8_ffn) if blocks else ws.gate,
+                             "post_ffw_norm", n)
