@@ -21,6 +21,7 @@ import numpy as np
 from worker.engine.choice import HOST, MASKED
 from worker.engine.errors import KVCacheFull
 from worker.engine.intmath import round_up
+from worker.engine.kernels.attention import TILED_MIN_TOKENS, write_tiles
 from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
@@ -111,6 +112,8 @@ class Runner:
         host-visible ws.logits only with the HOST suffix (a sequence reads whole rows). `ids`:
         the workspace buffer holding the token ids."""
         inputs = {"step": 8 * n, **({"rows": 4 * rows} if rows else {})}
+        if self.workspace.attention_tiles is not None:
+            inputs["attention_tiles"] = self.workspace.attention_tiles.size
         return self._staged(n, lambda rec, stage, ws: self._record_stage(rec, stage, ws, n, select, logits, rows,
                                                                          ids), inputs, profile)
 
@@ -181,6 +184,14 @@ class Runner:
         if row_size > rows:
             out_rows = ws.rows.view(np.uint32)
             out_rows[rows:row_size] = out_rows[rows - 1]
+        self._write_tiles(size)
+
+    def _write_tiles(self, size: int):
+        """The attention tiles of a pass of `size` tokens whose step values are written."""
+        tiles = self.workspace.attention_tiles
+        if tiles is not None and size >= TILED_MIN_TOKENS:
+            write_tiles(self.workspace.step.view(np.uint32)[:2 * size].reshape(size, 2),
+                        tiles.view(np.uint32).reshape(-1, 2))
 
     def _size(self, n: int) -> int:
         return recorded_size(n, self.workspace.n)
@@ -346,6 +357,7 @@ class Runner:
             step = ws.step.view(np.uint32)[:2 * n].reshape(n, 2)
             step[:, 0], step[:, 1] = slots, pos
             ws.rows.view(np.uint32)[:n] = np.arange(n)
+            self._write_tiles(n)
             rec = self._record(n, "argmax", profile=True, rows=n)
             rec.run(self._fences)
             return self._timings(rec)

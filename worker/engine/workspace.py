@@ -51,6 +51,8 @@ class Workspace:
     best_alt: Buffer
     mask: Buffer        # uint32 [sequences, vocab / 32]: grammars' token masks, host-written per step (kernels/mask.py)
     attention: Buffer | None   # split attention's partials (None: attention never splits)
+    attention_tiles: Buffer | None  # uint32: a pass's tiles for the tiled attention kernel, host-written per
+                                    # replay (attention.write_tiles; None: no pass takes that kernel)
     select: Buffer             # argmax's and top-k's survivors over the logits
     x8: Buffer | None          # the mmq products' 8-bit activations (None: the device's prefill takes other kernels)
     x8_ffn: Buffer | None      # the gate+up output in 8-bit blocks, one column (matmul's BlocksOut;
@@ -64,7 +66,7 @@ class Workspace:
     handoff: Buffer | None
 
     HOST_VISIBLE = frozenset({"step", "ids", "rows", "logits", "best", "top_ids", "top_values", "step_alt",
-                              "best_alt", "mask", "handoff"})
+                              "best_alt", "mask", "handoff", "attention_tiles"})
     SHARED = ("handoff", "best", "best_alt")
 
     @staticmethod
@@ -101,6 +103,7 @@ class Workspace:
         # decode's 8-bit mat-vec groups (up to 8 columns) and mat-cols products (up to 64)
         x8_rows = n if mmq else min(n, MAT_COLS_X8_MAX) if decode_x8(ctx) else 0
         return {"attention": attention.split_scratch_bytes(shape, n),
+                "attention_tiles": attention.tiles_bytes(ctx, n, sequences),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
                               select.scratch_bytes(ctx, sequences, vocab, min(MAX_K, vocab))),
                 "moe_tiles": experts.tiles_bytes(slots, c.n_expert, experts.group_cols(ctx, expert_path))

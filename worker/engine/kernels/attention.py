@@ -12,8 +12,16 @@ fixed at record time (from the workgroups and the longest sequence the cache hol
 shape.n_ctx), and the shader shares each token's positions among the splits by its own length
 (MIN_CHUNK positions a split at least). The partials and counters live in a buffer the caller
 owns, of split_scratch_bytes, zeroed once when it is allocated (the merging split leaves its
-counter at 0)."""
+counter at 0).
+
+Passes of TILED_MIN_TOKENS tokens or more (prefill chunks) take flash attention on matrix units
+where the device has 16x16x16 f16 cooperative matrices and the cache is f16
+(attention_tiled.comp): the host cuts each pass into tiles of up to TILE_ROWS tokens of one
+sequence (`write_tiles`, into a host-visible buffer of tiles_bytes the caller owns), and one
+workgroup per tile and query head walks the positions they see."""
 from dataclasses import dataclass
+
+import numpy as np
 
 from worker.engine.intmath import cdiv, round_up
 from worker.engine.kernels.matmul import quantize_x8
@@ -34,6 +42,11 @@ LANES = 8                # invocations sharing one position (attention.comp's LA
 MIN_CHUNK = 64
 TARGET_WORKGROUPS = 1024  # enough workgroups to keep a large GPU's loads in flight in decode
 OFFSET_ALIGN = 256       # the largest minStorageBufferOffsetAlignment Vulkan allows
+TILE_SUBGROUPS = 4       # attention_tiled.comp's subgroups a workgroup, 16 rows each
+TILE_ROWS = 16 * TILE_SUBGROUPS
+TILE_KV = 32             # K/V positions a step of attention_tiled.comp (TILE_ROWS <= 2 * TILE_KV)
+TILED_MIN_TOKENS = 128   # fewer tokens (decode, batched decode) keep attention.comp and its splits
+TILED_MAX_HEAD_DIM = 128  # a row's accumulators live in its lanes' registers (HEAD_DIM / 2 each on 32 lanes)
 
 
 def attention_threads(ctx) -> int:
@@ -82,9 +95,41 @@ def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | No
     return need
 
 
+def tiled_attention(ctx) -> bool:
+    """Whether the device takes attention_tiled.comp (its f16 cooperative matrices and shared
+    memory; head sizes and the cache's type are the pass's to check)."""
+    subgroup = ctx.info.subgroup_size
+    shared = 2 * (2 * TILE_KV * (TILED_MAX_HEAD_DIM + 8) + TILE_ROWS * (TILE_KV + 8)) + 4 * TILE_ROWS * (TILE_KV + 16)
+    return (16, 16, 16) in ctx.info.coopmat_shapes and subgroup in (16, 32, 64) and shared <= ctx.info.max_shared_memory
+
+
+def tiles_bytes(ctx, max_tokens: int, sequences: int) -> int:
+    """Bytes of the tile list (`write_tiles`) for passes of up to max_tokens tokens of up to
+    `sequences` sequences; 0 where no pass takes the tiled kernel."""
+    if max_tokens < TILED_MIN_TOKENS or not tiled_attention(ctx):
+        return 0
+    return 8 * (1 + cdiv(max_tokens, TILE_ROWS) + sequences)
+
+
+def write_tiles(step: np.ndarray, tiles: np.ndarray):
+    """tiles (uint32 [capacity, 2]) = the tile count, then (first token, tokens) of each tile: the
+    pass's tokens (step: uint32 [n, 2] (slot, position) pairs) in runs of one slot and rising
+    positions, cut every TILE_ROWS tokens."""
+    n = len(step)
+    cut = np.flatnonzero((step[1:, 0] != step[:-1, 0]) | (step[1:, 1] < step[:-1, 1])) + 1
+    starts, ends = np.r_[0, cut], np.r_[cut, n]
+    firsts = np.concatenate([np.arange(a, b, TILE_ROWS) for a, b in zip(starts, ends)])
+    counts = np.minimum(TILE_ROWS, np.repeat(ends, -(-(ends - starts) // TILE_ROWS)) - firsts)
+    if len(firsts) + 1 > len(tiles):
+        raise ValueError(f"a pass of {n} tokens in {len(starts)} runs makes {len(firsts)} attention tiles, "
+                         f"more than the {len(tiles) - 1} its buffer holds")
+    tiles[0, 0] = len(firsts)
+    tiles[1:1 + len(firsts), 0], tiles[1:1 + len(firsts), 1] = firsts, counts
+
+
 def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer,
               step: Buffer, n_tokens: int, scratch: Buffer | None = None, splits: int | None = None,
-              sinks: Buffer | None = None, x8: Buffer | None = None):
+              sinks: Buffer | None = None, x8: Buffer | None = None, tiles: Buffer | None = None):
     """out[t, h] = softmax(scale * q[t, h] . K[0..pos_t, h // group]) V[...] over the positions of
     token t's sequence (slot step[2t], position pos_t = step[2t + 1]; only the last
     shape.window positions of that range when the window is set), q and out f32
@@ -94,11 +139,32 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     denominator. `x8`: the output in 8-bit blocks there too (x8.glsl, for the 8-bit products;
     n_head x head_dim a multiple of 32), written by the attention kernel itself where heads are
     whole blocks (by the merging split where the sequence splits; one dispatch and barrier less
-    than a quantize_x8 after it), else by a quantize_x8 after a barrier."""
-    merged = x8 if x8 is not None and shape.head_dim % X8_BLOCK_VALUES == 0 else None
-    if not _record(rec, shape, q, cache, out, step, n_tokens, scratch, splits, sinks, merged) and x8 is not None:
+    than a quantize_x8 after it), else by a quantize_x8 after a barrier. `tiles`: the pass's
+    tile list (write_tiles; None: the device has no tiled kernel), for passes of
+    TILED_MIN_TOKENS or more over an f16 cache and heads of up to TILED_MAX_HEAD_DIM values."""
+    if (tiles is not None and n_tokens >= TILED_MIN_TOKENS and not cache.q8 and shape.head_dim % 16 == 0
+            and shape.head_dim <= TILED_MAX_HEAD_DIM and splits is None):
+        _record_tiled(rec, shape, q, cache, out, step, n_tokens, sinks, tiles)
+        written = False
+    else:
+        merged = x8 if x8 is not None and shape.head_dim % X8_BLOCK_VALUES == 0 else None
+        written = _record(rec, shape, q, cache, out, step, n_tokens, scratch, splits, sinks, merged)
+    if not written and x8 is not None:
         rec.barrier()
         quantize_x8(rec, out, x8, n_tokens, shape.n_head * shape.head_dim)
+
+
+def _record_tiled(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer, step: Buffer,
+                  n_tokens: int, sinks: Buffer | None, tiles: Buffer):
+    ctx = rec.ctx
+    subgroup = ctx.info.subgroup_size
+    spec = {0: TILE_SUBGROUPS * subgroup, 1: shape.head_dim, 2: subgroup, 3: TILE_KV, 5: cache.block}
+    push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, scale=float(shape.scale),
+                window=shape.window, table_stride=cache.table_stride)
+    sink_suffix, sink_buffers = ("_sinks", [sinks]) if sinks is not None else ("", [])
+    groups = (min(tiles.size // 8 - 1, n_tokens), shape.n_head, 1)
+    rec.dispatch(ctx.kernel("attention_tiled" + sink_suffix, spec),
+                 [q, cache.k, cache.v, step, cache.table, tiles, out, *sink_buffers], groups, push)
 
 
 def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer, step: Buffer,

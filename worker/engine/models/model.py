@@ -244,7 +244,7 @@ class Model:
         w_out = layer["attn_output"]
         x8_out = product_path(rec.ctx, n, w_out.cols, qtype=w_out.ggml_type) in X8_PATHS
         attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention,
-                           sinks=layer.get("attn_sinks"), x8=ws.x8 if x8_out else None)
+                           sinks=layer.get("attn_sinks"), x8=ws.x8 if x8_out else None, tiles=ws.attention_tiles)
         rec.barrier()
         self.record_residual(rec, ws, layer, "attn_output", Quantized(ws.x8) if x8_out else ws.att,
                              "post_attention_norm", n)
