@@ -109,98 +109,103 @@ void main() {
     const uint per_split = STREAMS * gl_NumWorkGroups.x;
     const uint chunk = max(p.min_chunk, (seen - first_visible + per_split - 1) / per_split * STREAMS);
     const uint begin = first_visible + split * chunk, end = min(begin + chunk, seen);
+    // the splits that hold positions: the first `used` (the others only count themselves in)
+    const uint used = min(gl_NumWorkGroups.x, (seen - first_visible + chunk - 1) / chunk);
 
-    for (uint i = tid; i < ROWS * BLOCKS; i += WG) {
-        q_sh[i] = i / BLOCKS < rows ? q4[(t * p.n_head + head0) * BLOCKS + i] * p.scale : vec4(0.0);
-    }
-    barrier();
+    if (split < used) {   // uniform in the workgroup
+        for (uint i = tid; i < ROWS * BLOCKS; i += WG) {
+            q_sh[i] = i / BLOCKS < rows ? q4[(t * p.n_head + head0) * BLOCKS + i] * p.scale : vec4(0.0);
+        }
+        barrier();
 
-    float m[ROWS], l[ROWS];
-    vec4 acc[ROWS * PER_LANE];
-    for (uint r = 0; r < ROWS; r++) {
-        m[r] = NO_SCORE;
-        l[r] = 0.0;
-        for (uint b = 0; b < PER_LANE; b++) {
-            acc[r * PER_LANE + b] = vec4(0.0);
-        }
-    }
-    for (uint pos = begin + stream; pos < end; pos += STREAMS) {
-        const uint row_base = (kv_row(slot, pos, p.table_stride) * p.n_head_kv + g) * BLOCKS;
-        vec4 kb[PER_LANE], vb[PER_LANE];
-        for (uint b = 0; b < PER_LANE; b++) {
-            const uint blk = lane + b * LANES;
-            kb[b] = blk < BLOCKS ? load_k(row_base + blk) : vec4(0.0);
-            vb[b] = blk < BLOCKS ? load_v(row_base + blk) : vec4(0.0);
-        }
+        float m[ROWS], l[ROWS];
+        vec4 acc[ROWS * PER_LANE];
         for (uint r = 0; r < ROWS; r++) {
-            float s = 0.0;
+            m[r] = NO_SCORE;
+            l[r] = 0.0;
+            for (uint b = 0; b < PER_LANE; b++) {
+                acc[r * PER_LANE + b] = vec4(0.0);
+            }
+        }
+        for (uint pos = begin + stream; pos < end; pos += STREAMS) {
+            const uint row_base = (kv_row(slot, pos, p.table_stride) * p.n_head_kv + g) * BLOCKS;
+            vec4 kb[PER_LANE], vb[PER_LANE];
+            for (uint b = 0; b < PER_LANE; b++) {
+                const uint blk = lane + b * LANES;
+                kb[b] = blk < BLOCKS ? load_k(row_base + blk) : vec4(0.0);
+                vb[b] = blk < BLOCKS ? load_v(row_base + blk) : vec4(0.0);
+            }
+            for (uint r = 0; r < ROWS; r++) {
+                float s = 0.0;
+                for (uint b = 0; b < PER_LANE; b++) {
+                    const uint blk = lane + b * LANES;
+                    if (blk < BLOCKS) {
+                        s += dot(kb[b], q_sh[r * BLOCKS + blk]);
+                    }
+                }
+                for (uint x = LANES / 2; x > 0; x /= 2) {
+                    s += subgroupShuffleXor(s, x);
+                }
+                const float m_new = max(m[r], s);
+                const float alpha = exp(m[r] - m_new), w = exp(s - m_new);
+                m[r] = m_new;
+                l[r] = l[r] * alpha + w;
+                for (uint b = 0; b < PER_LANE; b++) {
+                    acc[r * PER_LANE + b] = acc[r * PER_LANE + b] * alpha + w * vb[b];
+                }
+            }
+        }
+
+        for (uint r = 0; r < ROWS; r++) {
+            if (lane == 0) {
+                ml_sh[stream] = vec2(m[r], l[r]);
+            }
             for (uint b = 0; b < PER_LANE; b++) {
                 const uint blk = lane + b * LANES;
                 if (blk < BLOCKS) {
-                    s += dot(kb[b], q_sh[r * BLOCKS + blk]);
+                    acc_sh[stream * BLOCKS + blk] = acc[r * PER_LANE + b];
                 }
             }
-            for (uint x = LANES / 2; x > 0; x /= 2) {
-                s += subgroupShuffleXor(s, x);
-            }
-            const float m_new = max(m[r], s);
-            const float alpha = exp(m[r] - m_new), w = exp(s - m_new);
-            m[r] = m_new;
-            l[r] = l[r] * alpha + w;
-            for (uint b = 0; b < PER_LANE; b++) {
-                acc[r * PER_LANE + b] = acc[r * PER_LANE + b] * alpha + w * vb[b];
-            }
-        }
-    }
-
-    for (uint r = 0; r < ROWS; r++) {
-        if (lane == 0) {
-            ml_sh[stream] = vec2(m[r], l[r]);
-        }
-        for (uint b = 0; b < PER_LANE; b++) {
-            const uint blk = lane + b * LANES;
-            if (blk < BLOCKS) {
-                acc_sh[stream * BLOCKS + blk] = acc[r * PER_LANE + b];
-            }
-        }
-        barrier();
-        float big_m = NO_SCORE, big_l = 0.0;
-        for (uint s = 0; s < STREAMS; s++) {
-            big_m = max(big_m, ml_sh[s].x);
-        }
-        for (uint s = 0; s < STREAMS; s++) {
-            big_l += exp(ml_sh[s].x - big_m) * ml_sh[s].y;
-        }
-        const uint row = t * p.n_head + head0 + r;
-        for (uint blk = tid; blk < BLOCKS && r < rows; blk += WG) {
-            vec4 sum = vec4(0.0);
+            barrier();
+            float big_m = NO_SCORE, big_l = 0.0;
             for (uint s = 0; s < STREAMS; s++) {
-                sum += exp(ml_sh[s].x - big_m) * acc_sh[s * BLOCKS + blk];
+                big_m = max(big_m, ml_sh[s].x);
             }
+            for (uint s = 0; s < STREAMS; s++) {
+                big_l += exp(ml_sh[s].x - big_m) * ml_sh[s].y;
+            }
+            const uint row = t * p.n_head + head0 + r;
+            for (uint blk = tid; blk < BLOCKS && r < rows; blk += WG) {
+                vec4 sum = vec4(0.0);
+                for (uint s = 0; s < STREAMS; s++) {
+                    sum += exp(ml_sh[s].x - big_m) * acc_sh[s * BLOCKS + blk];
+                }
 #if defined(SPLIT)
-            const uint part = row * gl_NumWorkGroups.x + split;
-            part_o4[part * BLOCKS + blk] = sum;
-            if (blk == 0) {
-                part_ml[part] = vec2(big_m, big_l);
-            }
+                const uint part = row * gl_NumWorkGroups.x + split;
+                part_o4[part * BLOCKS + blk] = sum;
+                if (blk == 0) {
+                    part_ml[part] = vec2(big_m, big_l);
+                }
 #else
-            float norm = 1.0 / big_l;
+                float norm = 1.0 / big_l;
 #if defined(SINKS)
-            const float sink = sinks[head0 + r], m_all = max(big_m, sink);
-            norm = exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all));
+                const float sink = sinks[head0 + r], m_all = max(big_m, sink);
+                norm = exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all));
 #endif
-            o4[row * BLOCKS + blk] = sum * norm;
+                o4[row * BLOCKS + blk] = sum * norm;
 #if defined(X8)   // a block of x8 is 8 consecutive threads of one head (blk = tid)
-            store_x8(row * BLOCKS + blk, sum * norm, p.n_head * HEAD_DIM);
+                store_x8(row * BLOCKS + blk, sum * norm, p.n_head * HEAD_DIM);
 #endif
 #endif
+            }
+            barrier();
         }
-        barrier();
     }
 #if defined(SPLIT)
     // This split's partials visible device-wide, then counted; the last split of the token's
-    // heads merges them all: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M = max_s m_s
-    // (empty splits carry l = 0 and m = NO_SCORE: they weigh nothing).
+    // heads merges the used ones: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s,
+    // M = max_s m_s. Merging only those keeps a cache sized for long sequences (many splits
+    // recorded: 64 for 4096 positions) from costing short ones a merge over empty partials.
     memoryBarrierBuffer();
     barrier();
     const uint splits = gl_NumWorkGroups.x, counter = t * gl_NumWorkGroups.y + gl_WorkGroupID.y;
@@ -217,11 +222,11 @@ void main() {
         const uint r = i / BLOCKS, blk = i % BLOCKS;
         const uint row = t * p.n_head + head0 + r, first = row * splits;
         float big_m = NO_SCORE, big_l = 0.0;
-        for (uint s = 0; s < splits; s++) {
+        for (uint s = 0; s < used; s++) {
             big_m = max(big_m, part_ml[first + s].x);
         }
         vec4 sum = vec4(0.0);
-        for (uint s = 0; s < splits; s++) {
+        for (uint s = 0; s < used; s++) {
             const vec2 ml = part_ml[first + s];
             const float w = exp(ml.x - big_m);
             big_l += w * ml.y;
