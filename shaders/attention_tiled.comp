@@ -17,6 +17,7 @@
 // memory, where LPR lanes a row mask it, update the row's running max and sum and write
 // P = e^(S - max) as f16; then P V (16 x HEAD_DIM) goes out 16 columns at a time through a
 // staging tile into the rows' accumulators, which those lanes hold in registers and rescale.
+// The next step's K and V are loaded into registers while this one's are worked on.
 // With SINKS (gpt-oss) each head's sink logit joins the softmax's denominator (attention.comp).
 layout(constant_id = 1) const uint HEAD_DIM = 128;
 layout(constant_id = 2) const uint SUBGROUP = 32;
@@ -50,6 +51,32 @@ layout(push_constant) uniform Push {
 
 // K then V of a step (BC rows each); at the start the tile's q rows (BR <= 2 * BC rows)
 shared f16vec4 kv_sh[2 * BC * STRIDE];
+// the next step's K and V, loaded while the matrix units work on this one's
+const uint KV_ITEMS = (BC * D4 + WG - 1) / WG;
+f16vec4 k_reg[KV_ITEMS], v_reg[KV_ITEMS];
+
+void load_kv(uint slot, uint g, uint kv0, uint kv_end) {
+    [[unroll]] for (uint u = 0; u < KV_ITEMS; u++) {
+        const uint i = gl_LocalInvocationID.x + u * WG, pos = kv0 + i / D4;
+        k_reg[u] = f16vec4(0.0);
+        v_reg[u] = f16vec4(0.0);
+        if (i < BC * D4 && pos < kv_end) {
+            const uint at = (kv_row(slot, pos, p.table_stride) * p.n_head_kv + g) * D4 + i % D4;
+            k_reg[u] = k4[at];
+            v_reg[u] = v4[at];
+        }
+    }
+}
+
+void store_kv() {
+    [[unroll]] for (uint u = 0; u < KV_ITEMS; u++) {
+        const uint i = gl_LocalInvocationID.x + u * WG, j = i / D4;
+        if (i < BC * D4) {
+            kv_sh[j * STRIDE + i % D4] = k_reg[u];
+            kv_sh[(BC + j) * STRIDE + i % D4] = v_reg[u];
+        }
+    }
+}
 shared float s_sh[SUBGROUPS * 16 * BC];
 shared f16vec4 p_sh[SUBGROUPS * 16 * P_STRIDE];
 shared float o_sh[SUBGROUPS * 16 * 16];
@@ -71,6 +98,7 @@ void main() {
     const bool valid = row < count;
     const uint pos_row = valid ? tokens[first + row].y : 0;
 
+    load_kv(slot, g, kv_begin, kv_end);
     for (uint i = tid; i < BR * D4; i += WG) {
         const uint r = i / D4, blk = i % D4;
         kv_sh[r * STRIDE + blk] = r < count ? f16vec4(q4[((first + r) * p.n_head + h) * D4 + blk] * p.scale)
@@ -90,18 +118,11 @@ void main() {
     }
     const uint s0 = sg * 16 * BC, p0 = sg * 16 * P_STRIDE, o0 = sg * 256;
     for (uint kv0 = kv_begin; kv0 < kv_end; kv0 += BC) {
-        for (uint i = tid; i < BC * D4; i += WG) {
-            const uint j = i / D4, blk = i % D4, pos = kv0 + j;
-            f16vec4 kv = f16vec4(0.0), vv = f16vec4(0.0);
-            if (pos < kv_end) {
-                const uint at = (kv_row(slot, pos, p.table_stride) * p.n_head_kv + g) * D4 + blk;
-                kv = k4[at];
-                vv = v4[at];
-            }
-            kv_sh[j * STRIDE + blk] = kv;
-            kv_sh[(BC + j) * STRIDE + blk] = vv;
-        }
+        store_kv();
         barrier();
+        if (kv0 + BC < kv_end) {
+            load_kv(slot, g, kv0 + BC, kv_end);
+        }
 
         // S = q K^T, 16 positions at a time (K rows read as the columns of B)
         [[unroll]] for (uint c = 0; c < BC / 16; c++) {
