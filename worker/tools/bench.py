@@ -16,6 +16,9 @@ def register(sub):
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("-c", "--ctx", type=int,
+                   help="positions the engines' KV caches hold (default: prompt + generated + 16, as llama-bench; "
+                        "a worker's default is 4096, and decode attention's split count follows it)")
     p.add_argument("--peer", choices=["llama.cpp"], help="also time llama.cpp's Vulkan backend (cyllama)")
     p.add_argument("--profile", action="store_true",
                    help="also print GPU time per kernel of one decode step and one prefill chunk "
@@ -82,6 +85,8 @@ def run(args):
             finally:
                 engine.close()
         return
+    if args.ctx is not None and args.ctx < args.n_prompt + args.n_gen:
+        raise VkllmError(f"--ctx {args.ctx} holds fewer positions than -p {args.n_prompt} and -n {args.n_gen}")
     rows = []
     for path in args.model:
         rows.append(bench_model(path, args))
@@ -105,8 +110,8 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
     from worker.engine.kernels.paths import decode_x8, mat_mat_path
     from worker.engine.modelfile import ModelFile
     from worker.tools.roofline import read_bandwidth
-    engine = Engine.load(path, settings(args), n_ctx=args.n_prompt + args.n_gen + 16,
-                         max_batch=min(512, args.n_prompt))
+    n_ctx = args.ctx or args.n_prompt + args.n_gen + 16
+    engine = Engine.load(path, settings(args), n_ctx=n_ctx, max_batch=min(512, args.n_prompt))
     try:
         per_token = weight_bytes_per_token(ModelFile.open(path))
         _, total = engine.ctx.memory_budget()
@@ -123,10 +128,11 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
         engine.close()
     print(f"{path}: {per_token / 1e9:.3f} GB of weights read per token; measured read roofline "
           f"{roofline / 1e12:.3f} TB/s -> at most {roofline / per_token:.0f} tok/s; mat-mat kernel "
-          f"{prefill_kernel} (VKLLM_PREFILL_KERNEL); decode kernel {decode_kernel} (VKLLM_DECODE_KERNEL)", flush=True)
+          f"{prefill_kernel} (VKLLM_PREFILL_KERNEL); decode kernel {decode_kernel} (VKLLM_DECODE_KERNEL); "
+          f"context {n_ctx}", flush=True)
     if args.peer:
         from worker.tools.bench_peer import time_llama_cpp
-        results["llama.cpp-vulkan"] = time_llama_cpp(path, vocab, args.n_prompt, args.n_gen, args.repetitions)
+        results["llama.cpp-vulkan"] = time_llama_cpp(path, vocab, args.n_prompt, args.n_gen, args.repetitions, n_ctx)
     return Path(path).stem, per_token, roofline, results
 
 

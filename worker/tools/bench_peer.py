@@ -9,13 +9,13 @@ import numpy as np
 from vkllm.errors import VkllmError
 
 
-def time_llama_cpp(path: str, vocab_size: int, n_prompt: int, n_gen: int, reps: int) -> dict:
+def time_llama_cpp(path: str, vocab_size: int, n_prompt: int, n_gen: int, reps: int, n_ctx: int) -> dict:
     cy = _cyllama()
     model_params = cy.LlamaModelParams()
     model_params.n_gpu_layers = 999
     model = cy.LlamaModel(str(path), model_params)
     ctx_params = cy.LlamaContextParams()
-    ctx_params.n_ctx = n_prompt + n_gen + 16
+    ctx_params.n_ctx = n_ctx
     ctx_params.n_batch = ctx_params.n_ubatch = min(512, n_prompt)
     ctx = cy.LlamaContext(model, ctx_params)
     tokens = np.random.default_rng(0).integers(0, vocab_size, n_prompt).tolist()

@@ -1,0 +1,23 @@
+"""`vkllm bench -m FILE` on the test device: one row of figures for the engine, loaded with the
+context asked (`--ctx`: decode attention's split count follows it, so a bench at a worker's
+context times what the worker runs), and a context too small for the run refused."""
+import contextlib
+import io
+import re
+
+from vkllm.cli import main
+
+
+def test_bench_loads_the_context_asked(tiny_model):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", "-m", str(tiny_model), "-p", "8", "-n", "4", "-r", "1", "--ctx", "300"]) == 0
+    text = out.getvalue()
+    assert re.search(r"; context 300$", text, re.M), text
+    row = re.search(r"^tiny-llama\s+\S+\s+vkllm\s+(\S+)\s+(\S+)", text, re.M)
+    assert row and float(row[1]) > 0 and float(row[2]) > 0, text
+
+
+def test_bench_refuses_a_context_smaller_than_the_run(tiny_model, capsys):
+    assert main(["bench", "-m", str(tiny_model), "-p", "8", "-n", "4", "--ctx", "10"]) != 0
+    assert "--ctx 10 holds fewer positions than -p 8 and -n 4" in capsys.readouterr().err
