@@ -109,7 +109,8 @@ def test_tiled_attention_of_a_batched_pass(tiled_dev):
     tokens = [(0, 299), (1, 16), (2, 0), *((3, 40 + i) for i in range(140)), (3, 179)]
     q = f32(rng, len(tokens), n_head, head_dim)
     got = run_tiled(dev, paged, q, AttentionShape(n_head, n_head_kv, head_dim, 320), tokens)
-    expected = np.stack([attention_reference(q[t], *stored[s], pos, head_dim ** -0.5) for t, (s, pos) in enumerate(tokens)])
+    expected = np.stack([attention_reference(q[t], *stored[s], pos, head_dim ** -0.5)
+                         for t, (s, pos) in enumerate(tokens)])
     np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
 
 
