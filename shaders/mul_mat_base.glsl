@@ -16,6 +16,12 @@ layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 #endif
 layout(std430, binding = 2) buffer Y { float y[]; };
+#if defined(QKV)
+// The weight is Q, K and V (or Q and K) one after the other (matmul.py's matmul_qkv): rows
+// before k_first are Q's, written to y, then K's to y_k and V's to y_v.
+layout(std430, binding = 3) writeonly buffer Y_K { float y_k[]; };
+layout(std430, binding = 4) writeonly buffer Y_V { float y_v[]; };
+#endif
 #if defined(EXPERT_TILES)
 // moe_group.comp's output: the slots by expert, then (expert, first, count) per tile
 layout(std430, binding = 3) readonly buffer Tiles { uint tiles[]; };
@@ -24,7 +30,7 @@ layout(std430, binding = 4) readonly buffer Bias { float bias[]; };
 #endif
 #endif
 
-// The same block as mul_mat_vec_base.glsl's: matmul.py packs both alike.
+// The same block as mul_mat_vec_base.glsl's (QKV's fields too): matmul.py packs both alike.
 layout(push_constant) uniform Push {
     uint ncols;       // K
     uint rows;        // rows of this part
@@ -38,6 +44,10 @@ layout(push_constant) uniform Push {
     uint expert_first;  // the part's first expert
     uint expert_count;  // experts in the part
     uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
+#endif
+#if defined(QKV)
+    uint k_first;     // first row of K in the weight
+    uint v_first;     // first row of V (the rows when there is no V)
 #endif
 } p;
 
@@ -94,8 +104,22 @@ vec4 load_x4(uint col, uint k) {
 }
 #endif
 
-// y[col, y_offset + row] (+)= v (+ the expert's bias), inside the part and the columns.
+// y[col, y_offset + row] (+)= v (+ the expert's bias), inside the part and the columns; QKV:
+// the output of the row's section = v.
 void store_y(uint row, uint col, float v) {
+#if defined(QKV)
+    if (row < p.rows && col < p.n) {
+        const uint r = p.y_offset + row;
+        if (r < p.k_first) {
+            y[col * p.k_first + r] = v;
+        } else if (r < p.v_first) {
+            y_k[col * (p.v_first - p.k_first) + r - p.k_first] = v;
+        } else {
+            y_v[col * (p.y_stride - p.v_first) + r - p.v_first] = v;
+        }
+    }
+    return;
+#endif
     if (row < p.rows && col < cols_end()) {
 #if defined(EXPERT_BIAS)
         v += bias[tile_word(0) * p.rows + row];

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from tests.test_kernels_matmul import ALL_TYPES, assert_close, cols_for, random_weights
+from tests.test_kernels_matmul import ALL_TYPES, assert_close, cols_for, offered, product, random_weights
 from tests.test_kernels_matmul_glu import Weights, reference
 from worker.engine.kernels.matmul import matmul, matmul_qkv, matmul_swiglu, normed_input
 from worker.engine.kernels.norm import FoldedNorm
@@ -148,6 +148,28 @@ def test_qkv_as_one_tensor(vk_ctx, types):
                 assert dispatches == (4 - joined_count if joined else 3)
                 for out, rows_i, (_, w) in zip(outs, rows, raws):
                     assert_close(r.get(out, (n, rows_i)), rms_normed(x, nw) @ w.T)
+    free_tensor(vk_ctx, fused)
+
+
+@pytest.mark.parametrize("path", ["tiled", "coopmat"])
+@pytest.mark.parametrize("types", [(T.Q4_K,) * 3, (T.Q8_0, T.Q8_0, T.Q6_K)], ids=["qkv", "qk"])
+def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types):
+    """Prefill's mat-mat kernels take the joined tensor in one dispatch too (V of another type
+    in a second), sections ending inside row tiles, columns past one column tile."""
+    offered(vk_ctx, path)
+    cols, rows, n = 256, (96, 40, 40), 70
+    raws = [random_weights(t, r, cols, seed=i) for i, (t, r) in enumerate(zip(types, rows))]
+    joined_count = 3 if len(set(types)) == 1 else 2
+    fused, views = upload_rows(vk_ctx, "qkv", types[0], [(cols, r) for r in rows[:joined_count]],
+                               [raw for raw, _ in raws[:joined_count]])
+    with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
+        members = views + ([weights.upload(types[2], raws[2][0], cols)] if joined_count == 2 else [])
+        x = np.random.default_rng(5).standard_normal((n, cols)).astype(np.float32)
+        xb, outs = r.put(x), [r.empty(n * rows_i) for rows_i in rows]
+        dispatches = r.run(lambda rec: matmul_qkv(rec, fused, members, xb, outs, n, path=path))
+        assert dispatches == 4 - joined_count
+        for out, rows_i, (_, w) in zip(outs, rows, raws):
+            assert_close(r.get(out, (n, rows_i)), *product(x, w, path))
     free_tensor(vk_ctx, fused)
 
 

@@ -200,7 +200,7 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32), the
     mmq and mat_vec_x8 kernels quantize the activations to 8 bits per block of 32 into `x8` first.
     `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
-    ctx, type_name = rec.ctx, w.ggml_type.name.lower()
+    ctx = rec.ctx
     path = path or product_path(ctx, n, w.cols, norm is not None, w.ggml_type)
     if path == "mmq":
         if norm is not None:
@@ -228,20 +228,29 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         return
     if norm is not None:
         raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
+    _mat_mat(rec, w, path, "", [x, y], n, _push(w, 0, 0, n, y_accumulate))
+
+
+def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: list[Buffer], n: int, push: dict):
+    """w times x over n columns through the tiled ("tiled", mul_mat<variant>_<type>) or the
+    cooperative-matrix ("coopmat", mul_mat_coopmat<variant>_<type>; the weight's tuned tile)
+    kernel, one dispatch per part; `buffers`: x and the outputs, `push` as _push gives it (each
+    part's rows and offset filled in here)."""
+    ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
         bm, bn, wm, wn, bk, stages = COOPMAT_FEW_COLS_TILE if n <= COOPMAT_FEW_COLS else w.coopmat_tile or COOPMAT_TILE
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
-        kernel = ctx.kernel(f"mul_mat_coopmat_{type_name}",
+        kernel = ctx.kernel(f"mul_mat_coopmat{variant}_{type_name}",
                             {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
                              10: stages})
     else:
         bm = bn = MAT_MAT_TILE
-        kernel = ctx.kernel(f"mul_mat_{type_name}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
+        kernel = ctx.kernel(f"mul_mat{variant}_{type_name}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
     for buffer, first, count in w.parts:
-        groups = (cdiv(count, bm), cdiv(n, bn), 1)
-        rec.dispatch(kernel, [buffer, x, y], groups, _push(w, first, count, n, y_accumulate))
+        rec.dispatch(kernel, [buffer, *buffers], (cdiv(count, bm), cdiv(n, bn), 1),
+                     push | dict(rows=count, y_offset=first))
 
 
 def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None) -> Buffer:
@@ -307,8 +316,8 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
     """outs[i] = weights[i] x for the Q, K and V projections (matmul for each). `fused`: the
     weights of its `sections` (Q and K, or all three; tensor.upload_rows) as one tensor, which
     the mat-vec and mat-cols kernels take in one dispatch writing each section's rows to its output; the
-    weights it lacks, and all of them where a mat-mat kernel applies, take their own products
-    (on the mmq path over x quantized once into `x8`)."""
+    weights it lacks take their own products, and all of them on the mmq path (over x quantized
+    once into `x8`)."""
     rest = list(zip(weights, outs))
     path = path or product_path(rec.ctx, n, weights[0].cols, norm is not None, (fused or weights[0]).ggml_type)
     if path in X8_PATHS:   # x quantized once for all the products; types without the kernel take f32 x
@@ -328,6 +337,12 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
         rest = rest[len(fused.sections):]
     elif fused is not None and path == "mat_vec":
         _mat_vec_qkv(rec, fused, f"mul_mat_vec_qkv{_norm_suffix(norm)}", x, outs, n, norm)
+        rest = rest[len(fused.sections):]
+    elif fused is not None and path in ("tiled", "coopmat") and norm is None:
+        k_first, v_first = fused.sections[0], sum(fused.sections[:2])
+        y_v = outs[2] if len(fused.sections) == 3 else outs[1]   # as _mat_vec_qkv's
+        _mat_mat(rec, fused, path, "_qkv", [x, outs[0], outs[1], y_v], n,
+                 _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first))
         rest = rest[len(fused.sections):]
     if path == "mmq" and norm is None:
         _mmq_products(rec, rest, x, n, x8)

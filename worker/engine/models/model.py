@@ -167,7 +167,8 @@ class Model:
         self._owned.append((ctx, fused))
         shapes, _, tiles, cols = self._tuned[id(ctx)]
         fused.mat_vec_shape, fused.cols_shapes = shapes.get(fused.key), cols.get(fused.key, {})
-        for view in views:   # alone they serve prefill's mat-mat products
+        fused.coopmat_tile = tiles.get(fused.key)
+        for view in views:   # alone they serve the mmq path's products
             view.mat_vec_shape, view.coopmat_tile = shapes.get(view.key), tiles.get(view.key)
         layer["attn_qkv"] = fused
         layer.update(zip(names, views))
