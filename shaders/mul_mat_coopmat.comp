@@ -2,6 +2,9 @@
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_control_flow_attributes : require
+#if defined(SPLIT_K)
+#extension GL_EXT_shader_atomic_float : require
+#endif
 #include "common.glsl"
 #include "dequant.glsl"
 #include "mul_mat_base.glsl"
@@ -15,7 +18,8 @@
 // The next step's weights and activations are loaded into registers while the matrix units work
 // on the current one. Loops over accumulators are unrolled: an accumulator array indexed at run
 // time would live in local memory. y is written through a per-subgroup staging tile, which
-// bounds-checks the edges and applies `accumulate`. Sizes are specialization constants, chosen by matmul.py from the device's shapes;
+// bounds-checks the edges and applies `accumulate`. With SPLIT_K, workgroup z sums the z-th of
+// gl_NumWorkGroups.z ranges of K (whole steps) and adds it to y atomically (y accumulates). Sizes are specialization constants, chosen by matmul.py from the device's shapes;
 // the workgroup size (constant 0) must be (BM / WM) * (BN / WN) subgroups.
 layout(constant_id = 1) const uint BM = 128;
 layout(constant_id = 2) const uint BN = 128;
@@ -86,14 +90,20 @@ void main() {
     coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a[CM_ROWS];
     coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b;
 
-    load_registers(tid, row0, col0, 0);
+#if defined(SPLIT_K)
+    const uint span = (p.ncols + gl_NumWorkGroups.z * BK - 1) / (gl_NumWorkGroups.z * BK) * BK;
+    const uint k_begin = gl_WorkGroupID.z * span, k_end = min(p.ncols, k_begin + span);
+#else
+    const uint k_begin = 0, k_end = p.ncols;
+#endif
+    load_registers(tid, row0, col0, k_begin);
     // a subgroup stores step s + 1's tiles only after every subgroup passed step s's barrier,
     // so after the matrix work of step s - 1: with two stages that is the other buffer
     uint stage = 0;
-    for (uint k0 = 0; k0 < p.ncols; k0 += BK) {
+    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
         store_tiles(tid, stage);
         barrier();
-        if (k0 + BK < p.ncols) {
+        if (k0 + BK < k_end) {
             load_registers(tid, row0, col0, k0 + BK);
         }
         const uint a0 = stage * BM * STRIDE, x0 = stage * BN * STRIDE;
@@ -125,7 +135,14 @@ void main() {
             subgroupBarrier();
             const uint r0 = row0 + warp_r * WM + i * TM, c0 = col0 + warp_c * WN + j * TN;
             for (uint e = lane; e < TM * TN; e += SUBGROUP) {
+#if defined(SPLIT_K)
+                const uint row = r0 + e % TM, col = c0 + e / TM;
+                if (row < p.rows && col < p.n) {
+                    atomicAdd(y[col * p.y_stride + p.y_offset + row], staging[staged + e]);
+                }
+#else
                 store_y(r0 + e % TM, c0 + e / TM, staging[staged + e]);
+#endif
             }
             subgroupBarrier();
         }

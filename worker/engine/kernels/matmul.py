@@ -44,6 +44,11 @@ COOPMAT_TILE = (128, 128, 64, 64, 32, 1)
 # (tune off; tiles tuned at the prefill chunk do not apply below it either).
 COOPMAT_FEW_COLS_TILE = (64, 64, 32, 32, 32, 1)
 COOPMAT_FEW_COLS = 64
+# Split-K (mul_mat_coopmat_split): a product that accumulates into y and has fewer tiles than
+# SPLIT_GROUPS workgroups splits K into up to SPLIT_GROUPS / tiles ranges of at least
+# SPLIT_MIN_STEPS steps of BK, each range a workgroup adding its sums to y atomically.
+SPLIT_GROUPS = 384
+SPLIT_MIN_STEPS = 8
 GET_ROWS_THREADS = 64
 QUANTIZE_X8_THREADS = 64
 
@@ -242,15 +247,28 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
-        kernel = ctx.kernel(f"mul_mat_coopmat{variant}_{type_name}",
+        splits = coopmat_splits(ctx, w, n, (bm, bn, bk), push["accumulate"]) if not variant else 1
+        kernel = ctx.kernel(f"mul_mat_coopmat{variant or ('_split' if splits > 1 else '')}_{type_name}",
                             {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
                              10: stages})
     else:
         bm = bn = MAT_MAT_TILE
+        splits = 1
         kernel = ctx.kernel(f"mul_mat{variant}_{type_name}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
     for buffer, first, count in w.parts:
-        rec.dispatch(kernel, [buffer, *buffers], (cdiv(count, bm), cdiv(n, bn), 1),
+        rec.dispatch(kernel, [buffer, *buffers], (cdiv(count, bm), cdiv(n, bn), splits),
                      push | dict(rows=count, y_offset=first))
+
+
+def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int], accumulate: int) -> int:
+    """Ranges of K for the cooperative-matrix product of w over n columns with (BM, BN, BK)
+    `tile`: 1, or where y accumulates and the device adds floats atomically, enough to bring the
+    largest part's tiles towards SPLIT_GROUPS workgroups, each range SPLIT_MIN_STEPS steps or more."""
+    bm, bn, bk = tile
+    if not accumulate or not ctx.info.float_atomic_add:
+        return 1
+    tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
+    return max(1, min(SPLIT_GROUPS // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))
 
 
 def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None) -> Buffer:

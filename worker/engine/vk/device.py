@@ -16,7 +16,8 @@ COOPMAT = "VK_KHR_cooperative_matrix"
 INTEGER_DOT = "VK_KHR_shader_integer_dot_product"
 HOST_MEMORY = "VK_EXT_external_memory_host"       # host memory imported by several devices (vk/linked.py)
 SEMAPHORE_FD = "VK_KHR_external_semaphore_fd"     # a semaphore shared with another device of this GPU
-_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget", COOPMAT, INTEGER_DOT, HOST_MEMORY, SEMAPHORE_FD)
+ATOMIC_FLOAT = "VK_EXT_shader_atomic_float"       # atomicAdd on f32 in buffers (split-K mat-mat products)
+_WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget", COOPMAT, INTEGER_DOT, HOST_MEMORY, SEMAPHORE_FD, ATOMIC_FLOAT)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class DeviceInfo:
     # semaphore exported as an opaque fd, where `shares_timeline` says the driver can
     uuid: bytes = b""
     shares_timeline: bool = False
+    # VK_EXT_shader_atomic_float's atomicAdd on f32 in storage buffers (split-K mat-mat products)
+    float_atomic_add: bool = False
 
     def describe(self) -> str:
         return (f"[{self.index}] {self.name} ({self.kind}, {self.device_local_bytes / 2**30:.1f} GiB, "
@@ -96,6 +99,14 @@ def _int8_dot(physical_device, extensions) -> tuple[bool, bool]:
     return bool(features.shaderIntegerDotProduct), bool(props.integerDotProduct4x8BitPackedSignedAccelerated)
 
 
+def _float_atomic_add(physical_device, extensions) -> bool:
+    if ATOMIC_FLOAT not in extensions:
+        return False
+    features = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT()
+    vk.vkGetPhysicalDeviceFeatures2(physical_device, vk.VkPhysicalDeviceFeatures2(pNext=features))
+    return bool(features.shaderBufferFloat32AtomicAdd)
+
+
 def _shares_timeline(physical_device, extensions) -> bool:
     """Timeline semaphores exported and imported as opaque fds (VK_KHR_external_semaphore_fd)."""
     if SEMAPHORE_FD not in extensions:
@@ -133,7 +144,8 @@ def describe_physical_device(instance, index, physical_device) -> DeviceInfo:
         api_version=props.apiVersion, coopmat_shapes=_coopmat_shapes(instance, physical_device, extensions),
         int8_dot=int8_dot, int8_dot_accelerated=int8_dot_accelerated,
         uuid=bytes(ids.deviceUUID) + bytes(ids.driverUUID),
-        shares_timeline=_shares_timeline(physical_device, extensions))
+        shares_timeline=_shares_timeline(physical_device, extensions),
+        float_atomic_add=_float_atomic_add(physical_device, extensions))
 
 
 def list_devices(instance) -> list[tuple[DeviceInfo, object]]:
@@ -166,7 +178,8 @@ def compute_queue_family(physical_device) -> int:
 
 
 def create_logical_device(physical_device, info: DeviceInfo, family: int):
-    usable = {COOPMAT: bool(info.coopmat_shapes), INTEGER_DOT: info.int8_dot, SEMAPHORE_FD: info.shares_timeline}
+    usable = {COOPMAT: bool(info.coopmat_shapes), INTEGER_DOT: info.int8_dot, SEMAPHORE_FD: info.shares_timeline,
+              ATOMIC_FLOAT: info.float_atomic_add}
     extensions = [e for e in _WANTED_DEVICE_EXTENSIONS if e in info.extensions and usable.get(e, True)]
     priorities = [1.0]
     queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=priorities)
@@ -177,6 +190,8 @@ def create_logical_device(physical_device, info: DeviceInfo, family: int):
         chain = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(shaderIntegerDotProduct=vk.VK_TRUE)
     if coopmat:
         chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=vk.VK_TRUE)
+    if ATOMIC_FLOAT in extensions:
+        chain = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=chain, shaderBufferFloat32AtomicAdd=vk.VK_TRUE)
     features12 = vk.VkPhysicalDeviceVulkan12Features(pNext=chain, shaderFloat16=vk.VK_TRUE,
                                                      shaderInt8=vk.VK_TRUE, storageBuffer8BitAccess=vk.VK_TRUE,
                                                      uniformAndStorageBuffer8BitAccess=vk.VK_TRUE,
