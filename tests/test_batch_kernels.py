@@ -13,6 +13,7 @@ from vkllm.errors import VkllmError
 from worker.engine.batch import Request
 from worker.engine.config import Settings
 from worker.engine.engine import Engine
+from worker.engine.kernels.paths import mat_mat_path
 from worker.engine.modelfile import ModelFile
 from worker.engine.sampling import SamplingParams
 from worker.tools.synth import write_model
@@ -85,7 +86,7 @@ def test_batch_kernel_from_the_environment(value, expected):
 
 
 def test_bad_batch_kernel_is_refused():
-    with pytest.raises(VkllmError, match="VKLLM_BATCH_KERNEL must be one of auto, mat_vec, mat_cols"):
+    with pytest.raises(VkllmError, match="VKLLM_BATCH_KERNEL must be one of auto, mat_vec, mat_cols, mat_mat"):
         Settings.from_env({"VKLLM_BATCH_KERNEL": "coopmat"})
 
 
@@ -99,3 +100,16 @@ def test_bench_prints_each_pass_and_its_kernels(engine, capsys):
     assert lines[0] == "one decode step of n sequences at position 10 (batch kernel: mat_cols):"
     assert lines[1].startswith("  n=  1:") and "mul_mat_cols" not in lines[1]
     assert lines[2].startswith("  n=  5:") and "mul_mat_cols_glu_c8_q4_k" in lines[2]
+
+
+def test_batched_decode_through_the_mat_mat_kernels(vk_settings, model_path):
+    """batch_kernel "mat_mat": a batch of 5 takes the device's mat-mat kernel (the tiled one on
+    lavapipe, cooperative matrices on the H200), with the same tokens together as alone."""
+    with own_context(dataclasses.replace(vk_settings, batch_kernel="mat_mat")) as ctx:
+        engine = load(ctx, vk_settings, model_path)
+        try:
+            prefix = {"coopmat": "mul_mat_coopmat_", "mmq": "mul_mmq_", "tiled": "mul_mat_q"}[mat_mat_path(ctx)]
+            assert any(k.startswith(prefix) for k in engine.runner.profile(5))
+            check_together_and_alone(engine, model_path)
+        finally:
+            engine.close()

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
 from tests.kernel_io import own_context
-from worker.engine.kernels.matmul import COOPMAT_FEW_COLS_TILE, coopmat_splits, get_rows, mat_vec_shape, matmul
+from worker.engine.kernels.matmul import coopmat_splits, few_cols_tile, get_rows, mat_vec_shape, matmul
 from worker.engine.kernels.paths import paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.tile_tuning import candidates as tile_candidates
@@ -165,21 +165,23 @@ def test_coopmat_every_tile_candidate(vk_ctx, qtype):
 
 @pytest.mark.parametrize("qtype", [T.F16, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_coopmat_split_k(vk_ctx, qtype):
-    """A product that accumulates into y over few tiles takes split-K on devices that add floats
-    atomically (K in ranges; F16's K leaves the last ranges short and empty): the same sums,
-    added to y."""
+    """A product over few tiles takes split-K on devices that add floats atomically (K in
+    ranges; F16's K leaves the last ranges short and empty): the same sums, added to y or
+    written over what it held."""
     offered(vk_ctx, "coopmat")
     cols, n = 5000 if qtype == T.F16 else 256 * 23, 40
     raw, w = random_weights(qtype, 70, cols, seed=13)
     x = np.random.default_rng(6).standard_normal((n, cols)).astype(np.float32)
     y0 = np.random.default_rng(7).standard_normal((n, 70)).astype(np.float32)
     tensor = upload_tensor(vk_ctx, "w", qtype, (cols, 70), raw)
-    bm, bn, _, _, bk, _ = COOPMAT_FEW_COLS_TILE
-    assert (coopmat_splits(vk_ctx, tensor, n, (bm, bn, bk), 1) > 1) == vk_ctx.info.float_atomic_add
+    bm, bn, _, _, bk, _ = few_cols_tile(n)
+    assert (coopmat_splits(vk_ctx, tensor, n, (bm, bn, bk)) > 1) == vk_ctx.info.float_atomic_add
     free_tensor(vk_ctx, tensor)
-    y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, y0=y0, path="coopmat")
     ref, rtol = product(x, w, "coopmat")
+    y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, y0=y0, path="coopmat")
     assert_close(y, y0 + ref, rtol)
+    y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="coopmat")
+    assert_close(y, ref, rtol)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -11,7 +11,7 @@ _TUNE = {"auto": None, "": None, "0": False, "1": True}
 # the default (the mat-cols kernel on GPUs, measured faster there: kernels/matmul.py
 # MAT_COLS_MAX; the mat-vec kernel on CPU drivers), mat_vec (the mat-vec kernel's column groups
 # up to 8 columns, then the mat-mat kernels), mat_cols (the mat-cols kernel on every device).
-BATCH_KERNELS = ("auto", "mat_vec", "mat_cols")
+BATCH_KERNELS = ("auto", "mat_vec", "mat_cols", "mat_mat")
 # Which kernel products past the mat-vec column groups (prefill) take (kernels/matmul.py
 # `mat_mat_path`): auto (cooperative matrices where offered, else 8-bit integer dot products where
 # the device accelerates them, else the tiled kernel; CPU drivers: the mat-vec groups), or one of
@@ -36,7 +36,7 @@ class Settings:
     tune: bool | None = None           # time mat-vec shapes per device at load; None: on GPUs, not CPU drivers
     max_sequences: int = 16            # sequences one Engine's Batch decodes together (capped by the memory plan)
     kv_type: str = "f16"               # KV cache values: f16, or q8_0 (8-bit, half the memory)
-    batch_kernel: str = "auto"         # products of 2..16 columns: one of BATCH_KERNELS
+    batch_kernel: str = "auto"         # products of 2.. columns: one of BATCH_KERNELS
     prefill_kernel: str = "auto"       # products past the mat-vec groups: one of PREFILL_KERNELS
     decode_kernel: str = "auto"        # one-column products of quantized weights: one of DECODE_KERNELS
     # Devices (index or name substring each) whose contexts a model's layers are split across,

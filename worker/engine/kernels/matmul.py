@@ -1,7 +1,8 @@
 """Weight x activation products and embedding-row lookup over DeviceTensors. Each function
 records one dispatch per part of the weight, no barriers: the caller orders dependent work
 (matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU,
-and `normed_input` one after the norm it records when the products cannot fold it).
+`normed_input` one after the norm it records when the products cannot fold it, and a split-K
+cooperative-matrix product that overwrites y one after zeroing it).
 
 An RMSNorm in front of products (`normed_input`) is folded into the mat-vec kernels where that
 pays: they take the raw x and a `FoldedNorm` and normalise it on load; elsewhere (other inner
@@ -40,13 +41,15 @@ MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
 COOPMAT_TILE = (128, 128, 64, 64, 32, 1)
 # Up to COOPMAT_FEW_COLS columns (batched decode past the mat-vec groups, short prompts) a tile
 # of 128 columns is mostly empty and 128 rows leave too few workgroups: on an H200 a Llama-8B
-# pass of 2-32 columns took 43-50 ms through this tile against 77-83 ms through COOPMAT_TILE
-# (tune off; tiles tuned at the prefill chunk do not apply below it either).
+# pass of 2-32 columns took 43-50 ms through a 64 x 64 tile against 77-83 ms through COOPMAT_TILE
+# (tune off; tiles tuned at the prefill chunk do not apply below it either). Its columns are
+# the next of 16, 32 or 64 (few_cols_tile).
 COOPMAT_FEW_COLS_TILE = (64, 64, 32, 32, 32, 1)
 COOPMAT_FEW_COLS = 64
-# Split-K (mul_mat_coopmat_split): a product that accumulates into y and has fewer tiles than
-# SPLIT_GROUPS workgroups splits K into up to SPLIT_GROUPS / tiles ranges of at least
-# SPLIT_MIN_STEPS steps of BK, each range a workgroup adding its sums to y atomically.
+# Split-K (mul_mat_coopmat_split): a product with fewer tiles than SPLIT_GROUPS workgroups splits
+# K into up to SPLIT_GROUPS / tiles ranges of at least SPLIT_MIN_STEPS steps of BK, each range a
+# workgroup adding its sums to y atomically (y zeroed first unless it accumulates). H200, a
+# 4096x14336 Q4_K product at 64 columns: 638 us unsplit, 209 at 192 groups, 121 at 384, 127 at 768.
 SPLIT_GROUPS = 384
 SPLIT_MIN_STEPS = 8
 GET_ROWS_THREADS = 64
@@ -243,11 +246,14 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
     part's rows and offset filled in here)."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
-        bm, bn, wm, wn, bk, stages = COOPMAT_FEW_COLS_TILE if n <= COOPMAT_FEW_COLS else w.coopmat_tile or COOPMAT_TILE
+        bm, bn, wm, wn, bk, stages = few_cols_tile(n) if n <= COOPMAT_FEW_COLS else w.coopmat_tile or COOPMAT_TILE
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
-        splits = coopmat_splits(ctx, w, n, (bm, bn, bk), push["accumulate"]) if not variant else 1
+        splits = coopmat_splits(ctx, w, n, (bm, bn, bk)) if not variant else 1
+        if splits > 1 and not push["accumulate"]:   # the ranges add to zeros
+            rec.fill(buffers[-1], 4 * n * w.rows)
+            rec.barrier()
         kernel = ctx.kernel(f"mul_mat_coopmat{variant or ('_split' if splits > 1 else '')}_{type_name}",
                             {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
                              10: stages})
@@ -260,12 +266,20 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
                      push | dict(rows=count, y_offset=first))
 
 
-def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int], accumulate: int) -> int:
+def few_cols_tile(n: int) -> tuple[int, ...]:
+    """The cooperative-matrix tile of n <= COOPMAT_FEW_COLS columns: COOPMAT_FEW_COLS_TILE's
+    columns cut to the next of 16, 32 or 64."""
+    bm, _, wm, _, bk, stages = COOPMAT_FEW_COLS_TILE
+    bn = next(c for c in (16, 32, 64) if n <= c)
+    return bm, bn, wm, min(bn, 32), bk, stages
+
+
+def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int]) -> int:
     """Ranges of K for the cooperative-matrix product of w over n columns with (BM, BN, BK)
-    `tile`: 1, or where y accumulates and the device adds floats atomically, enough to bring the
-    largest part's tiles towards SPLIT_GROUPS workgroups, each range SPLIT_MIN_STEPS steps or more."""
+    `tile`: where the device adds floats atomically, enough to bring the largest part's tiles
+    towards SPLIT_GROUPS workgroups, each range SPLIT_MIN_STEPS steps or more; else 1."""
     bm, bn, bk = tile
-    if not accumulate or not ctx.info.float_atomic_add:
+    if not ctx.info.float_atomic_add:
         return 1
     tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
     return max(1, min(SPLIT_GROUPS // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))

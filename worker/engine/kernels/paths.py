@@ -111,7 +111,8 @@ def product_path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None 
     """One column takes the mat-vec kernel, and so do products with a `folded` norm (only it
     applies one). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
     the caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols":
-    on any device; "mat_vec": never), both reading the weights once for all columns. Otherwise,
+    on any device; "mat_vec": never), both reading the weights once for all columns; with
+    "mat_mat" every product of 2 or more takes `mat_mat_path`'s kernel. Otherwise,
     on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
     tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
     MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Where `decode_x8` says so (then no norm
@@ -138,6 +139,8 @@ def _f32_path(ctx, n: int, k: int, folded: bool) -> str:
     if n == 1 or folded:
         return "mat_vec"
     choice, cpu = ctx.settings.batch_kernel, ctx.info.kind == "cpu"
+    if choice == "mat_mat":
+        return mat_mat_path(ctx)
     if n <= MAT_COLS_MAX and k % 16 == 0 and (choice == "mat_cols" or (choice == "auto" and not cpu)):
         return "mat_cols"
     if n <= MAT_VEC_MAX_COLS or (cpu and ctx.settings.prefill_kernel == "auto"):

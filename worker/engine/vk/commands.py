@@ -80,6 +80,10 @@ class Recording:
         """Shader and transfer work before is finished and visible to all that comes after."""
         vk.vkCmdPipelineBarrier(self.command_buffer, _STAGES, _STAGES, 0, 1, _BARRIER, 0, None, 0, None)
 
+    def fill(self, dst: Buffer, size: int, value: int = 0):
+        """The first `size` bytes of dst (a multiple of 4) = the 32-bit word `value`, repeated."""
+        vk.vkCmdFillBuffer(self.command_buffer, dst.vk_buffer, dst.offset, size, value)
+
     def copy(self, src: Buffer, dst: Buffer, size: int | None = None):
         size = min(src.size, dst.size) if size is None else size
         regions = [vk.VkBufferCopy(srcOffset=src.offset, dstOffset=dst.offset, size=size)]
