@@ -28,8 +28,12 @@ MAT_COLS_MAX = 16
 # decode of 2 .. MAT_COLS_X8_MAX columns of the types it is built for (`x8_cols_types`) on GPUs
 # with integer dot products (`decode_x8`), in groups of 32 columns past 32. On the H200 a decode
 # step of 64 sequences of the 8B (position 128) took 57.3 ms, 54.4 of it in the cooperative-matrix
-# products, where 32 sequences' took 21.3 ms, 19.0 in products of this kernel.
+# products, where 32 sequences' took 21.3 ms, 19.0 in products of this kernel. Where the
+# cooperative-matrix kernel splits K (matrix units and float atomics: matmul.py's coopmat_splits),
+# products of more than MAT_COLS_X8_SPLIT_MAX columns take it instead: the H200 decoding 64
+# sequences of the 8B, 2100.7 tok/s against 1806.5 through this kernel; 32, 1348.8 against 1572.3.
 MAT_COLS_X8_MAX = 64
+MAT_COLS_X8_SPLIT_MAX = 32
 # The kernels over 8-bit activations in decode: their input is x quantized once (x8 scratch).
 X8_PATHS = frozenset({"mat_vec_x8", "mat_cols_x8"})
 # Types whose one-column products keep f32 x under decode_kernel "auto": MXFP4's 8-bit quants
@@ -117,7 +121,8 @@ def product_path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None 
     tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
     MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Where `decode_x8` says so (then no norm
     folds into them) and batch_kernel is "auto", products of weights of `qtype` over a K that
-    is a multiple of 256 take kernels over 8-bit x: 2 .. MAT_COLS_X8_MAX columns of the types of
+    is a multiple of 256 take kernels over 8-bit x: 2 .. MAT_COLS_X8_MAX columns (..
+    MAT_COLS_X8_SPLIT_MAX where cooperative-matrix products split K) of the types of
     `x8_cols_types` the mat-cols one, others of up to MAT_VEC_MAX_COLS columns of a type with an
     8-bit mat-vec kernel (and K a multiple of 32) that one, but for F32_DECODE_TYPES unless
     decode_kernel is "x8" (so on a GPU with integer dot products: Q4_K, Q5_K and Q6_K 8-bit
@@ -127,12 +132,17 @@ def product_path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None 
     auto = ctx.settings.batch_kernel == "auto"
     if folded or not decode_x8(ctx) or not (auto or path == "mat_vec"):
         return path
-    if auto and 2 <= n <= MAT_COLS_X8_MAX and qtype in x8_cols_types() and k % 256 == 0:
+    if auto and 2 <= n <= _x8_cols_max(ctx) and qtype in x8_cols_types() and k % 256 == 0:
         return "mat_cols_x8"
     if n <= MAT_VEC_MAX_COLS and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0 \
             and not (qtype in F32_DECODE_TYPES and ctx.settings.decode_kernel == "auto"):
         return "mat_vec_x8"
     return path
+
+
+def _x8_cols_max(ctx) -> int:
+    split_k = "coopmat" in paths(ctx) and ctx.info.float_atomic_add
+    return MAT_COLS_X8_SPLIT_MAX if split_k else MAT_COLS_X8_MAX
 
 
 def _f32_path(ctx, n: int, k: int, folded: bool) -> str:
