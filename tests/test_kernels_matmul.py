@@ -163,13 +163,14 @@ def test_coopmat_every_tile_candidate(vk_ctx, qtype):
         assert_close(y, *product(x, w, "coopmat"))
 
 
+@pytest.mark.parametrize("n", [12, 40])
 @pytest.mark.parametrize("qtype", [T.F16, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_coopmat_split_k(vk_ctx, qtype):
+def test_coopmat_split_k(vk_ctx, qtype, n):
     """A product over few tiles takes split-K on devices that add floats atomically (K in
     ranges; F16's K leaves the last ranges short and empty): the same sums, added to y or
     written over what it held."""
     offered(vk_ctx, "coopmat")
-    cols, n = 5000 if qtype == T.F16 else 256 * 23, 40
+    cols = 5000 if qtype == T.F16 else 256 * 23
     raw, w = random_weights(qtype, 70, cols, seed=13)
     x = np.random.default_rng(6).standard_normal((n, cols)).astype(np.float32)
     y0 = np.random.default_rng(7).standard_normal((n, 70)).astype(np.float32)

@@ -42,15 +42,21 @@ COOPMAT_TILE = (128, 128, 64, 64, 32, 1)
 # Up to COOPMAT_FEW_COLS columns (batched decode past the mat-vec groups, short prompts) a tile
 # of 128 columns is mostly empty and 128 rows leave too few workgroups: on an H200 a Llama-8B
 # pass of 2-32 columns took 43-50 ms through a 64 x 64 tile against 77-83 ms through COOPMAT_TILE
-# (tune off; tiles tuned at the prefill chunk do not apply below it either). Its columns are
-# the next of 16, 32 or 64 (few_cols_tile).
+# (tune off; tiles tuned at the prefill chunk do not apply below it either). Up to 32 columns
+# COOPMAT_NARROW_TILE, its columns cut to 16 or 32 (few_cols_tile): H200, Q4_K at 32 columns
+# (split over 1536 groups), 14336x4096 116 -> 94 us, 4096x14336 116 -> 90, 6144x4096 56 -> 40,
+# the best of 28 tiles; at 8 columns 95 -> 76, 94 -> 71 (split over 384), 43 -> 33.
 COOPMAT_FEW_COLS_TILE = (64, 64, 32, 32, 32, 1)
+COOPMAT_NARROW_TILE = (64, 32, 16, 16, 64, 1)
 COOPMAT_FEW_COLS = 64
-# Split-K (mul_mat_coopmat_split): a product with fewer tiles than SPLIT_GROUPS workgroups splits
-# K into up to SPLIT_GROUPS / tiles ranges of at least SPLIT_MIN_STEPS steps of BK, each range a
-# workgroup adding its sums to y atomically (y zeroed first unless it accumulates). H200, a
-# 4096x14336 Q4_K product at 64 columns: 638 us unsplit, 209 at 192 groups, 121 at 384, 127 at 768.
+# Split-K (mul_mat_coopmat_split): a product with fewer tiles than SPLIT_GROUPS workgroups
+# (SPLIT_FEW_COLS_GROUPS up to COOPMAT_FEW_COLS columns) splits K into up to groups / tiles ranges
+# of at least SPLIT_MIN_STEPS steps of BK, each range a workgroup adding its sums to y atomically
+# (y zeroed first unless it accumulates). H200, a 4096x14336 Q4_K product at 64 columns: 638 us
+# unsplit, 209 at 192 groups, 121 at 384, 127 at 768; at 32 columns 14336x4096 over 64x32 tiles
+# 215 us at 384 groups, 116 at 1536.
 SPLIT_GROUPS = 384
+SPLIT_FEW_COLS_GROUPS = 1536
 SPLIT_MIN_STEPS = 8
 GET_ROWS_THREADS = 64
 QUANTIZE_X8_THREADS = 64
@@ -267,22 +273,25 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
 
 
 def few_cols_tile(n: int) -> tuple[int, ...]:
-    """The cooperative-matrix tile of n <= COOPMAT_FEW_COLS columns: COOPMAT_FEW_COLS_TILE's
-    columns cut to the next of 16, 32 or 64."""
-    bm, _, wm, _, bk, stages = COOPMAT_FEW_COLS_TILE
-    bn = next(c for c in (16, 32, 64) if n <= c)
-    return bm, bn, wm, min(bn, 32), bk, stages
+    """The cooperative-matrix tile of n <= COOPMAT_FEW_COLS columns: COOPMAT_FEW_COLS_TILE past
+    32, else COOPMAT_NARROW_TILE with 16 columns up to 16."""
+    if n > 32:
+        return COOPMAT_FEW_COLS_TILE
+    bm, bn, wm, wn, bk, stages = COOPMAT_NARROW_TILE
+    return bm, 16 if n <= 16 else bn, wm, wn, bk, stages
 
 
 def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int]) -> int:
     """Ranges of K for the cooperative-matrix product of w over n columns with (BM, BN, BK)
     `tile`: where the device adds floats atomically, enough to bring the largest part's tiles
-    towards SPLIT_GROUPS workgroups, each range SPLIT_MIN_STEPS steps or more; else 1."""
+    towards SPLIT_GROUPS workgroups (SPLIT_FEW_COLS_GROUPS for few columns), each range
+    SPLIT_MIN_STEPS steps or more; else 1."""
     bm, bn, bk = tile
     if not ctx.info.float_atomic_add:
         return 1
     tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
-    return max(1, min(SPLIT_GROUPS // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))
+    groups = SPLIT_FEW_COLS_GROUPS if n <= COOPMAT_FEW_COLS else SPLIT_GROUPS
+    return max(1, min(groups // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))
 
 
 def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None) -> Buffer:
