@@ -65,10 +65,11 @@ def test_a_damaged_cache_is_measured_again(vk_ctx, tmp_path):
     assert len(next(iter(json.loads((tmp_path / "tuning.json").read_text()).values()))) == 1
 
 
-def test_tile_tuner_reads_the_same_cache_format(vk_ctx, tmp_path):
+def test_tile_tuner_reads_the_same_cache_format(vk_ctx, tmp_path, monkeypatch):
     """The cooperative-matrix tiler keeps its tiles through the tuners' shared cache: what one
     process stored (store, here with made-up timings) another reads without measuring, keyed by
-    the chunk too. No cooperative matrices are needed to read a cache."""
+    the chunk and the candidate list too. No cooperative matrices are needed to read a cache."""
+    from worker.engine.kernels import tile_tuning
     from worker.engine.kernels.tile_tuning import TileTuner
     key, fast, slow = (T.Q4_K, 256, 512), (64, 64, 32, 32, 32, 1), (128, 128, 64, 64, 32, 1)
     TileTuner(vk_ctx, tmp_path, 512).store({key: {slow: 2e-6, fast: 1e-6}})
@@ -78,6 +79,8 @@ def test_tile_tuner_reads_the_same_cache_format(vk_ctx, tmp_path):
     (name, entry), = entries.items()
     assert name.startswith("Q4_K 256x512 n512 ") and entry["us"] == {"64x64x32x32x32x1": 1.0, "128x128x64x64x32x1": 2.0}
     assert TileTuner(vk_ctx, tmp_path, 1024)._name(key) not in again.cache.entries   # another chunk, another entry
+    monkeypatch.setattr(tile_tuning, "CANDIDATES_DIGEST", "0ther")
+    assert TileTuner(vk_ctx, tmp_path, 512)._name(key) not in again.cache.entries    # other candidates
 
 
 @pytest.mark.parametrize("value,expected", [("0", False), ("1", True), ("auto", None), (None, None)])

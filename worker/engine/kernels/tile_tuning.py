@@ -5,6 +5,7 @@ tile that fits the device, and the fastest is kept in <cache_dir>/coopmat_tiles.
 device, its driver and API version, the chunk and a hash of the compiled kernel (tunecache.py,
 as for mat-vec shapes). Prefill is compute-bound, so a few weight copies suffice (no rotation
 past the cache)."""
+import hashlib
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from worker.engine.kernels.tuning import Key, wanted
 log = logging.getLogger(__name__)
 
 Tile = tuple[int, int, int, int, int, int]
+CANDIDATES_DIGEST = hashlib.sha256(repr(COOPMAT_TILES).encode()).hexdigest()[:8]
 COPIES = 4
 WARMUP_SECONDS = 0.3    # per weight, shared by its candidates
 RUNS = 3
@@ -87,5 +89,8 @@ class TileTuner:
         return medians
 
     def _name(self, key: Key) -> str:
+        """The weight, the columns, the kernel and the candidates timed (a new candidate list times
+        the weights again)."""
         qtype, rows, cols = key
-        return f"{qtype.name} {rows}x{cols} n{self.n} {self.cache.kernel_hash(f'mul_mat_coopmat_{qtype.name.lower()}')}"
+        kernel = self.cache.kernel_hash(f'mul_mat_coopmat_{qtype.name.lower()}')
+        return f"{qtype.name} {rows}x{cols} n{self.n} {kernel} t{CANDIDATES_DIGEST}"
