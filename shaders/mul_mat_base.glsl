@@ -104,19 +104,16 @@ vec4 load_x4(uint col, uint k) {
 }
 #endif
 
+#if defined(QKV)
+#include "qkv_store.glsl"
+#endif
+
 // y[col, y_offset + row] (+)= v (+ the expert's bias), inside the part and the columns; QKV:
 // the output of the row's section = v.
 void store_y(uint row, uint col, float v) {
 #if defined(QKV)
     if (row < p.rows && col < p.n) {
-        const uint r = p.y_offset + row;
-        if (r < p.k_first) {
-            y[col * p.k_first + r] = v;
-        } else if (r < p.v_first) {
-            y_k[col * (p.v_first - p.k_first) + r - p.k_first] = v;
-        } else {
-            y_v[col * (p.y_stride - p.v_first) + r - p.v_first] = v;
-        }
+        store_qkv(col, p.y_offset + row, v);
     }
     return;
 #endif

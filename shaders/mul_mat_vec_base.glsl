@@ -323,18 +323,15 @@ void clear_sums() {
 #endif
 }
 
+#if defined(QKV)
+#include "qkv_store.glsl"
+#endif
+
 // Row `row` of this part of column col of y: QKV picks the output by the row's place in the
 // weight; otherwise y (+)= v.
 void store(uint col, uint row, float v) {
 #if defined(QKV)
-    const uint r = p.y_offset + row;
-    if (r < p.k_first) {
-        y[col * p.k_first + r] = v;
-    } else if (r < p.v_first) {
-        y_k[col * (p.v_first - p.k_first) + r - p.k_first] = v;
-    } else {
-        y_v[col * (p.y_stride - p.v_first) + r - p.v_first] = v;
-    }
+    store_qkv(col, p.y_offset + row, v);
 #else
     const uint i = col * p.y_stride + p.y_offset + row;
     y[i] = p.accumulate != 0 ? y[i] + v : v;

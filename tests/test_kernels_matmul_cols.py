@@ -22,7 +22,7 @@ from tests.test_kernels_matmul import (  # noqa: F401
     small_binding_ctx,
 )
 from tests.test_kernels_matmul_glu import Weights, activations, reference
-from tests.test_kernels_matmul_norm import EPS, Run, rms_normed
+from tests.test_kernels_matmul_norm import EPS, Run, joined_qkv, rms_normed
 from worker.engine import shaderbuild
 from worker.engine.kernels.mat_cols import MAT_COLS_VARIANTS, mat_cols_columns, mat_cols_shape, mat_cols_tile
 from worker.engine.kernels.matmul import (
@@ -31,7 +31,7 @@ from worker.engine.kernels.matmul import (
     matmul_swiglu,
     normed_input,
 )
-from worker.engine.kernels.tensor import free_tensor, upload_rows
+from worker.engine.kernels.tensor import free_tensor
 from worker.engine.weight_types import WEIGHT_TYPES
 
 COUNTS = (2, 3, 5, 8, 16, 33)
@@ -186,12 +186,8 @@ def test_gate_up_types_differ(vk_ctx):
 def test_qkv_as_one_tensor(vk_ctx, types):
     """Q, K and V (or Q and K, V apart) in one dispatch, each output at its own layout."""
     cols, rows = 256, (64, 32, 32)
-    raws = [random_weights(t, r, cols, seed=i) for i, (t, r) in enumerate(zip(types, rows))]
-    joined_count = 3 if len(set(types)) == 1 else 2
-    fused, views = upload_rows(vk_ctx, "qkv", types[0], [(cols, r) for r in rows[:joined_count]],
-                               [raw for raw, _ in raws[:joined_count]])
     with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
-        members = views + ([weights.upload(types[2], raws[2][0], cols)] if joined_count == 2 else [])
+        raws, fused, members, joined_count = joined_qkv(vk_ctx, weights, types, rows, cols)
         for n in (3, 16):
             x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
             xb = r.put(x)

@@ -117,6 +117,19 @@ def test_folded_norm_gate_up(vk_ctx, qtype, gelu):
                 assert_close(r.get(out, (n, 17)), reference(rms_normed(x, nw), w_g, w_u, gelu))
 
 
+def joined_qkv(ctx, weights, types, rows, cols):
+    """Random Q, K and V weights of `types` and `rows`: those of the first type joined
+    (upload_rows), V apart (uploaded through `weights`, a Weights) where its type differs.
+    Returns (raws, the joined tensor, the members as matmul_qkv takes them, how many joined);
+    the caller frees the joined tensor."""
+    raws = [random_weights(t, r, cols, seed=i) for i, (t, r) in enumerate(zip(types, rows))]
+    joined_count = 3 if len(set(types)) == 1 else 2
+    fused, views = upload_rows(ctx, "qkv", types[0], [(cols, r) for r in rows[:joined_count]],
+                               [raw for raw, _ in raws[:joined_count]])
+    separate = [weights.upload(types[2], raws[2][0], cols)] if joined_count == 2 else []
+    return raws, fused, views + separate, joined_count
+
+
 @pytest.mark.parametrize("types", [(T.Q4_K,) * 3, (T.Q8_0, T.Q8_0, T.Q6_K), (T.F16,) * 3],
                          ids=["qkv", "qk", "f16"])
 def test_qkv_as_one_tensor(vk_ctx, types):
@@ -124,14 +137,9 @@ def test_qkv_as_one_tensor(vk_ctx, types):
     written at its own layout for several columns; the views of the joined tensor give the same
     products on their own."""
     cols, rows = 256, (64, 32, 32)
-    raws = [random_weights(t, r, cols, seed=i) for i, (t, r) in enumerate(zip(types, rows))]
-    joined_count = 3 if len(set(types)) == 1 else 2
-    fused, views = upload_rows(vk_ctx, "qkv", types[0], [(cols, r) for r in rows[:joined_count]],
-                               [raw for raw, _ in raws[:joined_count]])
-    assert fused.sections == rows[:joined_count] and [v.rows for v in views] == list(rows[:joined_count])
     with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
-        separate = [weights.upload(types[2], raws[2][0], cols)] if joined_count == 2 else []
-        members = views + separate
+        raws, fused, members, joined_count = joined_qkv(vk_ctx, weights, types, rows, cols)
+        assert fused.sections == rows[:joined_count] and [v.rows for v in members] == list(rows)
         for n in (1, 3):
             x, nw = inputs(n, cols, seed=n)
             xb, nb = r.put(x), r.put(nw)
@@ -158,12 +166,8 @@ def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types):
     in a second), sections ending inside row tiles, columns past one column tile."""
     offered(vk_ctx, path)
     cols, rows, n = 256, (96, 40, 40), 70
-    raws = [random_weights(t, r, cols, seed=i) for i, (t, r) in enumerate(zip(types, rows))]
-    joined_count = 3 if len(set(types)) == 1 else 2
-    fused, views = upload_rows(vk_ctx, "qkv", types[0], [(cols, r) for r in rows[:joined_count]],
-                               [raw for raw, _ in raws[:joined_count]])
     with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
-        members = views + ([weights.upload(types[2], raws[2][0], cols)] if joined_count == 2 else [])
+        raws, fused, members, joined_count = joined_qkv(vk_ctx, weights, types, rows, cols)
         x = np.random.default_rng(5).standard_normal((n, cols)).astype(np.float32)
         xb, outs = r.put(x), [r.empty(n * rows_i) for rows_i in rows]
         dispatches = r.run(lambda rec: matmul_qkv(rec, fused, members, xb, outs, n, path=path))
