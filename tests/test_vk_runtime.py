@@ -38,6 +38,30 @@ def test_add_matches_numpy_and_replays(vk_ctx):
         vk_ctx.free(buf)
 
 
+def test_fill_writes_a_word_over_the_first_bytes(vk_ctx):
+    """Recording.fill (split-K products zero their output with it): the first `size` bytes of a
+    suballocated buffer, not the rest nor its neighbour, and a barrier makes it visible to a
+    dispatch after (add_bias reads the zeros)."""
+    before, buf, after = (vk_ctx.alloc(4 * 100) for _ in range(3))
+    ones = np.ones(100, np.float32)
+    for b in (before, buf, after):
+        vk_ctx.upload(b, ones)
+    out = vk_ctx.alloc(4 * 100)
+    rec = vk_ctx.recording()
+    rec.fill(buf, 4 * 60)
+    rec.barrier()
+    rec.dispatch(vk_ctx.kernel("add_bias", {0: 64}), [buf, before, out], (2, 1, 1), dict(n=100, b_len=100))
+    vk_ctx.run(rec.finish())
+    want = np.r_[np.zeros(60), np.ones(40)].astype(np.float32)
+    np.testing.assert_array_equal(vk_ctx.download(buf, count=100), want)
+    np.testing.assert_array_equal(vk_ctx.download(out, count=100), want + 1)
+    for b in (before, after):
+        np.testing.assert_array_equal(vk_ctx.download(b, count=100), ones)
+    rec.destroy()
+    for b in (before, buf, after, out):
+        vk_ctx.free(b)
+
+
 @pytest.mark.parametrize("poll_s", [0.0, 10.0])
 def test_wait_polled_or_blocking_sees_the_work_and_resets_the_fence(vk_ctx, poll_s):
     """StagedPass's hand-offs poll the fence before blocking; both ways the work is done when
