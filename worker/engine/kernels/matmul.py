@@ -249,7 +249,8 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
     """w times x over n columns through the tiled ("tiled", mul_mat<variant>_<type>) or the
     cooperative-matrix ("coopmat", mul_mat_coopmat<variant>_<type>; the weight's tuned tile)
     kernel, one dispatch per part; `buffers`: x and the outputs, `push` as _push gives it (each
-    part's rows and offset filled in here)."""
+    part's rows and offset filled in here). A plain cooperative-matrix product of few tiles splits
+    K (`coopmat_splits`), its output zeroed first unless it accumulates."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
         bm, bn, wm, wn, bk, stages = few_cols_tile(n) if n <= COOPMAT_FEW_COLS else w.coopmat_tile or COOPMAT_TILE
