@@ -214,6 +214,19 @@ def test_batch_bench_holds_the_blocks_its_sequences_need(engine):
     assert engine.batch.stats()["kv_blocks_used"] == 0
 
 
+def test_batch_bench_warms_up_then_prints_a_row_per_size(engine, capsys):
+    """`vkllm bench --batch 1,3`: the largest batch decoded for the warm-up first, then a row per
+    size with its ratio to one sequence."""
+    from worker.tools.bench_batch import run
+    rows = run(engine, [1, 3], 5, 8, 1, warmup=0.01)
+    lines = capsys.readouterr().out.splitlines()
+    assert set(rows) == {1, 3} and all(r["tok_s"] > 0 for r in rows.values())
+    assert lines[0].split()[:3] == ["sequences", "decode", "tok/s"]
+    assert [line.split()[0] for line in lines[1:]] == ["1", "3"]
+    assert float(lines[2].split()[2]) == pytest.approx(rows[3]["tok_s"] / rows[1]["tok_s"], abs=0.01)
+    assert engine.batch.stats()["kv_blocks_used"] == 0
+
+
 @pytest.mark.parametrize("env, expected", [({}, (16, "f16")), ({"VKLLM_MAX_SEQUENCES": "32", "VKLLM_KV_TYPE": "Q8_0"},
                                                                   (32, "q8_0"))])
 def test_batch_settings_from_the_environment(env, expected):

@@ -45,8 +45,26 @@ def decode_together(engine, n: int, n_prompt: int, n_gen: int, seed: int) -> dic
             "total_blocks": batch.stats()["kv_blocks_total"]}
 
 
-def run(engine, sizes: list[int], n_prompt: int, n_gen: int, reps: int):
+# Seconds of decoding the largest batch before the first size is timed: an idle H200 drops its
+# clock within a second and one sequence's passes alone did not bring it back up (one sequence
+# measured 238.5 tok/s after the model load and 281.8 after other GPU work, same build).
+WARMUP_SECONDS = 2.0
+
+
+def warm_up(engine, n: int, n_prompt: int, seconds: float):
+    """Decodes batches of n sequences until `seconds` have passed (at least one)."""
+    end = time.perf_counter() + seconds
+    seed = 0
+    while True:
+        decode_together(engine, n, n_prompt, 16, seed=2000 + seed)
+        seed += 1
+        if time.perf_counter() >= end:
+            return
+
+
+def run(engine, sizes: list[int], n_prompt: int, n_gen: int, reps: int, warmup: float = WARMUP_SECONDS):
     rows = {}
+    warm_up(engine, max(sizes), n_prompt, warmup)
     for n in sizes:
         decode_together(engine, n, n_prompt, min(n_gen, 16), seed=1000 + n)   # warm-up: recordings, clocks
         runs = [decode_together(engine, n, n_prompt, n_gen, seed=n + 100 * r) for r in range(reps)]
