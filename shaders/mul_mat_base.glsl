@@ -109,7 +109,7 @@ vec4 load_x4(uint col, uint k) {
 #endif
 
 // y[col, y_offset + row] (+)= v (+ the expert's bias), inside the part and the columns; QKV:
-// the output of the row's section = v.
+// the output of the row's section = v; SPLIT_K: y += v atomically (mul_mat_coopmat.comp).
 void store_y(uint row, uint col, float v) {
 #if defined(QKV)
     if (row < p.rows && col < p.n) {
@@ -122,6 +122,10 @@ void store_y(uint row, uint col, float v) {
         v += bias[tile_word(0) * p.rows + row];
 #endif
         const uint idx = y_col(col) * p.y_stride + p.y_offset + row;
+#if defined(SPLIT_K)   // workgroups of other ranges of K add to the same y
+        atomicAdd(y[idx], v);
+#else
         y[idx] = p.accumulate != 0 ? y[idx] + v : v;
+#endif
     }
 }

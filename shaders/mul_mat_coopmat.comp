@@ -19,8 +19,10 @@
 // on the current one. Loops over accumulators are unrolled: an accumulator array indexed at run
 // time would live in local memory. y is written through a per-subgroup staging tile, which
 // bounds-checks the edges and applies `accumulate`. With SPLIT_K, workgroup z sums the z-th of
-// gl_NumWorkGroups.z ranges of K (whole steps) and adds it to y atomically (y accumulates). Sizes are specialization constants, chosen by matmul.py from the device's shapes;
-// the workgroup size (constant 0) must be (BM / WM) * (BN / WN) subgroups.
+// gl_NumWorkGroups.z ranges of K (whole steps) and adds it to y atomically (store_y; y zeroed
+// before unless the product accumulates). Sizes are specialization constants, chosen by
+// matmul.py from the device's shapes; the workgroup size (constant 0) must be
+// (BM / WM) * (BN / WN) subgroups.
 layout(constant_id = 1) const uint BM = 128;
 layout(constant_id = 2) const uint BN = 128;
 layout(constant_id = 3) const uint WM = 64;
@@ -135,14 +137,7 @@ void main() {
             subgroupBarrier();
             const uint r0 = row0 + warp_r * WM + i * TM, c0 = col0 + warp_c * WN + j * TN;
             for (uint e = lane; e < TM * TN; e += SUBGROUP) {
-#if defined(SPLIT_K)
-                const uint row = r0 + e % TM, col = c0 + e / TM;
-                if (row < p.rows && col < p.n) {
-                    atomicAdd(y[col * p.y_stride + p.y_offset + row], staging[staged + e]);
-                }
-#else
                 store_y(r0 + e % TM, c0 + e / TM, staging[staged + e]);
-#endif
             }
             subgroupBarrier();
         }
