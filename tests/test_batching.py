@@ -173,7 +173,9 @@ def test_the_dashboard_lists_every_running_job(app, client, worker, redis_url):
     r, browser = Redis.from_url(redis_url), app.test_client()
     token = re.search(r'name="csrf" value="([^"]+)"', browser.get("/admin/login").get_data(as_text=True)).group(1)
     assert browser.post("/admin/login", data={"api_key": API_KEY, "csrf": token}).status_code == 302
-    jobs = [enqueue(app, prompt=f"Yarn {i}", max_tokens=200) for i in range(3)]
+    # long enough to outlast the dashboard's wait below (up to 10 s; 200 tokens once ended all three
+    # inside it on lavapipe), cancelled after
+    jobs = [enqueue(app, prompt=f"Yarn {i}", max_tokens=1200, ignore_eos=True) for i in range(3)]
     while min(stream_tokens(r, j) for j in jobs) < 2:
         time.sleep(0.01)
     deadline = time.monotonic() + 10   # the registration is refreshed every heartbeat (1 s here)
