@@ -19,14 +19,17 @@ its token stream and sampler state carry on unchanged. Sequences are served olde
 when all others are already in the pass, the one short of a block sits this step out.
 
 While every running sequence decodes greedily (no grammar, no logprobs, nobody joining), each
-step queues the next pass before handling its own tokens, the GPU feeding every sequence its own
-argmax (as Runner.greedy does for one): the host's work of a step overlaps the next pass.
+step queues the passes after its own before handling its tokens, the GPU feeding every sequence
+its own argmax (as Runner.greedy does for one): two passes in flight, so the GPU runs the next
+while the host handles one step's tokens and queues the one after (Runner.fed_depth: one where
+the host orders a split model's stages).
 
 A Batch shares its Engine's Runner (workspace and recordings) with Engine.generate, which settles
 the batch's pass in flight first: a generation may run between two steps, not inside one.
 """
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,6 +42,16 @@ from worker.engine.sequence import Request, Sequence
 ALL_ALLOWED = 0xFFFFFFFF   # a mask word allowing every token (rows without a grammar)
 
 
+@dataclass(eq=False)
+class FedPass:
+    """A pass queued by a step for the steps after it (Batch._queue_fed): (sequence, position, 1)
+    per token, the parity of its buffers (Runner.queue_fed_batch), and its argmax rows once waited
+    for (None while it may be in flight)."""
+    plan: list
+    parity: int
+    best: list[int] | None = None
+
+
 class Batch:
     """Continuous batching over one Engine's model: sequences join and leave between steps."""
 
@@ -48,9 +61,8 @@ class Batch:
         self._running: list[Sequence] = []   # admitted (holding a slot), in admission order
         self._waiting: deque[Sequence] = deque()
         self.preemptions = 0   # sequences sent back to wait for blocks (cumulative)
-        self._fed = None       # the plan of a fed pass queued by the last step (_queue_fed)
+        self._fed: deque[FedPass] = deque()   # passes queued by earlier steps (_queue_fed), oldest first
         self.fed_passes = 0    # passes queued that way (cumulative)
-        self._in_flight, self._fed_best = False, None   # a fed pass on the GPU; its argmax once settled
 
     def add(self, request: Request, tag=None) -> Sequence:
         """Validates at once (PromptTooLong, VkllmError, GrammarError raised here, nothing joins);
@@ -93,10 +105,10 @@ class Batch:
         for seq in [s for s in (*self._running, *self._waiting) if s.ending]:
             events.append((seq, self._finish(seq, seq.ending)))
         best = None   # the pass's argmax rows, once it is done
-        if self._fed is not None:   # queued by the last step while its tokens were handled
-            plan, select = self._fed, "argmax"
-            self.settle()
-            self._fed, best = None, self._fed_best
+        if self._fed:   # queued by an earlier step while its tokens were handled
+            fed = self._fed.popleft()
+            self._wait(fed)
+            plan, select, best = fed.plan, "argmax", fed.best
         else:
             plan = self._schedule()
             if not plan:
@@ -120,39 +132,48 @@ class Batch:
         return events
 
     def settle(self):
-        """Waits for a pass still in flight and takes its tokens: then its sequences' blocks may
-        go and the workspace is free for other passes (Engine.generate settles first)."""
-        if self._in_flight:
-            self.runner.wait_batch()
-            self._in_flight = False
-            self._fed_best = self.runner.read_best(len(self._fed))
+        """Waits for the passes still in flight and takes their tokens: then their sequences'
+        blocks may go and the workspace is free for other passes (Engine.generate settles first)."""
+        for fed in self._fed:
+            self._wait(fed)
+
+    def _wait(self, fed: FedPass):
+        if fed.best is None:
+            fed.best = self.runner.finish_fed(fed.parity, len(fed.plan))
 
     def _queue_fed(self, plan, rows, select: str, best: list[int] | None):
-        """After a greedy decode pass, queues the next one before the host has looked at its
-        tokens: the GPU feeds each sequence its argmax (Runner.queue_fed_batch), so the host's
-        handling of this step overlaps the next pass. Only while nothing else could change the
-        next pass: every running sequence in this one, greedy, unconstrained, decoding one
-        token, none waiting or ending, a block for each next position at hand. A sequence that ends on this step's
-        token has had one position computed for nothing (in its own block, kept until the pass
-        is done)."""
+        """After a greedy decode pass, queues the passes after it (up to Runner.fed_depth in
+        flight) before the host has looked at its tokens: the GPU feeds each sequence its argmax
+        (Runner.queue_fed_batch), so the host's handling of this step overlaps them. Only while
+        nothing else could change them: every running sequence in this pass, greedy,
+        unconstrained, decoding one token, none waiting or ending, none past its last position
+        (Sequence.last_position), a block for each position at hand. A sequence that ends on a
+        stop has had the positions in flight computed for nothing (in its own blocks, kept
+        until those passes are done)."""
         if (select != "argmax" or self._waiting or not plan or len(rows) != len(plan)
                 or len(plan) != len(self._running)   # one that sat this step out would starve
                 or any(count != 1 or seq.ending for seq, _, count in plan)
                 or [row for row, _ in rows] != list(range(len(rows)))):
             return
-        if not all(seq.blocks.reserve(seq.written + 1) for _, seq in rows):
-            return
-        n = len(rows)
-        ws = self.runner.workspace
-        pairs = ws.step.view(np.uint32)[:2 * n].reshape(n, 2)
-        pairs[:, 0], pairs[:, 1] = [seq.slot for _, seq in rows], [seq.written for _, seq in rows]
-        ws.rows.view(np.uint32)[:n] = range(n)
-        ws.best.view(np.uint32)[:n] = best[:n]   # there already, unless a generation ran in between
-        for _, seq in rows:
-            self.kv.write_table(seq.slot, seq.blocks)
-        self.runner.queue_fed_batch(n)
-        self._fed, self._in_flight = [(seq, seq.written, 1) for _, seq in rows], True
-        self.fed_passes += 1
+        seqs = [seq for _, seq in rows]
+        while len(self._fed) < self.runner.fed_depth(len(seqs)):
+            last = self._fed[-1] if self._fed else None
+            if last is not None and [seq for seq, _, _ in last.plan] != seqs:
+                return   # it computes for a sequence that has ended since
+            positions = [pos + 1 for _, pos, _ in last.plan] if last else [seq.written for seq in seqs]
+            if any(pos > seq.last_position for seq, pos in zip(seqs, positions)) \
+                    or not all(seq.blocks.reserve(pos + 1) for seq, pos in zip(seqs, positions)):
+                return
+            # a pass in flight reads these rows too: they only gain blocks past its positions
+            for seq in seqs:
+                self.kv.write_table(seq.slot, seq.blocks)
+            # the tokens: this pass's argmax, or a pass's waited for since (a generation may
+            # have run in between), from the host; else the argmax of the pass in flight
+            ids = best[:len(seqs)] if last is None else last.best
+            parity = 0 if last is None else 1 - last.parity
+            self.runner.queue_fed_batch([seq.slot for seq in seqs], positions, parity, ids)
+            self._fed.append(FedPass([(seq, pos, 1) for seq, pos in zip(seqs, positions)], parity))
+            self.fed_passes += 1
 
     def _schedule(self) -> list[tuple[Sequence, int, int]]:
         """(sequence, first position, tokens) of the next pass: decode tokens first, then prefill

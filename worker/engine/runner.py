@@ -30,6 +30,9 @@ from worker.engine.vk.linked import SharedMemory, Timeline, shares_timeline
 from worker.engine.workspace import Workspace
 
 _MAX_RECORDINGS = 64  # recordings kept per model, by (tokens per pass, selection, logits rows)
+# The workspace buffers of the fed batch passes of each parity (Runner.queue_fed_batch): the token
+# ids (the other parity's argmax), the step values, the argmax.
+_FED_BUFFERS = (("best", "step", "best_alt"), ("best_alt", "step_alt", "best"))
 
 
 def recorded_size(count: int, capacity: int) -> int:
@@ -65,9 +68,10 @@ class Runner:
         self.workspace, self._out = self.workspaces[0], self.workspaces[-1]
         self._fences = self._new_fences()
         self._greedy_fences = (self._new_fences(), self._new_fences())
-        self._batch_fence = self._new_fences()
+        self._fed_fences = (self._new_fences(), self._new_fences())
         self._recordings: OrderedDict[tuple, object] = OrderedDict()
-        self._last = self._fed = None   # the pass that ran last; the fed batch pass queued last
+        self._last = None   # the pass that ran last
+        self._fed: list = [None, None]   # the fed batch pass of each parity queued last
         self.slot, self.own = self.kv.take_slot(), self.kv.sequence()
 
     # -- the runner's own sequence --------------------------------------------------------------
@@ -106,21 +110,23 @@ class Runner:
         return StagedPass(recordings, self.workspaces, inputs, self._timeline)
 
     def _record(self, n: int, select: str, logits=None, profile: bool = False, rows: int | None = None,
-                ids: str = "ids") -> StagedPass:
+                ids: str = "ids", step: str = "step", best: str = "best") -> StagedPass:
         """`rows`: a batched pass's logits rows (ws.rows names them), None for the last token's.
         A batched pass keeps its rows in device memory (ws.batch_logits) and copies them to the
-        host-visible ws.logits only with the HOST suffix (a sequence reads whole rows). `ids`:
-        the workspace buffer holding the token ids."""
-        inputs = {"step": 8 * n, **({"rows": 4 * rows} if rows else {})}
+        host-visible ws.logits only with the HOST suffix (a sequence reads whole rows). `ids`,
+        `step`, `best`: the workspace buffers holding the token ids and the step values, and the
+        one the argmax selection writes."""
+        inputs = {step: 8 * n, **({"rows": 4 * rows} if rows else {})}
         if self.workspace.attention_tiles is not None:
             inputs["attention_tiles"] = self.workspace.attention_tiles.size
         return self._staged(n, lambda rec, stage, ws: self._record_stage(rec, stage, ws, n, select, logits, rows,
-                                                                         ids), inputs, profile)
+                                                                         ids, step, best), inputs, profile)
 
-    def _record_stage(self, rec, stage, ws, n: int, select: str, logits, rows: int | None, ids: str):
+    def _record_stage(self, rec, stage, ws, n: int, select: str, logits, rows: int | None, ids: str, step: str,
+                      best: str):
         row_logits = ws.logits if rows is None else ws.batch_logits
         self.model.record_forward(rec, ws, stage, n, logits or row_logits, all_logits=logits is not None, rows=rows,
-                                  ids=ids)
+                                  ids=ids, step=step)
         if not stage.last:
             return
         vocab = self.model.config.vocab_size
@@ -138,7 +144,7 @@ class Runner:
         if select != "logits":
             rec.barrier()
         if select == "argmax":
-            argmax(rec, row_logits, ws.best, n_rows, vocab, ws.select)
+            argmax(rec, row_logits, getattr(ws, best), n_rows, vocab, ws.select)
         elif select == "topk":
             topk(rec, row_logits, ws.top_ids, ws.top_values, vocab, min(MAX_K, vocab), ws.select, n_rows)
         if host and rows is not None:
@@ -172,12 +178,12 @@ class Runner:
         self._recordings.move_to_end(key)
         return self._recordings[key]
 
-    def _pad(self, n: int, size: int, rows: int = 0, row_size: int = 0, ids: str = "ids"):
+    def _pad(self, n: int, size: int, rows: int = 0, row_size: int = 0):
         """Tokens n..size-1 of a pass recorded for `size` repeat token n - 1 (its id, sequence
         slot and position: the same K/V written twice, the same logits), and logits rows
         rows..row_size-1 repeat row rows - 1; what the pads compute is never read."""
         ws = self.workspace
-        token_ids = getattr(ws, ids).view(np.uint32)
+        token_ids = ws.ids.view(np.uint32)
         token_ids[n:size] = token_ids[n - 1]
         step = ws.step.view(np.uint32)[:2 * size].reshape(size, 2)
         step[n:] = step[n - 1]
@@ -186,11 +192,12 @@ class Runner:
             out_rows[rows:row_size] = out_rows[rows - 1]
         self._write_tiles(size)
 
-    def _write_tiles(self, size: int):
-        """The attention tiles of a pass of `size` tokens whose step values are written."""
+    def _write_tiles(self, size: int, step: str = "step"):
+        """The attention tiles of a pass of `size` tokens whose step values (in the workspace's
+        buffer `step`) are written."""
         tiles = self.workspace.attention_tiles
         if tiles is not None and size >= TILED_MIN_TOKENS:
-            write_tiles(self.workspace.step.view(np.uint32)[:2 * size].reshape(size, 2),
+            write_tiles(getattr(self.workspace, step).view(np.uint32)[:2 * size].reshape(size, 2),
                         tiles.view(np.uint32).reshape(-1, 2))
 
     def _size(self, n: int) -> int:
@@ -225,20 +232,44 @@ class Runner:
         rec.run(self._fences)
         self._last = rec
 
-    def queue_fed_batch(self, n: int):
-        """Queues, without waiting (`wait_batch` ends it), a batched greedy pass over n tokens
-        whose ids are the argmax rows of the pass before (ws.best, read on the GPU, so it can run
-        while the host handles them), each token its own logits row; the caller wrote the step
-        values and block table rows, and ws.rows as the pass before had them (0..n-1)."""
-        size = self._row_size(n)
-        self._pad(n, size, n, size, ids="best")
-        rec = self._recording(size, "argmax_fed", rows=size,
-                              record=lambda: self._record(size, "argmax", rows=size, ids="best"))
-        rec.submit(self._batch_fence)
-        self._last = self._fed = rec
+    def fed_depth(self, n: int) -> int:
+        """How many fed batch passes over n sequences may be in flight at once: two, each with
+        step values and an argmax of its own (`queue_fed_batch`), as greedy decode keeps; one
+        where the host orders the stages (the next pass's first stage would not wait for the
+        last stage of the one before) or where the pass takes tiled attention (its tiles are
+        host-written into one buffer)."""
+        tiled = self.workspace.attention_tiles is not None and self._row_size(n) >= TILED_MIN_TOKENS
+        return 1 if tiled or (self._shared is not None and self._timeline is None) else 2
 
-    def wait_batch(self):
-        self._fed.wait(self._batch_fence)
+    def queue_fed_batch(self, slots: list[int], positions: list[int], parity: int, ids: list[int] | None = None):
+        """Queues, without waiting (`finish_fed` ends it), a batched greedy pass over one token of
+        each sequence in `slots` at `positions`, each token its own logits row. The tokens are
+        the argmax rows of the fed pass of the other parity queued just before it, read on the
+        GPU (so it can run while the host handles them), or `ids` where given (nothing fed in
+        flight: the host knows them). The caller wrote the sequences' block table rows. Each
+        parity has its own step values and argmax (_FED_BUFFERS), so one pass of each may be in
+        flight."""
+        ids_name, step_name, best_name = _FED_BUFFERS[parity]
+        n, size = len(slots), self._row_size(len(slots))
+        ws = self.workspace
+        # the pads (entries n..size-1) repeat the last sequence; its row's argmax feeds their ids
+        pairs = getattr(ws, step_name).view(np.uint32)[:2 * size].reshape(size, 2)
+        pairs[:n, 0], pairs[:n, 1] = slots, positions
+        pairs[n:] = pairs[n - 1]
+        self._write_tiles(size, step_name)
+        if ids is not None:
+            getattr(ws, ids_name).view(np.uint32)[:size] = ids + ids[-1:] * (size - n)
+            ws.rows.view(np.uint32)[:size] = np.minimum(np.arange(size), n - 1)
+        rec = self._recording(size, f"argmax_fed{parity}", rows=size,
+                              record=lambda: self._record(size, "argmax", rows=size, ids=ids_name, step=step_name,
+                                                          best=best_name))
+        rec.submit(self._fed_fences[parity])
+        self._last = self._fed[parity] = rec
+
+    def finish_fed(self, parity: int, n: int) -> list[int]:
+        """Waits for the fed pass of `parity` queued last; the argmax of its first n rows."""
+        self._fed[parity].wait(self._fed_fences[parity])
+        return getattr(self._out, _FED_BUFFERS[parity][2]).view(np.uint32)[:n].tolist()
 
     def prefill(self, ids, pos0: int, chunk: int, select: str = "argmax"):
         """Runs ids (at positions pos0.. of its own sequence) through the model; the last one's

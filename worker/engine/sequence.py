@@ -47,6 +47,12 @@ class Sequence:
     def admitted_now(self) -> bool:
         return self.slot is not None
 
+    @property
+    def last_position(self) -> int:
+        """The last position a pass computes for it: the one whose logits give its last token
+        (max_tokens or the context reached; it may end before, on a stop)."""
+        return min(len(self.request.ids) + self.request.params.max_tokens, self._n_ctx) - 2
+
     def take(self, token: int, logprobs, now: float) -> tuple[Event | None, str | None]:
         """The token picked for it: its event (None for end of generation) and the finish
         reason when it ends here, as Engine.generate ends a generation."""

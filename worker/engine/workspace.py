@@ -46,7 +46,8 @@ class Workspace:
     best: Buffer        # uint32 [sequences]: GPU argmax per row
     top_ids: Buffer     # uint32 [sequences, MAX_K]: GPU top-k candidates per row
     top_values: Buffer  # f32 [sequences, MAX_K]
-    # Greedy decode keeps two steps in flight (Runner.greedy): the second step's values and argmax.
+    # Greedy decode and fed batch passes keep two steps in flight (Runner.greedy, queue_fed_batch):
+    # the second step's values (uint32 [sequences, 2]) and argmax (uint32 [sequences]).
     step_alt: Buffer
     best_alt: Buffer
     mask: Buffer        # uint32 [sequences, vocab / 32]: grammars' token masks, host-written per step (kernels/mask.py)
@@ -84,9 +85,10 @@ class Workspace:
                 "moe_shared_gate": 1 if c.n_ff_shexp else 0}
         s = sequences
         return {"step": 8 * n, "ids": 4 * n, "rows": 4 * s, **{name: 4 * n * width for name, width in rows.items()},
-                "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s, "top_ids": 4 * MAX_K * s,
-                "top_values": 4 * MAX_K * s, "step_alt": 8, "best_alt": 4, "mask": 4 * cdiv(c.vocab_size, 32) * s,
-                "handoff": 4 * n * c.n_embd if staged else 0, "done": 4 * cdiv(ff, 32)}
+                "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s,
+                "top_ids": 4 * MAX_K * s, "top_values": 4 * MAX_K * s, "step_alt": 8 * s, "best_alt": 4 * s,
+                "mask": 4 * cdiv(c.vocab_size, 32) * s, "handoff": 4 * n * c.n_embd if staged else 0,
+                "done": 4 * cdiv(ff, 32)}
 
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape, sequences: int = 1) -> dict[str, int]:
