@@ -289,6 +289,8 @@ def test_a_generation_between_two_steps_leaves_the_batch_right(engine):
         for seq, event in batch.step():
             got[seq.tag].append(event)
         if k == 3:
-            assert any(fed.best is None for fed in batch._fed)   # a fed pass is on the GPU now
+            # fed passes on the GPU now: two, one where the host orders the stages of a split
+            one = len(engine.runner.stages) == 1
+            assert [fed.best for fed in batch._fed] == [None] * (2 if one or engine.runner._timeline else 1)
             assert tokens(alone(engine, between)) == between_alone
     assert {name: tokens(e) for name, e in got.items()} == expected
