@@ -19,8 +19,8 @@ layout(std430, binding = 2) buffer Y { float y[]; };
 #if defined(QKV)
 // The weight is Q, K and V (or Q and K) one after the other (matmul.py's matmul_qkv): rows
 // before k_first are Q's, written to y, then K's to y_k and V's to y_v.
-layout(std430, binding = 3) writeonly buffer Y_K { float y_k[]; };
-layout(std430, binding = 4) writeonly buffer Y_V { float y_v[]; };
+layout(std430, binding = 3) buffer Y_K { float y_k[]; };
+layout(std430, binding = 4) buffer Y_V { float y_v[]; };
 #endif
 #if defined(EXPERT_TILES)
 // moe_group.comp's output: the slots by expert, then (expert, first, count) per tile
@@ -109,7 +109,8 @@ vec4 load_x4(uint col, uint k) {
 #endif
 
 // y[col, y_offset + row] (+)= v (+ the expert's bias), inside the part and the columns; QKV:
-// the output of the row's section = v; SPLIT_K: y += v atomically (mul_mat_coopmat.comp).
+// the output of the row's section = v; SPLIT_K: y (or the section's output) += v atomically
+// (mul_mat_coopmat.comp).
 void store_y(uint row, uint col, float v) {
 #if defined(QKV)
     if (row < p.rows && col < p.n) {

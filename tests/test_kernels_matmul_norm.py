@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as T
 
 from tests.test_kernels_matmul import ALL_TYPES, assert_close, cols_for, offered, product, random_weights
 from tests.test_kernels_matmul_glu import Weights, reference
-from worker.engine.kernels.matmul import matmul, matmul_qkv, matmul_swiglu, normed_input
+from worker.engine.kernels.matmul import coopmat_splits, few_cols_tile, matmul, matmul_qkv, matmul_swiglu, normed_input
 from worker.engine.kernels.norm import FoldedNorm
 from worker.engine.kernels.paths import MAT_VEC_MAX_COLS
 from worker.engine.kernels.tensor import free_tensor, upload_rows
@@ -161,15 +161,22 @@ def test_qkv_as_one_tensor(vk_ctx, types):
 
 @pytest.mark.parametrize("path", ["tiled", "coopmat"])
 @pytest.mark.parametrize("types", [(T.Q4_K,) * 3, (T.Q8_0, T.Q8_0, T.Q6_K)], ids=["qkv", "qk"])
-def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types):
+@pytest.mark.parametrize("cols, n", [(256, 70), (2048, 20)])
+def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types, cols, n):
     """Prefill's mat-mat kernels take the joined tensor in one dispatch too (V of another type
-    in a second), sections ending inside row tiles, columns past one column tile."""
+    in a second), sections ending inside row tiles, columns past one column tile; over few
+    columns and a long K the cooperative-matrix kernel splits K (on devices that add floats
+    atomically), each section's output zeroed first (they start out holding noise here)."""
     offered(vk_ctx, path)
-    cols, rows, n = 256, (96, 40, 40), 70
+    rows = (96, 40, 40)
     with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
         raws, fused, members, joined_count = joined_qkv(vk_ctx, weights, types, rows, cols)
-        x = np.random.default_rng(5).standard_normal((n, cols)).astype(np.float32)
-        xb, outs = r.put(x), [r.empty(n * rows_i) for rows_i in rows]
+        if path == "coopmat" and n < cols // 64:
+            bm, bn, _, _, bk, _ = few_cols_tile(n)
+            assert (coopmat_splits(vk_ctx, fused, n, (bm, bn, bk)) > 1) == vk_ctx.info.float_atomic_add
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        xb, outs = r.put(x), [r.put(rng.standard_normal(n * rows_i).astype(np.float32)) for rows_i in rows]
         dispatches = r.run(lambda rec: matmul_qkv(rec, fused, members, xb, outs, n, path=path))
         assert dispatches == 4 - joined_count
         for out, rows_i, (_, w) in zip(outs, rows, raws):

@@ -245,23 +245,26 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     _mat_mat(rec, w, path, "", [x, y], n, _push(w, 0, 0, n, y_accumulate))
 
 
-def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: list[Buffer], n: int, push: dict):
+def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: list[Buffer], n: int, push: dict,
+             outputs: list[tuple[Buffer, int]] | None = None):
     """w times x over n columns through the tiled ("tiled", mul_mat<variant>_<type>) or the
     cooperative-matrix ("coopmat", mul_mat_coopmat<variant>_<type>; the weight's tuned tile)
     kernel, one dispatch per part; `buffers`: x and the outputs, `push` as _push gives it (each
-    part's rows and offset filled in here). A plain cooperative-matrix product of few tiles splits
-    K (`coopmat_splits`), its output zeroed first unless it accumulates."""
+    part's rows and offset filled in here). A cooperative-matrix product of few tiles splits K
+    (`coopmat_splits`), its `outputs` ((buffer, bytes); default: the last buffer, n x w.rows)
+    zeroed first unless it accumulates."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
         bm, bn, wm, wn, bk, stages = few_cols_tile(n) if n <= COOPMAT_FEW_COLS else w.coopmat_tile or COOPMAT_TILE
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
-        splits = coopmat_splits(ctx, w, n, (bm, bn, bk)) if not variant else 1
+        splits = coopmat_splits(ctx, w, n, (bm, bn, bk))
         if splits > 1 and not push["accumulate"]:   # the ranges add to zeros
-            rec.fill(buffers[-1], 4 * n * w.rows)
+            for y, nbytes in outputs or [(buffers[-1], 4 * n * w.rows)]:
+                rec.fill(y, nbytes)
             rec.barrier()
-        kernel = ctx.kernel(f"mul_mat_coopmat{variant or ('_split' if splits > 1 else '')}_{type_name}",
+        kernel = ctx.kernel(f"mul_mat_coopmat{variant}{'_split' if splits > 1 else ''}_{type_name}",
                             {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
                              10: stages})
     else:
@@ -384,7 +387,8 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
         k_first, v_first = fused.sections[0], sum(fused.sections[:2])
         y_v = outs[2] if len(fused.sections) == 3 else outs[1]   # as _mat_vec_qkv's
         _mat_mat(rec, fused, path, "_qkv", [x, outs[0], outs[1], y_v], n,
-                 _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first))
+                 _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first),
+                 [(y, 4 * n * rows) for y, rows in zip(outs, fused.sections)])
         rest = rest[len(fused.sections):]
     if path == "mmq" and norm is None:
         _mmq_products(rec, rest, x, n, x8)
