@@ -10,15 +10,15 @@ from worker.engine import compilers, shaderbuild
 from worker.engine.vk.device import COOPMAT, INTEGER_DOT
 
 # The tuner's candidates (kernels/tile_tuning.py), sides that 16x16 and 8x8 shapes divide. The
-# last four won on the H200 in a sweep of 52 tiles at 512 columns (Q4_K 4096x14336 96 TFLOP/s
-# against 77 through the tile tuned before them, Q6_K 91 against 71, 4096x4096 92 against 90);
-# tiles of 16 subgroups, faster still there (14336x4096 113 against 89), are not candidates
-# until the GPU tests have run them.
+# last six won on the H200 in a sweep of 52 tiles at 512 columns (Q4_K 4096x14336 96 TFLOP/s
+# against 77 through the tile tuned before them, Q6_K 91 against 71, 4096x4096 92 against 90;
+# the two of 16 subgroups 14336x4096 113 against 89, 4096x4096 102).
 COOPMAT_TILES = tuple((*t, stages) for t in ((64, 64, 32, 32, 32), (64, 64, 32, 32, 64), (128, 64, 64, 32, 32),
                                               (64, 128, 32, 64, 32), (128, 128, 64, 64, 32), (128, 128, 64, 32, 32),
                                               (128, 128, 64, 64, 64), (256, 128, 64, 64, 32))
                       for stages in (1, 2)) + ((128, 128, 64, 32, 64, 1), (128, 128, 32, 64, 64, 1),
-                                               (64, 128, 32, 32, 32, 1), (128, 256, 64, 64, 32, 1))
+                                               (64, 128, 32, 32, 32, 1), (128, 256, 64, 64, 32, 1),
+                                               (128, 256, 64, 32, 32, 1), (128, 128, 32, 32, 32, 1))
 X8_BLOCK_VALUES = 32
 X8_BLOCK_BYTES = 48   # shaders/x8.glsl's block: 32 signed bytes and (d, two slice sums, 0) as f32, in planes
 MAT_VEC_MAX_COLS = 8    # columns one mat-vec workgroup takes (llama.cpp's mat-vec path keeps 8 too)
