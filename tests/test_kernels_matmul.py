@@ -175,7 +175,7 @@ def test_coopmat_split_k(vk_ctx, qtype, n):
     x = np.random.default_rng(6).standard_normal((n, cols)).astype(np.float32)
     y0 = np.random.default_rng(7).standard_normal((n, 70)).astype(np.float32)
     tensor = upload_tensor(vk_ctx, "w", qtype, (cols, 70), raw)
-    bm, bn, _, _, bk, _ = few_cols_tile(n)
+    bm, bn, _, _, bk, _ = few_cols_tile(vk_ctx.info, n)
     assert (coopmat_splits(vk_ctx, tensor, n, (bm, bn, bk)) > 1) == vk_ctx.info.float_atomic_add
     free_tensor(vk_ctx, tensor)
     ref, rtol = product(x, w, "coopmat")

@@ -172,7 +172,7 @@ def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types, cols, n):
     with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
         raws, fused, members, joined_count = joined_qkv(vk_ctx, weights, types, rows, cols)
         if path == "coopmat" and n < cols // 64:
-            bm, bn, _, _, bk, _ = few_cols_tile(n)
+            bm, bn, _, _, bk, _ = few_cols_tile(vk_ctx.info, n)
             assert (coopmat_splits(vk_ctx, fused, n, (bm, bn, bk)) > 1) == vk_ctx.info.float_atomic_add
         rng = np.random.default_rng(5)
         x = rng.standard_normal((n, cols)).astype(np.float32)

@@ -24,7 +24,7 @@ from worker.engine.kernels.mat_cols import (MAT_COLS_X8_VARIANTS, X8_ITEM_VALUES
                                             mat_cols_shape, mat_cols_shape_runs, mat_cols_tile, mat_cols_x8_shape,
                                             x8_tile_fits)
 from worker.engine.kernels.paths import (MAT_VEC_MAX_COLS, X8_BLOCK_BYTES, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape,
-                                         mmq_types, product_path)
+                                         coopmat_tile_runs, mmq_types, product_path)
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
@@ -45,8 +45,13 @@ COOPMAT_TILE = (128, 128, 64, 64, 32, 1)
 # (tune off; tiles tuned at the prefill chunk do not apply below it either). Up to 32 columns
 # COOPMAT_NARROW_TILE, its columns cut to 16 or 32 (few_cols_tile): H200, Q4_K at 32 columns
 # (split over 1536 groups), 14336x4096 116 -> 94 us, 4096x14336 116 -> 90, 6144x4096 56 -> 40,
-# the best of 28 tiles; at 8 columns 95 -> 76, 94 -> 71 (split over 384), 43 -> 33.
-COOPMAT_FEW_COLS_TILE = (64, 64, 32, 32, 32, 1)
+# the best of 28 tiles; at 8 columns 95 -> 76, 94 -> 71 (split over 384), 43 -> 33. Past 32,
+# COOPMAT_FEW_COLS_TILE where the device runs it (16 subgroups; else COOPMAT_FEW_COLS_SMALL):
+# at 64 columns (split over 1536) 14336x4096 146 -> 113 us, 4096x14336 134 -> 116, 6144x4096 66 ->
+# 50 against the small one, the best of 46 tiles of up to 16 subgroups; at 16 and 32 columns none
+# of 12 and 36 beat the narrow tile by more than 1 us.
+COOPMAT_FEW_COLS_TILE = (128, 64, 32, 16, 64, 1)
+COOPMAT_FEW_COLS_SMALL = (64, 64, 32, 32, 32, 1)
 COOPMAT_NARROW_TILE = (64, 32, 16, 16, 64, 1)
 COOPMAT_FEW_COLS = 64
 # Split-K (mul_mat_coopmat_split): a product with fewer tiles than SPLIT_GROUPS workgroups
@@ -255,7 +260,8 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
     zeroed first unless it accumulates."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
-        bm, bn, wm, wn, bk, stages = few_cols_tile(n) if n <= COOPMAT_FEW_COLS else w.coopmat_tile or COOPMAT_TILE
+        bm, bn, wm, wn, bk, stages = few_cols_tile(ctx.info, n) if n <= COOPMAT_FEW_COLS else \
+            w.coopmat_tile or COOPMAT_TILE
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
@@ -276,11 +282,12 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
                      push | dict(rows=count, y_offset=first))
 
 
-def few_cols_tile(n: int) -> tuple[int, ...]:
-    """The cooperative-matrix tile of n <= COOPMAT_FEW_COLS columns: COOPMAT_FEW_COLS_TILE past
-    32, else COOPMAT_NARROW_TILE with 16 columns up to 16."""
+def few_cols_tile(info, n: int) -> tuple[int, ...]:
+    """The cooperative-matrix tile of n <= COOPMAT_FEW_COLS columns on a device of `info`:
+    COOPMAT_FEW_COLS_TILE past 32 (COOPMAT_FEW_COLS_SMALL where it does not run), else
+    COOPMAT_NARROW_TILE with 16 columns up to 16."""
     if n > 32:
-        return COOPMAT_FEW_COLS_TILE
+        return COOPMAT_FEW_COLS_TILE if coopmat_tile_runs(info, COOPMAT_FEW_COLS_TILE) else COOPMAT_FEW_COLS_SMALL
     bm, bn, wm, wn, bk, stages = COOPMAT_NARROW_TILE
     return bm, 16 if n <= 16 else bn, wm, wn, bk, stages
 

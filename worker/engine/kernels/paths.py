@@ -62,6 +62,18 @@ def coopmat_shape(info) -> tuple[int, int, int] | None:
     return (16, 16, 16) if (16, 16, 16) in fitting else max(fitting, key=lambda s: s[0] * s[1] * s[2])
 
 
+def coopmat_tile_runs(info, tile: tuple[int, ...]) -> bool:
+    """Whether mul_mat_coopmat.comp runs with this (BM, BN, WM, WN, BK, stages) tile on the
+    device: its subgroups within the workgroup size, and its shared memory (the f16 tiles, per
+    stage, with 16 bytes of padding per row, and a TM x TN f32 staging tile per subgroup) within
+    the device's."""
+    tm, tn, _ = coopmat_shape(info)
+    bm, bn, wm, wn, bk, stages = tile
+    subgroups = (bm // wm) * (bn // wn)
+    shared = stages * (bm + bn) * (bk + 8) * 2 + subgroups * tm * tn * 4
+    return subgroups * info.subgroup_size <= info.max_workgroup_size and shared <= info.max_shared_memory
+
+
 def paths(ctx) -> tuple[str, ...]:
     """The kernels a product can take on this device: "mat_vec" (groups of up to
     MAT_VEC_MAX_COLS columns), "mat_cols" (mul_mat_cols.comp, any number of columns, K a

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.engine.kernels.paths import COOPMAT_TILES, coopmat_shape, paths
+from worker.engine.kernels.paths import COOPMAT_TILES, coopmat_shape, coopmat_tile_runs, paths
 from worker.engine.kernels.timing import record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
 from worker.engine.kernels.tuning import Key, wanted
@@ -27,21 +27,10 @@ RUNS = 3
 
 
 def candidates(info) -> list[Tile]:
-    """COOPMAT_TILES within the device's workgroup size and shared memory (the shader's f16
-    tiles, per stage, with 16 bytes of padding per row, and a TM x TN f32 staging tile per
-    subgroup)."""
-    shape = coopmat_shape(info)
-    if shape is None:
+    """COOPMAT_TILES that the device runs (paths.coopmat_tile_runs)."""
+    if coopmat_shape(info) is None:
         return []
-    tm, tn, _ = shape
-    fitting = []
-    for tile in COOPMAT_TILES:
-        bm, bn, wm, wn, bk, stages = tile
-        subgroups = (bm // wm) * (bn // wn)
-        shared = stages * (bm + bn) * (bk + 8) * 2 + subgroups * tm * tn * 4
-        if subgroups * info.subgroup_size <= info.max_workgroup_size and shared <= info.max_shared_memory:
-            fitting.append(tile)
-    return fitting
+    return [tile for tile in COOPMAT_TILES if coopmat_tile_runs(info, tile)]
 
 
 def model_tiles(ctx, settings, keys, n: int) -> dict[Key, Tile]:
