@@ -97,6 +97,29 @@ def test_sequences_decoded_together_give_what_each_gives_alone(engine, model_pat
     assert sizes <= {0, 1, 2, 4, 8} and 8 in sizes, engine.runner.recorded_passes()
 
 
+def test_sequences_end_at_the_context_with_fed_passes_in_flight(engine):
+    """Greedy sequences decoded with fed passes queued ahead end where the context (96) or
+    max_tokens does, as alone, with no pass queued past their last position: the longest holds
+    the context's 6 blocks at most, and none are left held."""
+    requests = {"context": Request(prompt(70, 11), dataclasses.replace(GREEDY, max_tokens=100)),
+                "tokens": Request(prompt(9, 12), dataclasses.replace(GREEDY, max_tokens=30))}
+    expected = {name: alone(engine, r) for name, r in requests.items()}
+    assert [len(tokens(expected[name])) for name in requests] == [96 - 70, 30]
+    batch, pool = engine.batch, engine.kv.pool
+    seqs = {name: batch.add(r, tag=name) for name, r in requests.items()}
+    events = {name: [] for name in requests}
+    held, in_flight = 0, 0
+    while len(batch):
+        for seq, event in batch.step():
+            events[seq.tag].append(event)
+        held = max(held, max((len(s.blocks.blocks) for s in seqs.values() if s.blocks is not None), default=0))
+        in_flight = max(in_flight, sum(fed.best is None for fed in batch._fed))
+    for name, want in expected.items():
+        assert tokens(events[name]) == tokens(want), name
+        assert events[name][-1].finish_reason == want[-1].finish_reason == "length"
+    assert in_flight == 2 and held == 96 // BLOCK_TOKENS and pool.used == 0
+
+
 @pytest.mark.parametrize("count, capacity, size", [(0, 8, 0), (1, 8, 1), (2, 8, 2), (3, 8, 4), (5, 8, 8),
                                                    (8, 8, 8), (9, 64, 16), (17, 64, 24), (33, 36, 36),
                                                    (500, 512, 504)])
