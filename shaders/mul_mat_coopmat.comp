@@ -21,7 +21,7 @@
 // bounds-checks the edges and applies `accumulate`. With SPLIT_K, workgroup z sums the z-th of
 // gl_NumWorkGroups.z ranges of K (whole steps) and adds it to y atomically (store_y; y zeroed
 // before unless the product accumulates). Sizes are specialization constants, chosen by
-// matmul.py from the device's shapes; the workgroup size (constant 0) must be
+// kernels/coopmat.py from the device's shapes; the workgroup size (constant 0) must be
 // (BM / WM) * (BN / WN) subgroups.
 layout(constant_id = 1) const uint BM = 128;
 layout(constant_id = 2) const uint BN = 128;

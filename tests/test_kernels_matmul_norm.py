@@ -7,7 +7,8 @@ from gguf import GGMLQuantizationType as T
 
 from tests.test_kernels_matmul import ALL_TYPES, assert_close, cols_for, offered, product, random_weights
 from tests.test_kernels_matmul_glu import Weights, reference
-from worker.engine.kernels.matmul import coopmat_splits, few_cols_tile, matmul, matmul_qkv, matmul_swiglu, normed_input
+from worker.engine.kernels.coopmat import coopmat_splits, few_cols_tile
+from worker.engine.kernels.matmul import matmul, matmul_qkv, matmul_swiglu, normed_input
 from worker.engine.kernels.norm import FoldedNorm
 from worker.engine.kernels.paths import MAT_VEC_MAX_COLS
 from worker.engine.kernels.tensor import free_tensor, upload_rows

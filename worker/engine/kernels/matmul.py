@@ -19,12 +19,13 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
+from worker.engine.kernels.coopmat import coopmat_splits, coopmat_tile
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
 from worker.engine.kernels.mat_cols import (MAT_COLS_X8_VARIANTS, X8_ITEM_VALUES, mat_cols_columns,
                                             mat_cols_shape, mat_cols_shape_runs, mat_cols_tile, mat_cols_x8_shape,
                                             x8_tile_fits)
 from worker.engine.kernels.paths import (MAT_VEC_MAX_COLS, X8_BLOCK_BYTES, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape,
-                                         coopmat_tile_runs, mmq_types, product_path)
+                                         mmq_types, product_path)
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
@@ -33,36 +34,6 @@ from worker.engine.vk.memory import Buffer
 # threads load weights, so TILE must be over 32 to leave some for loading x.
 MAT_MAT_TILE = 64
 MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
-# mul_mat_coopmat.comp's tile: (BM, BN) rows and columns per workgroup, (WM, WN) per subgroup,
-# each subgroup holding (WM / TM) x (WN / TN) accumulators of the device's (TM, TN, TK) shape,
-# BK, the step along K (a multiple of 16 and of TK), and the stages of shared tiles (1 or 2).
-# A weight's tuned tile replaces the default: on an H200 the best single tile for a Llama-8B
-# layer's products at 512 columns (each weight's own best makes the layer ~1.25x faster).
-COOPMAT_TILE = (128, 128, 64, 64, 32, 1)
-# Up to COOPMAT_FEW_COLS columns (batched decode past the mat-vec groups, short prompts) a tile
-# of 128 columns is mostly empty and 128 rows leave too few workgroups: on an H200 a Llama-8B
-# pass of 2-32 columns took 43-50 ms through a 64 x 64 tile against 77-83 ms through COOPMAT_TILE
-# (tune off; tiles tuned at the prefill chunk do not apply below it either). Up to 32 columns
-# COOPMAT_NARROW_TILE, its columns cut to 16 or 32 (few_cols_tile): H200, Q4_K at 32 columns
-# (split over 1536 groups), 14336x4096 116 -> 94 us, 4096x14336 116 -> 90, 6144x4096 56 -> 40,
-# the best of 28 tiles; at 8 columns 95 -> 76, 94 -> 71 (split over 384), 43 -> 33. Past 32,
-# COOPMAT_FEW_COLS_TILE where the device runs it (16 subgroups; else COOPMAT_FEW_COLS_SMALL):
-# at 64 columns (split over 1536) 14336x4096 146 -> 113 us, 4096x14336 134 -> 116, 6144x4096 66 ->
-# 50 against the small one, the best of 46 tiles of up to 16 subgroups; at 16 and 32 columns none
-# of 12 and 36 beat the narrow tile by more than 1 us.
-COOPMAT_FEW_COLS_TILE = (128, 64, 32, 16, 64, 1)
-COOPMAT_FEW_COLS_SMALL = (64, 64, 32, 32, 32, 1)
-COOPMAT_NARROW_TILE = (64, 32, 16, 16, 64, 1)
-COOPMAT_FEW_COLS = 64
-# Split-K (mul_mat_coopmat_split): a product with fewer tiles than SPLIT_GROUPS workgroups
-# (SPLIT_FEW_COLS_GROUPS up to COOPMAT_FEW_COLS columns) splits K into up to groups / tiles ranges
-# of at least SPLIT_MIN_STEPS steps of BK, each range a workgroup adding its sums to y atomically
-# (y zeroed first unless it accumulates). H200, a 4096x14336 Q4_K product at 64 columns: 638 us
-# unsplit, 209 at 192 groups, 121 at 384, 127 at 768; at 32 columns 14336x4096 over 64x32 tiles
-# 215 us at 384 groups, 116 at 1536.
-SPLIT_GROUPS = 384
-SPLIT_FEW_COLS_GROUPS = 1536
-SPLIT_MIN_STEPS = 8
 GET_ROWS_THREADS = 64
 QUANTIZE_X8_THREADS = 64
 
@@ -253,15 +224,14 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
 def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: list[Buffer], n: int, push: dict,
              outputs: list[tuple[Buffer, int]] | None = None):
     """w times x over n columns through the tiled ("tiled", mul_mat<variant>_<type>) or the
-    cooperative-matrix ("coopmat", mul_mat_coopmat<variant>_<type>; the weight's tuned tile)
-    kernel, one dispatch per part; `buffers`: x and the outputs, `push` as _push gives it (each
-    part's rows and offset filled in here). A cooperative-matrix product of few tiles splits K
+    cooperative-matrix ("coopmat", mul_mat_coopmat<variant>_<type>; coopmat.py's tile) kernel,
+    one dispatch per part; `buffers`: x and the outputs, `push` as _push gives it (each part's
+    rows and offset filled in here). A cooperative-matrix product of few tiles splits K
     (`coopmat_splits`), its `outputs` ((buffer, bytes); default: the last buffer, n x w.rows)
     zeroed first unless it accumulates."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
-        bm, bn, wm, wn, bk, stages = few_cols_tile(ctx.info, n) if n <= COOPMAT_FEW_COLS else \
-            w.coopmat_tile or COOPMAT_TILE
+        bm, bn, wm, wn, bk, stages = coopmat_tile(ctx.info, w, n)
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
@@ -280,29 +250,6 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
     for buffer, first, count in w.parts:
         rec.dispatch(kernel, [buffer, *buffers], (cdiv(count, bm), cdiv(n, bn), splits),
                      push | dict(rows=count, y_offset=first))
-
-
-def few_cols_tile(info, n: int) -> tuple[int, ...]:
-    """The cooperative-matrix tile of n <= COOPMAT_FEW_COLS columns on a device of `info`:
-    COOPMAT_FEW_COLS_TILE past 32 (COOPMAT_FEW_COLS_SMALL where it does not run), else
-    COOPMAT_NARROW_TILE with 16 columns up to 16."""
-    if n > 32:
-        return COOPMAT_FEW_COLS_TILE if coopmat_tile_runs(info, COOPMAT_FEW_COLS_TILE) else COOPMAT_FEW_COLS_SMALL
-    bm, bn, wm, wn, bk, stages = COOPMAT_NARROW_TILE
-    return bm, 16 if n <= 16 else bn, wm, wn, bk, stages
-
-
-def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int]) -> int:
-    """Ranges of K for the cooperative-matrix product of w over n columns with (BM, BN, BK)
-    `tile`: where the device adds floats atomically, enough to bring the largest part's tiles
-    towards SPLIT_GROUPS workgroups (SPLIT_FEW_COLS_GROUPS for few columns), each range
-    SPLIT_MIN_STEPS steps or more; else 1."""
-    bm, bn, bk = tile
-    if not ctx.info.float_atomic_add:
-        return 1
-    tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
-    groups = SPLIT_FEW_COLS_GROUPS if n <= COOPMAT_FEW_COLS else SPLIT_GROUPS
-    return max(1, min(groups // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))
 
 
 def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None) -> Buffer:

@@ -34,10 +34,10 @@ MAT_COLS_MAX = 16
 # with integer dot products (`decode_x8`), in groups of 32 columns past 32. On the H200 a decode
 # step of 64 sequences of the 8B (position 128) took 57.3 ms, 54.4 of it in the cooperative-matrix
 # products, where 32 sequences' took 21.3 ms, 19.0 in products of this kernel. Where the
-# cooperative-matrix kernel splits K (matrix units and float atomics: matmul.py's coopmat_splits),
+# cooperative-matrix kernel splits K (matrix units and float atomics: coopmat.py's coopmat_splits),
 # products of more than MAT_COLS_X8_SPLIT_MAX columns take it instead: the H200 decoding 64
 # sequences of the 8B, 2100.7 tok/s against 1806.5 through this kernel (at 32, 1348.8 against
-# 1572.3 before matmul.py's narrow tiles; at 32 columns those took 14336x4096 in 94 us where this
+# 1572.3 before coopmat.py's narrow tiles; at 32 columns those took 14336x4096 in 94 us where this
 # kernel's fused gate+up took 208 for two, at 8 columns 76 us against 60 for two).
 MAT_COLS_X8_MAX = 64
 MAT_COLS_X8_SPLIT_MAX = 16

@@ -26,7 +26,7 @@ class DeviceTensor:
     parts: list[tuple[Buffer, int, int]] = field(default_factory=list)
     mat_vec_shape: tuple[int, int] | None = None
     glu_shape: tuple[int, int] | None = None    # through the fused gate+up kernel, as the gate
-    coopmat_tile: tuple[int, ...] | None = None  # the cooperative-matrix mat-mat tile (matmul.py COOPMAT_TILE)
+    coopmat_tile: tuple[int, ...] | None = None  # the cooperative-matrix mat-mat tile (coopmat.py COOPMAT_TILE)
     # (columns, through the gate+up kernel) -> the 8-bit mat-cols shape measured for it (cols_tuning.py)
     cols_shapes: dict[tuple[int, bool], tuple[int, int, int, int]] = field(default_factory=dict)
     experts: int = 1                            # stacked matrices of rows / experts rows each

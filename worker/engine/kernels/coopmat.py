@@ -1,0 +1,67 @@
+"""Which tile and how many ranges of K a cooperative-matrix product (mul_mat_coopmat.comp) takes:
+a weight's tuned tile (kernels/tile_tuning.py) or the default past COOPMAT_FEW_COLS columns, a
+fixed tile for fewer (`few_cols_tile`), and split-K where the product has fewer tiles than the
+GPU has room for (`coopmat_splits`). kernels/matmul.py records the products with them."""
+from worker.engine.intmath import cdiv
+from worker.engine.kernels.paths import coopmat_tile_runs
+from worker.engine.kernels.tensor import DeviceTensor
+
+# mul_mat_coopmat.comp's tile: (BM, BN) rows and columns per workgroup, (WM, WN) per subgroup,
+# each subgroup holding (WM / TM) x (WN / TN) accumulators of the device's (TM, TN, TK) shape,
+# BK, the step along K (a multiple of 16 and of TK), and the stages of shared tiles (1 or 2).
+# A weight's tuned tile replaces the default: on an H200 the best single tile for a Llama-8B
+# layer's products at 512 columns (each weight's own best makes the layer ~1.25x faster).
+COOPMAT_TILE = (128, 128, 64, 64, 32, 1)
+# Up to COOPMAT_FEW_COLS columns (batched decode past the mat-vec groups, short prompts) a tile
+# of 128 columns is mostly empty and 128 rows leave too few workgroups: on an H200 a Llama-8B
+# pass of 2-32 columns took 43-50 ms through a 64 x 64 tile against 77-83 ms through COOPMAT_TILE
+# (tune off; tiles tuned at the prefill chunk do not apply below it either). Up to 32 columns
+# COOPMAT_NARROW_TILE, its columns cut to 16 or 32 (few_cols_tile): H200, Q4_K at 32 columns
+# (split over 1536 groups), 14336x4096 116 -> 94 us, 4096x14336 116 -> 90, 6144x4096 56 -> 40,
+# the best of 28 tiles; at 8 columns 95 -> 76, 94 -> 71 (split over 384), 43 -> 33. Past 32,
+# COOPMAT_FEW_COLS_TILE where the device runs it (16 subgroups; else COOPMAT_FEW_COLS_SMALL):
+# at 64 columns (split over 1536) 14336x4096 146 -> 113 us, 4096x14336 134 -> 116, 6144x4096 66 ->
+# 50 against the small one, the best of 46 tiles of up to 16 subgroups; at 16 and 32 columns none
+# of 12 and 36 beat the narrow tile by more than 1 us.
+COOPMAT_FEW_COLS_TILE = (128, 64, 32, 16, 64, 1)
+COOPMAT_FEW_COLS_SMALL = (64, 64, 32, 32, 32, 1)
+COOPMAT_NARROW_TILE = (64, 32, 16, 16, 64, 1)
+COOPMAT_FEW_COLS = 64
+# Split-K (mul_mat_coopmat_split): a product with fewer tiles than SPLIT_GROUPS workgroups
+# (SPLIT_FEW_COLS_GROUPS up to COOPMAT_FEW_COLS columns) splits K into up to groups / tiles ranges
+# of at least SPLIT_MIN_STEPS steps of BK, each range a workgroup adding its sums to y atomically
+# (y zeroed first unless it accumulates). H200, a 4096x14336 Q4_K product at 64 columns: 638 us
+# unsplit, 209 at 192 groups, 121 at 384, 127 at 768; at 32 columns 14336x4096 over 64x32 tiles
+# 215 us at 384 groups, 116 at 1536.
+SPLIT_GROUPS = 384
+SPLIT_FEW_COLS_GROUPS = 1536
+SPLIT_MIN_STEPS = 8
+
+
+def coopmat_tile(info, w: DeviceTensor, n: int) -> tuple[int, ...]:
+    """The (BM, BN, WM, WN, BK, stages) tile of w's product over n columns on a device of `info`:
+    `few_cols_tile` up to COOPMAT_FEW_COLS columns, else w's tuned tile or COOPMAT_TILE."""
+    return few_cols_tile(info, n) if n <= COOPMAT_FEW_COLS else w.coopmat_tile or COOPMAT_TILE
+
+
+def few_cols_tile(info, n: int) -> tuple[int, ...]:
+    """The cooperative-matrix tile of n <= COOPMAT_FEW_COLS columns on a device of `info`:
+    COOPMAT_FEW_COLS_TILE past 32 (COOPMAT_FEW_COLS_SMALL where it does not run), else
+    COOPMAT_NARROW_TILE with 16 columns up to 16."""
+    if n > 32:
+        return COOPMAT_FEW_COLS_TILE if coopmat_tile_runs(info, COOPMAT_FEW_COLS_TILE) else COOPMAT_FEW_COLS_SMALL
+    bm, bn, wm, wn, bk, stages = COOPMAT_NARROW_TILE
+    return bm, 16 if n <= 16 else bn, wm, wn, bk, stages
+
+
+def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int]) -> int:
+    """Ranges of K for the cooperative-matrix product of w over n columns with (BM, BN, BK)
+    `tile`: where the device adds floats atomically, enough to bring the largest part's tiles
+    towards SPLIT_GROUPS workgroups (SPLIT_FEW_COLS_GROUPS for few columns), each range
+    SPLIT_MIN_STEPS steps or more; else 1."""
+    bm, bn, bk = tile
+    if not ctx.info.float_atomic_add:
+        return 1
+    tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
+    groups = SPLIT_FEW_COLS_GROUPS if n <= COOPMAT_FEW_COLS else SPLIT_GROUPS
+    return max(1, min(groups // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))
