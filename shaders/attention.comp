@@ -194,7 +194,7 @@ void main() {
 #endif
                 o4[row * BLOCKS + blk] = sum * norm;
 #if defined(X8)   // a block of x8 is 8 consecutive threads of one head (blk = tid)
-                store_x8(row * BLOCKS + blk, sum * norm, p.n_head * HEAD_DIM);
+                store_x8(row * BLOCKS + blk, sum * norm, p.n_head * HEAD_DIM, 0.0);
 #endif
 #endif
             }
@@ -240,7 +240,7 @@ void main() {
         const vec4 v = sum / big_l;
         o4[row * BLOCKS + blk] = v;
 #if defined(X8)
-        store_x8(row * BLOCKS + blk, v, p.n_head * HEAD_DIM);
+        store_x8(row * BLOCKS + blk, v, p.n_head * HEAD_DIM, 0.0);
 #endif
     }
     if (tid == 0) {

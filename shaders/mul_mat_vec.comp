@@ -10,15 +10,21 @@
 #include "mul_mat_vec_base.glsl"
 
 #if defined(BLOCKS_OUT)
-// A one-column, one-part product (the fused gate+up's, over rows of a multiple of 32) that also
-// writes its output in x8.glsl's 8-bit blocks (the input of the 8-bit down product): the last of
-// a 32-row block's workgroups to store its rows (a counter per block, counted once its stores
-// are visible, left at 0) reads the block back and quantizes it with 8 invocations, as
-// quantize_x8.comp would: that dispatch and its barrier are gone. NUM_ROWS divides 32. Bindings
-// after y: the blocks, the counters.
+// A one-column, one-part product over rows of a multiple of 32 that also writes its output in
+// x8.glsl's 8-bit blocks: the last of a 32-row block's workgroups to store its rows (a counter per
+// block, counted once its stores are visible, left at 0) reads the block back and quantizes it
+// with 8 invocations, as quantize_x8.comp would: that dispatch and its barrier are gone. NUM_ROWS
+// divides 32. The fused gate+up's output so becomes the 8-bit down product's input. With
+// RMS_BLOCKS (a residual product, y the hidden state x it adds to) the blocks are the next
+// RMSNorm's input instead: x times the norm weight, with the block's sum of x^2 as s (x8.glsl),
+// which the products over them (X8_RMS) scale by; the norm's dispatch and its barrier are gone.
+// Bindings after y: the blocks, the counters, with RMS_BLOCKS the norm weight.
 layout(std430, binding = NUM_MATS + 1) coherent buffer Y4 { vec4 y4[]; };
 layout(std430, binding = NUM_MATS + 2) writeonly buffer Q8 { uint q8[]; };
 layout(std430, binding = NUM_MATS + 3) coherent buffer Done { uint done[]; };
+#if defined(RMS_BLOCKS)
+layout(std430, binding = NUM_MATS + 4) readonly buffer NormW4 { vec4 norm_w4[]; };
+#endif
 #include "x8_store.glsl"
 shared bool last_sh;
 
@@ -34,7 +40,17 @@ void quantize_when_last(uint row0) {
     }
     memoryBarrierBuffer();
     if (tid < 8) {   // lanes 0..7 of the first subgroup: a block's 8 4-vectors
-        store_x8(8 * block + tid, y4[8 * block + tid], p.rows);
+        const uint i4 = 8 * block + tid;
+        const vec4 v = y4[i4];
+#if defined(RMS_BLOCKS)
+        float sq = dot(v, v);
+        sq += subgroupShuffleXor(sq, 1);
+        sq += subgroupShuffleXor(sq, 2);
+        sq += subgroupShuffleXor(sq, 4);
+        store_x8(i4, v * norm_w4[i4], p.rows, sq);
+#else
+        store_x8(i4, v, p.rows, 0.0);
+#endif
     }
     if (tid == 0) {
         done[block] = 0u;
@@ -117,6 +133,9 @@ void main() {
                     const uint col = clamped_col(col0 + c);
                     const ivec4 x0 = x8[x8_word(col, x_blocks, kb, 0)], x1 = x8[x8_word(col, x_blocks, kb, 1)];
                     const vec4 ds = intBitsToFloat(x8[x8_word(col, x_blocks, kb, 2)]);
+#if defined(X8_RMS)
+                    sumsq[c] += ds.w;
+#endif
                     [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
                         [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
                             vec2 ab0, ab1;
@@ -144,6 +163,9 @@ void main() {
             xq[c][0] = x8[x8_word(col, x_blocks, kb, 0)];
             xq[c][1] = x8[x8_word(col, x_blocks, kb, 1)];
             xd[c] = intBitsToFloat(x8[x8_word(col, x_blocks, kb, 2)]);
+#if defined(X8_RMS)
+            sumsq[c] += xd[c].w;
+#endif
         }
         [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
             [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {

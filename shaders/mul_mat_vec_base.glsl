@@ -27,9 +27,11 @@
 // With NORM defined, x is the raw input of an RMSNorm that the kernel applies itself: each load
 // of x is multiplied by the norm weight and its squares are summed (every workgroup loads all of
 // x), and the products are scaled by 1 / rms(x) before the store; the norm's own dispatch and its
-// barrier are gone. With QKV defined, the weight is Q, K and V (or Q and K) one after the other
-// in rows, and rows from k_first and from v_first go to the second and third output: one
-// dispatch for the three projections.
+// barrier are gone. With X8_RMS defined (8-bit x only), x's blocks are an RMSNorm's input not yet
+// scaled (x8.glsl's s; a residual product's RMS_BLOCKS, mul_mat_vec.comp): the loops sum the
+// blocks' s as NORM sums squares, and the products are scaled alike. With QKV defined, the
+// weight is Q, K and V (or Q and K) one after the other in rows, and rows from k_first and from
+// v_first go to the second and third output: one dispatch for the three projections.
 // Bindings: the weights (one or two), x, y (QKV: y_q, y_k, y_v), then with EXPERTS the ids and
 // the biases, with NORM the norm weight.
 // With COLS defined (mul_mat_cols.comp, several columns: batched decode) NUM_COLS is that
@@ -47,6 +49,9 @@
 #endif
 #if defined(MAT_VEC_ITEMS) || defined(X8_ITEMS)
 #define ITEM_LOOPS
+#endif
+#if defined(NORM) || defined(X8_RMS)
+#define ROW_NORM   // a sum of x^2 per column beside the products, which 1 / rms scales
 #endif
 
 float dot16(mat4 a, mat4 b) {
@@ -179,7 +184,7 @@ layout(push_constant) uniform Push {
     uint expert_count;  // experts in the part
     uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
 #endif
-#if defined(NORM)
+#if defined(ROW_NORM)
     float eps;        // the RMSNorm's
 #endif
 #if defined(QKV)
@@ -188,7 +193,7 @@ layout(push_constant) uniform Push {
 #endif
 } p;
 
-#if defined(NORM)
+#if defined(ROW_NORM)
 const uint NUM_SUMS = 1;   // sum of x^2 per column, reduced beside the products
 float sumsq[NUM_COLS];
 #else
@@ -316,7 +321,7 @@ float load_xc1(uint c, uint k) {
 }
 
 void clear_sums() {
-#if defined(NORM)
+#if defined(ROW_NORM)
     for (uint c = 0; c < NUM_COLS; c++) {
         sumsq[c] = 0.0;
     }
@@ -348,7 +353,7 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
             }
         }
     }
-#if defined(NORM)
+#if defined(ROW_NORM)
     for (uint c = 0; c < NUM_COLS; c++) {
         sumsq[c] = subgroupAdd(sumsq[c]);
     }
@@ -361,7 +366,7 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
                         partial[(c * NUM_MATS + m) * NUM_ROWS + r][gl_SubgroupID] = acc[c][m][r];
                     }
                 }
-#if defined(NORM)
+#if defined(ROW_NORM)
                 partial[NUM_COLS * NUM_MATS * NUM_ROWS + c][gl_SubgroupID] = sumsq[c];
 #endif
             }
@@ -376,7 +381,7 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
                     }
                 }
             }
-#if defined(NORM)
+#if defined(ROW_NORM)
             sumsq[c] = 0.0;
             for (uint i = 0; i < gl_NumSubgroups; i++) {
                 sumsq[c] += partial[NUM_COLS * NUM_MATS * NUM_ROWS + c][i];
@@ -386,7 +391,7 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
     }
     if (gl_LocalInvocationID.x == 0) {
         for (uint c = 0; c < stored_cols(col0); c++) {
-#if defined(NORM)
+#if defined(ROW_NORM)
             const float scale = inversesqrt(sumsq[c] / float(p.ncols) + p.eps);
 #else
             const float scale = 1.0;

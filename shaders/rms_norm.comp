@@ -45,7 +45,7 @@ void store4(uint i4, vec4 v) {
 #if defined(F32)
     o4[i4] = v;
 #endif
-    store_x8(i4, v, p.cols);
+    store_x8(i4, v, p.cols, 0.0);
 }
 #elif defined(ADD)
 void store4(uint i4, vec4 v) { o4[i4] += v; }

@@ -46,8 +46,10 @@ def x8_ctx(vk_settings):
 @pytest.mark.parametrize("n", [1, 3])
 def test_decode_takes_the_x8_kernels(x8_ctx, synth_dir, n_ctx, split, n):
     """Q4_K_M, 2 layers, one token or three (the mat-cols kernel's): the norms' outputs
-    (attention, FFN, output head) quantized by the norm (rms_norm_x8, none folded into a
-    product), the gate+up output by quantize_x8 (one token: by the gate+up product,
+    (attention, FFN, output head) quantized by the norm (rms_norm_x8, none folded into an f32
+    product; one token: only the first layer's, the others' inputs written by the residual
+    product before them, mul_mat_vec_x8_rms_blocks, and scaled by their products, *_x8_rms),
+    the gate+up output by quantize_x8 (one token: by the gate+up product,
     mul_mat_vec_glu_x8_blocks), the attention output by the attention kernel, by the split that
     merges where the sequence splits (a cache of 256 positions); every product over 8-bit x."""
     engine = Engine.load(_model(synth_dir, "tiny-llama", "Q4_K_M"), n_ctx=n_ctx, ctx=x8_ctx, max_batch=16)
@@ -58,8 +60,13 @@ def test_decode_takes_the_x8_kernels(x8_ctx, synth_dir, n_ctx, split, n):
     products = {k: count for k, (count, _) in kernels.items() if k.startswith(("mul_", "quantize", "rms_norm"))}
     assert not any("_norm_" in k for k in products if k.startswith("mul_")), products
     assert products.get("quantize_x8", 0) == (0 if n == 1 else 2), products
-    assert products.get("mul_mat_vec_glu_x8_blocks_q4_k", 0) == (2 if n == 1 else 0), products
-    assert products["rms_norm_x8"] == 5 and "rms_norm" not in products, products
+    assert products.get("mul_mat_vec_glu_x8_blocks_rms_q4_k", 0) == (2 if n == 1 else 0), products
+    assert products["rms_norm_x8"] == (1 if n == 1 else 5) and "rms_norm" not in products, products
+    # one token: both residual products of each layer write the next norm's input, which the
+    # second layer's Q/K (one product) and V (Q6_K, its own), both gate+ups and the output head scale
+    writers = sum(count for k, count in products.items() if k.startswith("mul_mat_vec_x8_rms_blocks_"))
+    scaled = sum(count for k, count in products.items() if k.endswith(("_rms_q4_k", "_rms_q6_k")))
+    assert (writers, scaled) == ((4, 5) if n == 1 else (0, 0)), products
     assert kernels.get("attention_split_x8" if split else "attention_x8", (0,))[0] == 2, kernels
     assert all(k.endswith(("_q4_k", "_q6_k")) and "_x8_" in k for k in products if k.startswith("mul_")), products
     assert any("_cols_" in k for k in products) == (n > 1), products   # the output head's one row: mat-vec

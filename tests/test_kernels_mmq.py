@@ -91,10 +91,11 @@ def test_the_mmq_types_are_the_quantized_types():
     assert mmq_types() == frozenset(MMQ_TYPES)
 
 
-def assert_blocks(raw: np.ndarray, x: np.ndarray, max_quant_error: int, scale_rtol: float):
+def assert_blocks(raw: np.ndarray, x: np.ndarray, max_quant_error: int, scale_rtol: float,
+                  squares: np.ndarray | None = None):
     """raw (the x8 buffer's bytes) holds x [n, k] quantized as numpy's `quantized` does: its
     scales within scale_rtol, its quants within max_quant_error (and rarely off at all), each
-    half's sum d times its quants, the fourth word 0."""
+    half's sum d times its quants, the fourth word 0 (or `squares` [n, k / 32], within 1e-5)."""
     n, k = x.shape
     planes = raw.reshape(n, 3, k // 32, 16)   # per column: quants 0..15, quants 16..31, ds (x8.glsl)
     qs = np.concatenate([planes[:, 0], planes[:, 1]], axis=-1).view(np.int8).astype(np.int64)
@@ -104,7 +105,10 @@ def assert_blocks(raw: np.ndarray, x: np.ndarray, max_quant_error: int, scale_rt
     assert np.abs(qs - q).max() <= max_quant_error and (qs != q).mean() < 1e-2
     sums = qs.reshape(n, k // 32, 2, 16).sum(-1) * ds[..., :1]
     np.testing.assert_allclose(ds[..., 1:3], sums, rtol=1e-6)
-    assert (ds[..., 3] == 0).all()
+    if squares is None:
+        assert (ds[..., 3] == 0).all()
+    else:
+        np.testing.assert_allclose(ds[..., 3], squares, rtol=1e-5)
 
 
 def test_quantize_x8_blocks(vk_ctx, dev):

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from tests.kernel_io import own_context
 from worker.engine.batch import Request
 from worker.engine.engine import Engine
 from worker.engine.modelfile import ModelFile
@@ -160,3 +161,23 @@ def test_split_with_an_8bit_kv_cache_and_a_grammar_equals_the_unsplit_run(vk_ctx
     assert set(json.loads("".join(results[1][1]))) == {"color", "size"}   # the grammar held
     np.testing.assert_allclose(results[2][0], results[1][0], rtol=0, atol=1e-5 * np.abs(results[1][0]).max())
     assert results[2][1:] == results[1][1:]
+
+
+def test_split_over_8bit_decode_equals_the_unsplit_run(vk_settings, synth_dir):
+    """Under decode_kernel "x8" (a GPU's default) each residual product writes the next norm's
+    input where that norm's products are on its context, and the last layer of a stage hands x
+    over as it is: greedy tokens (decoded one by one) and logits as unsplit."""
+    path = _model(synth_dir, "tiny-llama")
+    ids = np.random.default_rng(5).integers(0, ModelFile.open(path).config.vocab_size, 5).tolist()
+    settings = dataclasses.replace(vk_settings, decode_kernel="x8")
+    results = {}
+    with own_context(settings) as first, own_context(settings) as second:
+        for n in (1, 2):
+            engine = Engine.load(path, n_ctx=64, ctx=[first, second][:n], max_batch=16)
+            try:
+                events = list(engine.generate_ids(ids, GREEDY))
+                results[n] = [e.token_id for e in events if e.token_id is not None], engine.logits(ids)
+            finally:
+                engine.close()
+    assert results[2][0] == results[1][0] and len(results[1][0]) == GREEDY.max_tokens
+    np.testing.assert_allclose(results[2][1], results[1][1], rtol=0, atol=1e-5 * np.abs(results[1][1]).max())

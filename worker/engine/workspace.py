@@ -58,8 +58,10 @@ class Workspace:
     x8: Buffer | None          # the mmq products' 8-bit activations (None: the device's prefill takes other kernels)
     x8_ffn: Buffer | None      # the gate+up output in 8-bit blocks, one column (matmul's BlocksOut;
                                # None: the device decodes over f32 x, or the FFN is a mixture of experts)
-    done: Buffer               # uint32 counters of the gate+up products whose last workgroups write blocks
-                               # (matmul's BlocksOut, one per block): zeroed when allocated, left at 0 by them
+    x8_norm: Buffer | None     # the next RMSNorm's input in 8-bit blocks, one column, unscaled (matmul's
+                               # NormBlocks; None: the device decodes over f32 x)
+    done: Buffer               # uint32 counters of the products whose last workgroups write blocks (matmul's
+                               # BlocksOut and NormBlocks, one per block): zeroed when allocated, left at 0 by them
     # A model split across contexts (worker/engine/placement.py): f32 [n, n_embd], the hidden
     # state a stage hands to the next (None with one context). It, best and best_alt lie in host
     # memory every stage's context imports (SHARED, vk/linked.py): what one stage writes there
@@ -88,7 +90,7 @@ class Workspace:
                 "logits": 4 * c.vocab_size * s, "batch_logits": 4 * c.vocab_size * s, "best": 4 * s,
                 "top_ids": 4 * MAX_K * s, "top_values": 4 * MAX_K * s, "step_alt": 8 * s, "best_alt": 4 * s,
                 "mask": 4 * cdiv(c.vocab_size, 32) * s, "handoff": 4 * n * c.n_embd if staged else 0,
-                "done": 4 * cdiv(ff, 32)}
+                "done": 4 * cdiv(max(ff, c.n_embd), 32)}
 
     @staticmethod
     def kernel_sizes(ctx, config, n: int, shape, sequences: int = 1) -> dict[str, int]:
@@ -115,7 +117,8 @@ class Workspace:
                 # (models/moe.py; in prefill those take f32 input)
                 "x8": max(x8_bytes(x8_rows, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)),
                           x8_bytes(min(n, MAT_VEC_MAX_COLS) * c.n_expert_used, c.n_ff_exp) if decode_x8(ctx) else 0),
-                "x8_ffn": x8_bytes(1, c.n_ff) if decode_x8(ctx) and not c.n_expert else 0}
+                "x8_ffn": x8_bytes(1, c.n_ff) if decode_x8(ctx) and not c.n_expert else 0,
+                "x8_norm": x8_bytes(1, c.n_embd) if decode_x8(ctx) else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, shared: dict[str, Buffer] | None = None

@@ -87,11 +87,13 @@ def _groups(ctx, count: int) -> tuple[int, int, int]:
     return x, cdiv(count, x), 1
 
 
-def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool, norm: FoldedNorm | None = None) -> dict:
+def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool, norm: FoldedNorm | None = None,
+          eps: float | None = None) -> dict:
     """The push constants of mul_mat_vec.comp and mul_mat.comp (one block, mul_mat_vec_base.glsl's;
-    the mat-vec kernels that fold a norm add its eps)."""
+    the mat-vec kernels that fold a norm, or scale by one (`eps`: the _rms variants), add its eps)."""
     push = dict(ncols=w.cols, rows=count, n=n, y_offset=first, y_stride=w.rows, accumulate=int(accumulate))
-    return push if norm is None else push | dict(eps=float(norm.eps))
+    eps = norm.eps if norm is not None else eps
+    return push if eps is None else push | dict(eps=float(eps))
 
 
 def x8_bytes(n: int, k: int) -> int:
@@ -99,10 +101,11 @@ def x8_bytes(n: int, k: int) -> int:
     return n * cdiv(k, X8_BLOCK_VALUES) * X8_BLOCK_BYTES
 
 
-def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm: FoldedNorm | None) -> int:
+def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm) -> int:
     """Columns per mat-vec workgroup: its reduction keeps a float per thread, row and column in
     shared memory, which the tuner's candidates keep within the device's limit for 8 columns; a
-    folded norm's sums take one more per thread and column (at least 4 columns still fit)."""
+    norm's sums (`norm`: a folded one, or an _rms variant's eps) take one more per thread and
+    column (at least 4 columns still fit)."""
     if norm is None:
         return min(n, MAT_VEC_MAX_COLS)
     return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows_per_group + 1) * threads))
@@ -135,8 +138,23 @@ GLU_ITEM_LOOP_TYPES = frozenset({T.MXFP4})
 @dataclass(frozen=True)
 class Quantized:
     """Activations already in 8-bit blocks (normed_input's, through rms_norm_x8): the 8-bit
-    mat-vec products take them as they are."""
+    mat-vec products take them as they are. With an `eps`, the blocks are an RMSNorm's input not
+    yet scaled, which a residual product wrote (`NormBlocks`): the one-column 8-bit mat-vec
+    products over them (their _rms variants) scale by 1 / rms themselves."""
     x8: Buffer
+    eps: float | None = None
+
+
+@dataclass(frozen=True)
+class NormBlocks:
+    """What a residual product (x += W input, where `folds_norm` says it can) writes besides x:
+    the next RMSNorm's input (x times `weight`, with each block's sum of x^2) in 8-bit blocks into
+    x8, each block by the last of its workgroups (`done`: counters as BlocksOut's). The products
+    of that norm take Quantized(x8, eps)."""
+    x8: Buffer
+    done: Buffer
+    weight: Buffer
+    eps: float
 
 
 @dataclass(frozen=True)
@@ -156,6 +174,17 @@ def writes_blocks(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, n: int, path: s
     return (n == 1 and len(w_gate.parts) == len(w_up.parts) == 1 and w_gate.ggml_type == w_up.ggml_type
             and w_gate.rows % X8_BLOCK_VALUES == 0 and X8_BLOCK_VALUES % rows_per_group == 0
             and (path or product_path(ctx, 1, w_gate.cols, qtype=w_gate.ggml_type)) == "mat_vec_x8")
+
+
+def folds_norm(ctx, residual: DeviceTensor, consumers: list[DeviceTensor], n: int) -> bool:
+    """Whether the residual product of `residual` over n columns can write the next RMSNorm's
+    input for the products of `consumers` (NormBlocks): one column, one part of rows of a multiple
+    of 32 whose workgroups tile the 32-row blocks, and it and all the consumers through the 8-bit
+    mat-vec kernel."""
+    rows_per_group = (residual.mat_vec_shape or mat_vec_shape(ctx))[1]
+    return (n == 1 and len(residual.parts) == 1 and residual.rows % X8_BLOCK_VALUES == 0
+            and X8_BLOCK_VALUES % rows_per_group == 0
+            and all(product_path(ctx, 1, w.cols, qtype=w.ggml_type) == "mat_vec_x8" for w in [residual, *consumers]))
 
 
 def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: int, cols: int, eps: float,
@@ -181,7 +210,8 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
 
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
            path: str | None = None, norm: FoldedNorm | None = None,
-           cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None):
+           cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None,
+           next_norm: NormBlocks | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
     kernel `product_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
     prefill: mat-mat), or the one of `paths(ctx)` given (tests check each on every device). The
@@ -189,9 +219,17 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
     mat-cols one `cols_shape` (as mat_cols_shape gives it), else `mat_cols_shape`'s. The
     cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32), the
     mmq and mat_vec_x8 kernels quantize the activations to 8 bits per block of 32 into `x8` first.
-    `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight."""
+    `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight. `next_norm` (a
+    residual product, where `folds_norm`): the next norm's input in 8-bit blocks too."""
     ctx = rec.ctx
     path = path or product_path(ctx, n, w.cols, norm is not None, w.ggml_type)
+    if next_norm is not None:
+        if not (y_accumulate and path == "mat_vec_x8" and _rms_eps(x) is None and folds_norm(ctx, w, [], n)):
+            raise ValueError("only a one-column, one-part residual product of the 8-bit mat-vec kernel over "
+                             "normalised input writes the next norm's blocks")
+        _mat_vec(rec, w, "mul_mat_vec_x8_rms_blocks", _quantized_x(rec, x, x8, n, w.cols, norm), y, n, True,
+                 tail=[next_norm.x8, next_norm.done, next_norm.weight])
+        return
     if path == "mmq":
         if norm is not None:
             raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
@@ -206,7 +244,8 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
                   _push(w, 0, 0, n, y_accumulate), 1, cols_shape)
         return
     if path == "mat_vec_x8":
-        _mat_vec(rec, w, "mul_mat_vec_x8", _quantized_x(rec, x, x8, n, w.cols, norm), y, n, y_accumulate)
+        _mat_vec(rec, w, f"mul_mat_vec_x8{_rms_suffix(x)}", _quantized_x(rec, x, x8, n, w.cols, norm, True), y, n,
+                 y_accumulate, eps=_rms_eps(x))
         return
     if path == "mat_cols_x8":
         xq = _quantized_x(rec, x, x8, n, w.cols, norm)
@@ -252,10 +291,24 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
                      push | dict(rows=count, y_offset=first))
 
 
-def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None) -> Buffer:
+def _rms_eps(x) -> float | None:
+    """The eps of an RMSNorm whose input x holds unscaled (Quantized with an eps), else None."""
+    return x.eps if isinstance(x, Quantized) else None
+
+
+def _rms_suffix(x) -> str:
+    """The kernel variant of one-column 8-bit products over x: _rms where they scale it."""
+    return "" if _rms_eps(x) is None else "_rms"
+
+
+def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None,
+                 scaled: bool = False) -> Buffer:
     """x8 = x in 8-bit blocks (quantize_x8), then a barrier: the input of mat_vec_x8 products
-    (x already Quantized: its blocks as they are)."""
+    (x already Quantized: its blocks as they are; unscaled ones only for products that scale them,
+    `scaled`)."""
     if isinstance(x, Quantized):
+        if x.eps is not None and not scaled:
+            raise ValueError("only one-column 8-bit mat-vec products take an RMSNorm's input unscaled")
         return x.x8
     if norm is not None:
         raise ValueError("the 8-bit mat-vec kernel takes normalised input: a norm folds into f32 mat-vec products only")
@@ -265,17 +318,18 @@ def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, n
 
 
 def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: int, accumulate: bool,
-             norm: FoldedNorm | None = None):
+             norm: FoldedNorm | None = None, tail: list[Buffer] = (), eps: float | None = None):
     """y (+)= w x through mat-vec kernel `op`_<type> (mul_mat_vec, its norm-folding or 8-bit
     variant: x then holds 8-bit blocks): the weight's tuned workgroup shape, else the device
-    kind's; one dispatch per part."""
+    kind's; one dispatch per part. `tail`: the kernel's bindings after y (a folded norm's weight
+    otherwise); `eps`: an _rms variant's."""
     threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
-    cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm)
+    cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm or eps)
     kernel = rec.ctx.kernel(_mat_vec_name(op, w.ggml_type, cols), {0: threads, 1: rows_per_group, 2: cols})
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
-        rec.dispatch(kernel, [buffer, x, y, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
-                     _push(w, first, count, n, accumulate, norm))
+        rec.dispatch(kernel, [buffer, x, y, *(tail or _norm_buffers(norm))], (x_groups, y_groups, cdiv(n, cols)),
+                     _push(w, first, count, n, accumulate, norm, eps))
 
 
 def quantize_x8(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int):
@@ -320,16 +374,16 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
     rest = list(zip(weights, outs))
     path = path or product_path(rec.ctx, n, weights[0].cols, norm is not None, (fused or weights[0]).ggml_type)
     if path in X8_PATHS:   # x quantized once for all the products; types without the kernel take f32 x
-        xq = _quantized_x(rec, x, x8, n, weights[0].cols, norm)
+        xq = _quantized_x(rec, x, x8, n, weights[0].cols, norm, path == "mat_vec_x8")
         if fused is not None:
             if path == "mat_vec_x8":
-                _mat_vec_qkv(rec, fused, "mul_mat_vec_qkv_x8", xq, outs, n, None)
+                _mat_vec_qkv(rec, fused, f"mul_mat_vec_qkv_x8{_rms_suffix(x)}", xq, outs, n, None, _rms_eps(x))
             else:
                 _mat_cols_qkv(rec, fused, "mul_mat_cols_qkv_x8", xq, outs, n, x8=True)
             rest = rest[len(fused.sections):]
         for w, y in rest:
             own = product_path(rec.ctx, n, w.cols, qtype=w.ggml_type)
-            matmul(rec, w, Quantized(xq) if own in X8_PATHS else x, y, n, path=own)
+            matmul(rec, w, Quantized(xq, _rms_eps(x)) if own in X8_PATHS else x, y, n, path=own)
         return
     if fused is not None and path == "mat_cols" and norm is None:
         _mat_cols_qkv(rec, fused, "mul_mat_cols_qkv", x, outs, n)
@@ -362,12 +416,12 @@ def _mat_cols_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs:
 
 
 def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int,
-                 norm: FoldedNorm | None):
+                 norm: FoldedNorm | None, eps: float | None = None):
     """The fused Q/K/V weight in one mat-vec dispatch per part (kernel `op`_<type>) writing each
-    section's rows to its output."""
+    section's rows to its output (`eps`: an _rms variant's)."""
     ctx, members = rec.ctx, len(fused.sections)
     threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
-    cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm)
+    cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm or eps)
     kernel = ctx.kernel(_mat_vec_name(op, fused.ggml_type, cols), {0: threads, 1: rows_per_group, 2: cols})
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_q, y_k = outs[0], outs[1]
@@ -375,7 +429,7 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
     for buffer, first, count in fused.parts:
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
-                     _push(fused, first, count, n, False, norm) | dict(k_first=k_first, v_first=v_first))
+                     _push(fused, first, count, n, False, norm, eps) | dict(k_first=k_first, v_first=v_first))
 
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
@@ -414,7 +468,8 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
                   _push(w_gate, 0, 0, n, False), 2, cols_shape, x8=True)
         return
     threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
-    sums = 2 * rows_per_group + (norm is not None)   # partial sums per column in shared memory
+    eps = _rms_eps(x)
+    sums = 2 * rows_per_group + (norm is not None or eps is not None)   # partial sums per column in shared memory
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
     if path not in ("mat_vec", "mat_vec_x8") or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
         if blocks_out is not None:
@@ -433,15 +488,16 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         return
     spec = {0: threads, 1: rows_per_group, 2: cols}
     op = "geglu" if gelu else "glu"
-    variant = ("_x8_blocks" if blocks_out is not None else "_x8") if path == "mat_vec_x8" else _norm_suffix(norm)
+    variant = ("_x8_blocks" if blocks_out is not None else "_x8") + _rms_suffix(x) if path == "mat_vec_x8" \
+        else _norm_suffix(norm)
     if path == "mat_vec_x8":
-        x = _quantized_x(rec, x, x8, n, w_gate.cols, norm)
+        x = _quantized_x(rec, x, x8, n, w_gate.cols, norm, True)
     kernel = ctx.kernel(_mat_vec_name(f"mul_mat_vec_{op}{variant}", w_gate.ggml_type, cols), spec)
     tail = _norm_buffers(norm) if blocks_out is None else [blocks_out.x8, blocks_out.done]
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [gate, up_part, x, out, *tail], (x_groups, y_groups, cdiv(n, cols)),
-                     _push(w_gate, first, count, n, False, norm))
+                     _push(w_gate, first, count, n, False, norm, eps))
 
 
 def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int, scale: float = 1.0):

@@ -26,8 +26,8 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
-from worker.engine.kernels.matmul import (BlocksOut, Quantized, get_rows, matmul, matmul_qkv, matmul_swiglu,
-                                          normed_input, writes_blocks)
+from worker.engine.kernels.matmul import (BlocksOut, NormBlocks, Quantized, folds_norm, get_rows, matmul,
+                                          matmul_qkv, matmul_swiglu, normed_input, writes_blocks)
 from worker.engine.kernels.paths import X8_PATHS, product_path
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_rows, upload_tensor
@@ -205,10 +205,14 @@ class Model:
         else:
             rec.copy(ws.handoff, ws.x, 4 * n * c.n_embd)
         rec.barrier()
+        head = stage.last and rows is None and not all_logits
+        ready = None   # the next norm's input, where the residual product before it wrote it
         for i in stage.layers:
             layer = self.layers[i]
-            self.record_attention(rec, ws, getattr(ws, step), i, layer, n)
-            self.record_ffn(rec, ws, layer, n)
+            ready = self.record_attention(rec, ws, getattr(ws, step), i, layer, n, ready)
+            after = (self.layers[i + 1]["attn_norm"], self._projections(self.layers[i + 1])) if i + 1 in stage.layers \
+                else (self.globals["output_norm"], [self.output]) if head else None
+            ready = self.record_ffn(rec, ws, layer, n, ready, after)
         if not stage.last:
             rec.copy(ws.x, ws.handoff, 4 * n * c.n_embd)
             return
@@ -221,16 +225,22 @@ class Model:
         else:
             rows = n if all_logits else 1
             last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
-            x_in, folded = normed_input(rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps,
-                                        [self.output], x8=ws.x8)
+            x_in, folded = (ready, None) if ready is not None else normed_input(
+                rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps, [self.output], x8=ws.x8)
         matmul(rec, self.output, x_in, logits, rows, norm=folded, x8=ws.x8)
 
-    def record_attention(self, rec, ws, step, i, layer, n):
-        """The attention block of layer i, x += its output."""
+    @staticmethod
+    def _projections(layer) -> list:
+        return [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
+
+    def record_attention(self, rec, ws, step, i, layer, n, ready=None):
+        """The attention block of layer i, x += its output; `ready`: its norm's input where the
+        product before wrote it (Quantized). Returns the FFN norm's input where the output
+        product writes it, else None."""
         c = self.config
-        projections = [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
-        x_in, folded = normed_input(rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections,
-                                    x8=ws.x8)
+        projections = self._projections(layer)
+        x_in, folded = (ready, None) if ready is not None else normed_input(
+            rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections, x8=ws.x8)
         matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8)
         rec.barrier()
         # one dispatch: q (biased and normalised per head first where the model says) rotated in
@@ -247,33 +257,42 @@ class Model:
         attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention,
                            sinks=layer.get("attn_sinks"), x8=ws.x8 if x8_out else None, tiles=ws.attention_tiles)
         rec.barrier()
-        self.record_residual(rec, ws, layer, "attn_output", Quantized(ws.x8) if x8_out else ws.att,
-                             "post_attention_norm", n)
+        after = None if c.n_expert or c.has_attn_out_bias else (layer[c.ffn_norm], [layer["ffn_gate"], layer["ffn_up"]])
+        ready = self.record_residual(rec, ws, layer, "attn_output", Quantized(ws.x8) if x8_out else ws.att,
+                                     "post_attention_norm", n, after)
         if c.has_attn_out_bias:
             elementwise.add_bias(rec, ws.x, layer["attn_output.bias"], n, c.n_embd)
             rec.barrier()
+        return ready
 
-    def record_residual(self, rec, ws, layer, weight, inp, post_norm, n):
-        """x += W inp, or with post norms x += rms_norm(W inp) (through xb, free by then)."""
+    def record_residual(self, rec, ws, layer, weight, inp, post_norm, n, after=None):
+        """x += W inp, or with post norms x += rms_norm(W inp) (through xb, free by then). `after`:
+        the next norm's weight and the products of its output; where the product can write their
+        input (folds_norm), it does, and that input is returned (else None)."""
         c = self.config
         if not c.has_post_norms:
-            matmul(rec, layer[weight], inp, ws.x, n, y_accumulate=True, x8=ws.x8)
+            fold = (after is not None and ws.x8_norm is not None
+                    and folds_norm(rec.ctx, layer[weight], after[1], n))
+            next_norm = NormBlocks(ws.x8_norm, ws.done, after[0], c.norm_eps) if fold else None
+            matmul(rec, layer[weight], inp, ws.x, n, y_accumulate=True, x8=ws.x8, next_norm=next_norm)
             rec.barrier()
-            return
+            return Quantized(ws.x8_norm, c.norm_eps) if fold else None
         matmul(rec, layer[weight], inp, ws.xb, n, x8=ws.x8)
         rec.barrier()
         norm.rms_norm_add(rec, ws.xb, layer[post_norm], ws.x, n, c.n_embd, c.norm_eps)
         rec.barrier()
+        return None
 
-    def record_ffn(self, rec, ws, layer, n):
-        """The FFN block, x += its output."""
+    def record_ffn(self, rec, ws, layer, n, ready=None, after=None):
+        """The FFN block, x += its output; `ready` and `after` (the next norm's weight and the
+        products of its output), and what it returns, as record_attention's and record_residual's."""
         c = self.config
         if c.n_expert:
             record_moe_ffn(rec, ws, layer, c, n)
-            return
+            return None
         gate, up, down = layer["ffn_gate"], layer["ffn_up"], layer["ffn_down"]
-        x_in, folded = normed_input(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps, [gate, up],
-                                    glu=True, x8=ws.x8)
+        x_in, folded = (ready, None) if ready is not None else normed_input(
+            rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps, [gate, up], glu=True, x8=ws.x8)
         # the SwiGLU's output in 8-bit blocks from the gate+up product itself where the down
         # product takes them (one column over 8-bit x), else quantized by the down product's call
         blocks = (ws.x8_ffn is not None and not c.ffn_gelu and folded is None and writes_blocks(rec.ctx, gate, up, n)
@@ -281,5 +300,5 @@ class Model:
         matmul_swiglu(rec, gate, up, x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu, norm=folded, x8=ws.x8,
                       blocks_out=BlocksOut(ws.x8_ffn, ws.done) if blocks else None)
         rec.barrier()
-        self.record_residual(rec, ws, layer, "ffn_down", Quantized(ws.x8_ffn) if blocks else ws.gate,
-                             "post_ffw_norm", n)
+        return self.record_residual(rec, ws, layer, "ffn_down", Quantized(ws.x8_ffn) if blocks else ws.gate,
+                                    "post_ffw_norm", n, after)
