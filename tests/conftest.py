@@ -57,6 +57,20 @@ def vk_ctx(vk_session):
     assert log is None or log.errors[before:] == [], "Vulkan validation errors"
 
 
+@pytest.fixture(scope="module")
+def x8_ctx(vk_settings):
+    """A context of its own whose decode takes the 8-bit kernels (decode_kernel "x8": a GPU's
+    default, lavapipe's only when told); skips where the device has no integer dot products."""
+    import dataclasses
+
+    from tests.kernel_io import own_context
+    from worker.engine.kernels.paths import paths
+    with own_context(dataclasses.replace(vk_settings, decode_kernel="x8")) as ctx:
+        if "mmq" not in paths(ctx):
+            pytest.skip(f"{ctx.info.name} has no integer dot products")
+        yield ctx
+
+
 @pytest.fixture(scope="session")
 def vk_extra_contexts(vk_session, vk_settings):
     """Two more contexts on the session's device (a model split across contexts, placement.py)."""

@@ -1,7 +1,7 @@
 """Decode over 8-bit activations (Settings.decode_kernel "x8"; GPUs with integer dot products
 take it by default, lavapipe only when told): one-column products of the quantized weights take
-the mul_mat_vec*_x8 kernels over x quantized once per input (no norm folded in: the norms get
-their own dispatch), and the logits of each decode step match the numpy reference
+the mul_mat_vec*_x8 kernels over x quantized once per input (a norm's by the residual product
+before it, or by its own dispatch before the first layer), and the logits of each decode step match the numpy reference
 (tests/refmodel.py) within test_engine_mmq.py's tolerance, for the reasons given there (every
 product's activations rounded to 8 bits per block of 32); greedy decoding gives the reference's
 tokens."""
@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 from refmodel import RefModel
 
-from tests.kernel_io import own_context
 from tests.test_engine import _model, assert_chunked_then_decoded, reference_logits
 from tests.test_engine_mmq import TOL
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
 from worker.engine.batch import Request
 from worker.engine.engine import Engine
-from worker.engine.kernels.paths import paths, product_path
+from worker.engine.kernels.paths import product_path
 from worker.engine.modelfile import ModelFile
 from worker.engine.sampling import SamplingParams
 
@@ -32,14 +31,6 @@ CASES = [("tiny-llama", "Q4_K_M"), ("tiny-qwen2", "Q4_0"), ("tiny-qwen3", "Q3_K_
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("synth_x8")
-
-
-@pytest.fixture(scope="module")
-def x8_ctx(vk_settings):
-    with own_context(dataclasses.replace(vk_settings, decode_kernel="x8")) as ctx:
-        if "mmq" not in paths(ctx):
-            pytest.skip(f"{ctx.info.name} has no integer dot products")
-        yield ctx
 
 
 @pytest.mark.parametrize("n_ctx, split", [(64, False), (256, True)])

@@ -3,28 +3,17 @@ mul_mat_vec_x8_rms_blocks: x += W a, then x times the norm weight in 8-bit block
 block's sum of x^2, by the last workgroup of each 32-row block) and the products over that input
 (Quantized with an eps: the *_x8_rms kernels, which scale by 1 / rms(x) themselves), against
 numpy: on lavapipe under decode_kernel "x8", on GPUs with integer dot products by default."""
-import dataclasses
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from tests.kernel_io import own_context
 from tests.test_kernels_matmul import assert_close, random_weights
 from tests.test_kernels_mmq import FLOAT_RTOL, assert_blocks, cols_of, dequantized, exact_activations
 from worker.engine.kernels.matmul import NormBlocks, Quantized, matmul, matmul_qkv, x8_bytes
-from worker.engine.kernels.paths import paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 
 ROWS, EPS = 512, 1e-5   # the hidden size: 16 blocks of 32, each from several workgroups
-
-
-@pytest.fixture(scope="module")
-def x8_ctx(vk_settings):
-    with own_context(dataclasses.replace(vk_settings, decode_kernel="x8")) as ctx:
-        if "mmq" not in paths(ctx):
-            pytest.skip(f"{ctx.info.name} has no integer dot products")
-        yield ctx
 
 
 def rms_normed(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
