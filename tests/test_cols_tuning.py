@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from tests.test_engine import _model
-from tests.test_engine_decode_x8 import alone_and_together, x8_ctx  # noqa: F401
+from tests.test_engine_decode_x8 import alone_and_together
 from worker.engine.engine import Engine
 from worker.engine.kernels import cols_tuning
 from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner, candidates
