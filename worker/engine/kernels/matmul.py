@@ -1,4 +1,4 @@
-"""Weight x activation products and embedding-row lookup over DeviceTensors. Each function
+"""Weight x activation products over DeviceTensors (embedding rows: embedding.py). Each function
 records one dispatch per part of the weight, no barriers: the caller orders dependent work
 (matmul_swiglu's unfused path records one barrier of its own, between its products and SwiGLU,
 `normed_input` one after the norm it records when the products cannot fold it, and a split-K
@@ -34,7 +34,6 @@ from worker.engine.vk.memory import Buffer
 # threads load weights, so TILE must be over 32 to leave some for loading x.
 MAT_MAT_TILE = 64
 MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
-GET_ROWS_THREADS = 64
 QUANTIZE_X8_THREADS = 64
 
 
@@ -101,12 +100,12 @@ def x8_bytes(n: int, k: int) -> int:
     return n * cdiv(k, X8_BLOCK_VALUES) * X8_BLOCK_BYTES
 
 
-def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm) -> int:
+def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm_sums: bool) -> int:
     """Columns per mat-vec workgroup: its reduction keeps a float per thread, row and column in
     shared memory, which the tuner's candidates keep within the device's limit for 8 columns; a
-    norm's sums (`norm`: a folded one, or an _rms variant's eps) take one more per thread and
+    norm's sums (`norm_sums`: a folded norm's, or an _rms variant's) take one more per thread and
     column (at least 4 columns still fit)."""
-    if norm is None:
+    if not norm_sums:
         return min(n, MAT_VEC_MAX_COLS)
     return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows_per_group + 1) * threads))
 
@@ -166,13 +165,18 @@ class BlocksOut:
     done: Buffer
 
 
+def _tiles_blocks(w: DeviceTensor, shape: tuple[int, int], n: int) -> bool:
+    """Whether the last workgroup of each 32-row block of a mat-vec product (workgroups of `shape`)
+    can write that block (BlocksOut, NormBlocks): one column, one part, rows the shape tiles."""
+    return n == 1 and len(w.parts) == 1 and w.rows % X8_BLOCK_VALUES == 0 and X8_BLOCK_VALUES % shape[1] == 0
+
+
 def writes_blocks(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, n: int, path: str | None = None) -> bool:
     """Whether matmul_swiglu of these weights over n columns can take a BlocksOut: one column,
     one part each of one type, through the fused 8-bit mat-vec kernel whose workgroups' rows
     tile the 32-row blocks."""
-    rows_per_group = (w_gate.glu_shape or mat_vec_shape(ctx))[1]
-    return (n == 1 and len(w_gate.parts) == len(w_up.parts) == 1 and w_gate.ggml_type == w_up.ggml_type
-            and w_gate.rows % X8_BLOCK_VALUES == 0 and X8_BLOCK_VALUES % rows_per_group == 0
+    return (_tiles_blocks(w_gate, w_gate.glu_shape or mat_vec_shape(ctx), n) and len(w_up.parts) == 1
+            and w_gate.ggml_type == w_up.ggml_type
             and (path or product_path(ctx, 1, w_gate.cols, qtype=w_gate.ggml_type)) == "mat_vec_x8")
 
 
@@ -181,9 +185,7 @@ def folds_norm(ctx, residual: DeviceTensor, consumers: list[DeviceTensor], n: in
     input for the products of `consumers` (NormBlocks): one column, one part of rows of a multiple
     of 32 whose workgroups tile the 32-row blocks, and it and all the consumers through the 8-bit
     mat-vec kernel."""
-    rows_per_group = (residual.mat_vec_shape or mat_vec_shape(ctx))[1]
-    return (n == 1 and len(residual.parts) == 1 and residual.rows % X8_BLOCK_VALUES == 0
-            and X8_BLOCK_VALUES % rows_per_group == 0
+    return (_tiles_blocks(residual, residual.mat_vec_shape or mat_vec_shape(ctx), n)
             and all(product_path(ctx, 1, w.cols, qtype=w.ggml_type) == "mat_vec_x8" for w in [residual, *consumers]))
 
 
@@ -244,8 +246,8 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
                   _push(w, 0, 0, n, y_accumulate), 1, cols_shape)
         return
     if path == "mat_vec_x8":
-        _mat_vec(rec, w, f"mul_mat_vec_x8{_rms_suffix(x)}", _quantized_x(rec, x, x8, n, w.cols, norm, True), y, n,
-                 y_accumulate, eps=_rms_eps(x))
+        _mat_vec(rec, w, "mul_mat_vec_x8", _quantized_x(rec, x, x8, n, w.cols, norm, True), y, n, y_accumulate,
+                 eps=_rms_eps(x))
         return
     if path == "mat_cols_x8":
         xq = _quantized_x(rec, x, x8, n, w.cols, norm)
@@ -296,11 +298,6 @@ def _rms_eps(x) -> float | None:
     return x.eps if isinstance(x, Quantized) else None
 
 
-def _rms_suffix(x) -> str:
-    """The kernel variant of one-column 8-bit products over x: _rms where they scale it."""
-    return "" if _rms_eps(x) is None else "_rms"
-
-
 def _quantized_x(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int, norm: FoldedNorm | None,
                  scaled: bool = False) -> Buffer:
     """x8 = x in 8-bit blocks (quantize_x8), then a barrier: the input of mat_vec_x8 products
@@ -322,10 +319,11 @@ def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: 
     """y (+)= w x through mat-vec kernel `op`_<type> (mul_mat_vec, its norm-folding or 8-bit
     variant: x then holds 8-bit blocks): the weight's tuned workgroup shape, else the device
     kind's; one dispatch per part. `tail`: the kernel's bindings after y (a folded norm's weight
-    otherwise); `eps`: an _rms variant's."""
+    otherwise); `eps`: x is an RMSNorm's input unscaled (Quantized with an eps): op's _rms variant."""
     threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
-    cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm or eps)
-    kernel = rec.ctx.kernel(_mat_vec_name(op, w.ggml_type, cols), {0: threads, 1: rows_per_group, 2: cols})
+    cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm is not None or eps is not None)
+    name = _mat_vec_name(op if eps is None else f"{op}_rms", w.ggml_type, cols)
+    kernel = rec.ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [buffer, x, y, *(tail or _norm_buffers(norm))], (x_groups, y_groups, cdiv(n, cols)),
@@ -377,7 +375,7 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
         xq = _quantized_x(rec, x, x8, n, weights[0].cols, norm, path == "mat_vec_x8")
         if fused is not None:
             if path == "mat_vec_x8":
-                _mat_vec_qkv(rec, fused, f"mul_mat_vec_qkv_x8{_rms_suffix(x)}", xq, outs, n, None, _rms_eps(x))
+                _mat_vec_qkv(rec, fused, "mul_mat_vec_qkv_x8", xq, outs, n, None, _rms_eps(x))
             else:
                 _mat_cols_qkv(rec, fused, "mul_mat_cols_qkv_x8", xq, outs, n, x8=True)
             rest = rest[len(fused.sections):]
@@ -418,11 +416,12 @@ def _mat_cols_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs:
 def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int,
                  norm: FoldedNorm | None, eps: float | None = None):
     """The fused Q/K/V weight in one mat-vec dispatch per part (kernel `op`_<type>) writing each
-    section's rows to its output (`eps`: an _rms variant's)."""
+    section's rows to its output (`eps`: as _mat_vec's)."""
     ctx, members = rec.ctx, len(fused.sections)
     threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
-    cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm or eps)
-    kernel = ctx.kernel(_mat_vec_name(op, fused.ggml_type, cols), {0: threads, 1: rows_per_group, 2: cols})
+    cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm is not None or eps is not None)
+    name = _mat_vec_name(op if eps is None else f"{op}_rms", fused.ggml_type, cols)
+    kernel = ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_q, y_k = outs[0], outs[1]
     y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
@@ -488,7 +487,8 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         return
     spec = {0: threads, 1: rows_per_group, 2: cols}
     op = "geglu" if gelu else "glu"
-    variant = ("_x8_blocks" if blocks_out is not None else "_x8") + _rms_suffix(x) if path == "mat_vec_x8" \
+    rms = "" if eps is None else "_rms"
+    variant = ("_x8_blocks" if blocks_out is not None else "_x8") + rms if path == "mat_vec_x8" \
         else _norm_suffix(norm)
     if path == "mat_vec_x8":
         x = _quantized_x(rec, x, x8, n, w_gate.cols, norm, True)
@@ -498,13 +498,3 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
         rec.dispatch(kernel, [gate, up_part, x, out, *tail], (x_groups, y_groups, cdiv(n, cols)),
                      _push(w_gate, first, count, n, False, norm, eps))
-
-
-def get_rows(rec: Recording, table: DeviceTensor, ids: Buffer, out: Buffer, n: int, scale: float = 1.0):
-    """out[i, :] = scale * table row ids[i] as f32; ids uint32 [n], out f32 [n, table.cols]."""
-    ctx = rec.ctx
-    kernel = ctx.kernel(f"get_rows_{table.ggml_type.name.lower()}", {0: GET_ROWS_THREADS})
-    slices = cdiv(table.cols, 16)
-    for buffer, first, count in table.parts:
-        rec.dispatch(kernel, [buffer, ids, out], (cdiv(slices, GET_ROWS_THREADS), n, 1),
-                     dict(ncols=table.cols, first_row=first, rows=count, scale=float(scale)))
