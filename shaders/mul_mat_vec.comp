@@ -3,9 +3,7 @@
 #include "int_dot.glsl"
 #endif
 #extension GL_EXT_control_flow_attributes : require
-#if defined(BLOCKS_OUT)
 #extension GL_KHR_shader_subgroup_shuffle : require
-#endif
 #include "common.glsl"
 #include "mul_mat_vec_base.glsl"
 
@@ -13,11 +11,14 @@
 // A one-column, one-part product over rows of a multiple of 32 that also writes its output in
 // x8.glsl's 8-bit blocks: the last of a 32-row block's workgroups to store its rows (a counter per
 // block, counted once its stores are visible, left at 0) reads the block back and quantizes it
-// with 8 invocations, as quantize_x8.comp would: that dispatch and its barrier are gone. NUM_ROWS
-// divides 32. The fused gate+up's output so becomes the 8-bit down product's input. With
-// RMS_BLOCKS (a residual product, y the hidden state x it adds to) the blocks are the next
-// RMSNorm's input instead: x times the norm weight, with the block's sum of x^2 as s (x8.glsl),
-// which the products over them (X8_RMS) scale by; the norm's dispatch and its barrier are gone.
+// with 8 invocations, as quantize_x8.comp would: that dispatch and its barrier are gone.
+// WORKGROUP_ROWS divides 32, or is a multiple of it: then each workgroup holds whole blocks and
+// quantizes them itself after a barrier, with no counter (its atomic round trip at the end of
+// every workgroup: on an H200 the 32B's gate+up took 63.0 us counted, 52.5 in whole blocks).
+// The fused gate+up's output so becomes the 8-bit down product's input. With RMS_BLOCKS (a
+// residual product, y the hidden state x it adds to) the blocks are the next RMSNorm's input
+// instead: x times the norm weight, with the block's sum of x^2 as s (x8.glsl), which the
+// products over them (X8_RMS) scale by; the norm's dispatch and its barrier are gone.
 // Bindings after y: the blocks, the counters, with RMS_BLOCKS the norm weight.
 layout(std430, binding = NUM_MATS + 1) coherent buffer Y4 { vec4 y4[]; };
 layout(std430, binding = NUM_MATS + 2) writeonly buffer Q8 { uint q8[]; };
@@ -30,17 +31,24 @@ shared bool last_sh;
 
 void quantize_when_last(uint row0) {
     const uint tid = gl_LocalInvocationID.x, block = row0 / 32;
-    if (tid == 0) {   // the invocation that stored this workgroup's rows
+    if (WORKGROUP_ROWS >= 32) {   // whole blocks, this workgroup's once every lane group stored
         memoryBarrierBuffer();
-        last_sh = atomicAdd(done[block], 1u) == 32 / NUM_ROWS - 1;
+        barrier();
+    } else {
+        if (tid == 0) {   // the invocation that stored this workgroup's rows
+            memoryBarrierBuffer();
+            last_sh = atomicAdd(done[block], 1u) == 32 / WORKGROUP_ROWS - 1;
+        }
+        barrier();
+        if (!last_sh) {
+            return;
+        }
+        memoryBarrierBuffer();
     }
-    barrier();
-    if (!last_sh) {
-        return;
-    }
-    memoryBarrierBuffer();
-    if (tid < 8) {   // lanes 0..7 of the first subgroup: a block's 8 4-vectors
-        const uint i4 = 8 * block + tid;
+    // 8 lanes a block (of one subgroup): its 8 4-vectors
+    const uint b = block + tid / 8;
+    if (tid < 8 * max(1, WORKGROUP_ROWS / 32) && b < p.rows / 32) {
+        const uint i4 = 8 * b + tid % 8;
         const vec4 v = y4[i4];
 #if defined(RMS_BLOCKS)
         float sq = dot(v, v);
@@ -52,7 +60,7 @@ void quantize_when_last(uint row0) {
         store_x8(i4, v, p.rows, 0.0);
 #endif
     }
-    if (tid == 0) {
+    if (WORKGROUP_ROWS < 32 && tid == 0) {
         done[block] = 0u;
     }
 }
@@ -63,7 +71,7 @@ void quantize_when_last(uint row0) {
 
 void main() {
     const uint row0 = first_row(), col0 = first_col();
-    if (row0 >= p.rows) {
+    if (workgroup_row() >= p.rows) {   // uniform: a lane group past the end computes a clamped row
         return;
     }
     float acc[NUM_COLS][NUM_MATS][NUM_ROWS];
@@ -75,13 +83,13 @@ void main() {
         }
     }
     clear_sums();
-    const uint tid = gl_LocalInvocationID.x;
+    const uint tid = row_lane();   // the lane groups stride over K
 #if QUANT_K == 1
-    // Float weights: thread t takes the 4-vectors t, t + BLOCK_SIZE, ..., so that each load of
+    // Float weights: thread t takes the 4-vectors t, t + LANES, ..., so that each load of
     // a subgroup reads one contiguous span; single values when rows are not 4-vector aligned.
     if (p.ncols % 4 == 0) {
         const uint n4 = p.ncols / 4;
-        for (uint i = tid; i < n4; i += BLOCK_SIZE) {
+        for (uint i = tid; i < n4; i += LANES) {
             vec4 xv[NUM_COLS];
             for (uint c = 0; c < NUM_COLS; c++) {
                 xv[c] = load_xc4(c, i);
@@ -96,7 +104,7 @@ void main() {
             }
         }
     } else {
-        for (uint k = tid; k < p.ncols; k += BLOCK_SIZE) {
+        for (uint k = tid; k < p.ncols; k += LANES) {
             float xv[NUM_COLS];
             for (uint c = 0; c < NUM_COLS; c++) {
                 xv[c] = load_xc1(c, k);
@@ -119,10 +127,10 @@ void main() {
     items_setup();
     const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
     ITEM_ROW_BYTES(row_byte, row0, 1)
-    for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
-        LOAD_ITEMS(raw, UNROLL, i0, BLOCK_SIZE, items, row_byte)
+    for (uint i0 = tid; i0 < items; i0 += LANES * UNROLL) {
+        LOAD_ITEMS(raw, UNROLL, i0, LANES, items, row_byte)
         [[unroll]] for (uint u = 0; u < UNROLL; u++) {
-            const uint item = i0 + u * BLOCK_SIZE;
+            const uint item = i0 + u * LANES;
             if (item >= items) {
                 break;
             }
@@ -150,11 +158,11 @@ void main() {
     }
 #elif defined(X8)
     // Quantized weights against 8-bit activations (x8.glsl blocks of 32, quantize_x8.comp): thread
-    // t takes the 32-value blocks t, t + BLOCK_SIZE, ... of the row; per 16-value slice an exact
+    // t takes the 32-value blocks t, t + LANES, ... of the row; per 16-value slice an exact
     // integer dot of the weight's quants with the activations', scaled once (as mul_mmq.comp):
     //   a * d * (w . q) + b * d * sum(q).
     const uint blocks_per_row = p.ncols / QUANT_K, x_blocks = p.ncols / 32;
-    for (uint kb = tid; kb < x_blocks; kb += BLOCK_SIZE) {
+    for (uint kb = tid; kb < x_blocks; kb += LANES) {
         const uint ib = 32 * kb / QUANT_K, s = (32 * kb % QUANT_K) / 16;
         ivec4 xq[NUM_COLS][2];
         vec4 xd[NUM_COLS];
@@ -181,16 +189,16 @@ void main() {
         }
     }
 #elif defined(MAT_VEC_ITEMS)
-    // Quantized weights: thread t takes the items t, t + BLOCK_SIZE, ... of each row, UNROLL of
+    // Quantized weights: thread t takes the items t, t + LANES, ... of each row, UNROLL of
     // them at a time: all their loads for every row and weight first, then the math, each load
     // of x (a 16-value group and its sum) serving all rows and weights.
     items_setup();
     const uint items = p.ncols / ITEM_VALUES;
     ITEM_ROW_BYTES(row_byte, row0, 1)
-    for (uint i0 = tid; i0 < items; i0 += BLOCK_SIZE * UNROLL) {
-        LOAD_ITEMS(raw, UNROLL, i0, BLOCK_SIZE, items, row_byte)
+    for (uint i0 = tid; i0 < items; i0 += LANES * UNROLL) {
+        LOAD_ITEMS(raw, UNROLL, i0, LANES, items, row_byte)
         [[unroll]] for (uint u = 0; u < UNROLL; u++) {
-            const uint item = i0 + u * BLOCK_SIZE;
+            const uint item = i0 + u * LANES;
             if (item >= items) {
                 break;
             }
@@ -223,11 +231,11 @@ void main() {
         }
     }
 #else
-    // Quantized weights: thread t takes the 16-value slices t, t + BLOCK_SIZE, ... of the row.
+    // Quantized weights: thread t takes the 16-value slices t, t + LANES, ... of the row.
     const uint blocks_per_row = p.ncols / QUANT_K;
     // Columns outermost, so that each invocation loads each value of x once (the compiler may
     // keep the dequantized weights of one column for the next).
-    for (uint t = tid; t < p.ncols / 16; t += BLOCK_SIZE) {
+    for (uint t = tid; t < p.ncols / 16; t += LANES) {
         const uint ib = 16 * t / QUANT_K, s = (16 * t % QUANT_K) / 16;
         for (uint c = 0; c < NUM_COLS; c++) {
             const mat4 xv = load_xc16(c, 16 * t);
@@ -242,6 +250,6 @@ void main() {
 #endif
     reduce_and_store(row0, col0, acc);
 #if defined(BLOCKS_OUT)
-    quantize_when_last(row0);
+    quantize_when_last(workgroup_row());
 #endif
 }

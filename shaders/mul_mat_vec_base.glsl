@@ -1,10 +1,12 @@
 // Matrix x vector (decode), for up to NUM_COLS vectors at once (a few tokens or sequences: the
 // weights are read once for all of them): y[c, y_offset + r] (+)= sum_k W[r, k] * x[c, k] for the
 // rows of one part. Owns bindings, push constants, the row and column assignment and the
-// reduction, so a kernel writes only its inner loop. NUM_ROWS rows per workgroup; the threads
-// stride over K and each keeps one fp32 partial sum per row and column, summed by subgroupAdd and
-// then across subgroups in shared memory. Workgroups beyond maxComputeWorkGroupCount[0] continue
-// in the y dimension of the dispatch; column groups are the z dimension.
+// reduction, so a kernel writes only its inner loop. NUM_ROWS rows per group of LANES lanes (the
+// workgroup, or each subgroup or part of one: ROW_LANES); a group's lanes stride over K and each
+// keeps one fp32 partial sum per row and column, summed by subgroupAdd and then across subgroups
+// in shared memory (by shuffles within the subgroup where the groups are smaller). Workgroups
+// beyond maxComputeWorkGroupCount[0] continue in the y dimension of the dispatch; column groups
+// are the z dimension.
 // With GLU defined, two weights of one type and shape, gate (binding 0) and up (binding 1), take
 // the same x: each load of x serves both, every thread keeps a partial sum per weight, and
 // y = silu(gate x) * (up x), the SwiGLU of a feed-forward block, in one dispatch (with GLU_GELU
@@ -93,6 +95,13 @@ layout(constant_id = 1) const uint NUM_ROWS = 2;
 const uint NUM_COLS = COLS;
 #else
 layout(constant_id = 2) const uint NUM_COLS = 1;
+// The lanes that share a row's K (constant 4, as mul_mat_cols.comp's ROW_LANES): 0, the whole
+// workgroup, whose subgroups' sums meet in shared memory; or a divisor of the subgroup size, each
+// group of that many lanes taking NUM_ROWS rows of its own, summed by shuffles alone, so that a
+// workgroup covers WORKGROUP_ROWS rows (a 32-row block: BLOCKS_OUT needs no counter).
+layout(constant_id = 4) const uint ROW_LANES = 0;
+const uint LANES = ROW_LANES == 0 ? BLOCK_SIZE : ROW_LANES;
+const uint WORKGROUP_ROWS = NUM_ROWS * (BLOCK_SIZE / LANES);
 #endif
 #if defined(ITEM_LOOPS)
 // Items each thread loads per row and weight before any math: as many as keep the loaded words
@@ -220,8 +229,8 @@ uint first_col() { return gl_WorkGroupID.z; }
 
 #if defined(EXPERTS)
 // p.rows (nothing to do) for an empty tile or when the expert is in another part.
-uint first_row() {
-    const uint row = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
+uint workgroup_row() {
+    const uint row = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * WORKGROUP_ROWS;
     return stored_cols(0) != 0 && slot_expert() - p.expert_first < p.expert_count ? row : p.rows;
 }
 
@@ -246,8 +255,9 @@ uint first_row() {
     return workgroup_index() / column_groups() * NUM_ROWS * gl_NumSubgroups * (gl_SubgroupSize / ROW_LANES);
 }
 #else
-uint first_row() {
-    return (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
+// The workgroup's first row.
+uint workgroup_row() {
+    return (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * WORKGROUP_ROWS;
 }
 #endif
 
@@ -344,21 +354,40 @@ void store(uint col, uint row, float v) {
 }
 
 #if !defined(COLS)
-// acc[c][m][r]: column col0 + c, weight m, row row0 + r.
+// This invocation's place in its lane group (0 .. LANES - 1) and the group's first row.
+uint row_lane() { return gl_LocalInvocationID.x % LANES; }
+uint first_row() { return workgroup_row() + gl_LocalInvocationID.x / LANES * NUM_ROWS; }
+
+// acc[c][m][r]: column col0 + c, weight m, row row0 + r (of this invocation's lane group).
 void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][NUM_ROWS]) {
-    for (uint c = 0; c < NUM_COLS; c++) {
-        for (uint m = 0; m < NUM_MATS; m++) {
-            for (uint r = 0; r < NUM_ROWS; r++) {
-                acc[c][m][r] = subgroupAdd(acc[c][m][r]);
+    if (LANES < BLOCK_SIZE) {   // within the subgroup: the group's sums, in each of its lanes
+        for (uint d = 1; d < LANES; d *= 2) {
+            for (uint c = 0; c < NUM_COLS; c++) {
+                for (uint m = 0; m < NUM_MATS; m++) {
+                    for (uint r = 0; r < NUM_ROWS; r++) {
+                        acc[c][m][r] += subgroupShuffleXor(acc[c][m][r], d);
+                    }
+                }
+#if defined(ROW_NORM)
+                sumsq[c] += subgroupShuffleXor(sumsq[c], d);
+#endif
             }
         }
-    }
+    } else {
+        for (uint c = 0; c < NUM_COLS; c++) {
+            for (uint m = 0; m < NUM_MATS; m++) {
+                for (uint r = 0; r < NUM_ROWS; r++) {
+                    acc[c][m][r] = subgroupAdd(acc[c][m][r]);
+                }
+            }
+        }
 #if defined(ROW_NORM)
-    for (uint c = 0; c < NUM_COLS; c++) {
-        sumsq[c] = subgroupAdd(sumsq[c]);
-    }
+        for (uint c = 0; c < NUM_COLS; c++) {
+            sumsq[c] = subgroupAdd(sumsq[c]);
+        }
 #endif
-    if (gl_NumSubgroups > 1) {
+    }
+    if (LANES == BLOCK_SIZE && gl_NumSubgroups > 1) {
         if (subgroupElect()) {
             for (uint c = 0; c < NUM_COLS; c++) {
                 for (uint m = 0; m < NUM_MATS; m++) {
@@ -389,7 +418,7 @@ void reduce_and_store(uint row0, uint col0, inout float acc[NUM_COLS][NUM_MATS][
 #endif
         }
     }
-    if (gl_LocalInvocationID.x == 0) {
+    if (row_lane() == 0) {
         for (uint c = 0; c < stored_cols(col0); c++) {
 #if defined(ROW_NORM)
             const float scale = inversesqrt(sumsq[c] / float(p.ncols) + p.eps);

@@ -13,7 +13,6 @@ import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
-import openai
 import pytest
 
 from worker.engine.config import Settings
@@ -204,7 +203,9 @@ def start_worker(redis_url, tiny_model, tmp_path_factory):
 
 
 def openai_client(live_url: str, timeout: float):
-    """The official openai client for the appliance at live_url, with the tests' key."""
+    """The official openai client for the appliance at live_url, with the tests' key (imported here:
+    the kernel and engine tests run where it is not installed, the GPU machine)."""
+    import openai
     return openai.OpenAI(base_url=f"{live_url}/v1", api_key=API_KEY, max_retries=0, timeout=timeout)
 
 

@@ -44,8 +44,8 @@ def activations(n, w_gate, seed) -> np.ndarray:
     return (2 * x / gate_rms).astype(np.float32)
 
 
-def small_shape(ctx) -> tuple[int, int]:
-    return ctx.info.subgroup_size, 2
+def small_shape(ctx) -> tuple[int, int, int]:
+    return ctx.info.subgroup_size, 2, ctx.info.subgroup_size
 
 
 def run_swiglu(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, x: np.ndarray, gelu=False,
@@ -137,7 +137,7 @@ def test_tuning_candidates_across_subgroups(vk_ctx):
     raw_g, w_g = random_weights(T.Q8_0, 37, 800, seed=3)
     raw_u, w_u = random_weights(T.Q8_0, 37, 800, seed=4)
     x = activations(2, w_g, seed=2)
-    shapes = [s for s in candidates(vk_ctx.info) if s[0] > vk_ctx.info.subgroup_size]
+    shapes = [(t, r, lanes) for t, r, lanes in candidates(vk_ctx.info) if lanes == t > vk_ctx.info.subgroup_size]
     assert shapes
     for shape in shapes:
         with Weights(vk_ctx) as w:

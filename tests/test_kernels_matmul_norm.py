@@ -28,8 +28,10 @@ def inputs(n, cols, seed):
 
 
 def shapes(ctx):
-    """The fixed shape and one of several subgroups per workgroup (the shared-memory reduction)."""
-    return [None, (4 * ctx.info.subgroup_size, 2)]
+    """The fixed shape, one of several subgroups per workgroup (the shared-memory reduction) and
+    one of four subgroups with rows of their own (the shuffle reduction)."""
+    sg = ctx.info.subgroup_size
+    return [None, (4 * sg, 2, 4 * sg), (4 * sg, 2, sg)]
 
 
 class Run:

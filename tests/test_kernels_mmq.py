@@ -205,14 +205,25 @@ def test_glu_x8(vk_ctx, qtype):
         free_tensor(vk_ctx, tensor)
 
 
+def block_shapes(ctx) -> list:
+    """Mat-vec workgroup shapes for the products that also write 8-bit blocks of 32 rows: the
+    fixed one (several workgroups a block, counted), lane groups of a subgroup holding one block,
+    and three blocks a workgroup, the last workgroup's partly past the end of 512 rows."""
+    sg = ctx.info.subgroup_size
+    return [None, (4 * sg, 8, sg), (6 * sg, 16, sg)]
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
-def test_glu_x8_writes_its_output_in_blocks(vk_ctx, qtype):
-    """One column of silu(gate x) * (up x) over 8-bit x, 512 rows (16 blocks of 32, each from
-    several workgroups), its output also in 8-bit blocks (BlocksOut): the f32 output as without
-    them, the blocks numpy's quantization of it; twice from one recording (the counters back at 0)."""
+@pytest.mark.parametrize("shape", [0, 1, 2], ids=["fixed", "block", "blocks"])
+def test_glu_x8_writes_its_output_in_blocks(vk_ctx, qtype, shape):
+    """One column of silu(gate x) * (up x) over 8-bit x, 512 rows (16 blocks of 32), its output
+    also in 8-bit blocks (BlocksOut) by workgroups of each of `block_shapes`: the f32 output as
+    without them, the blocks numpy's quantization of it; twice from one recording (the counters
+    back at 0)."""
     rows, cols = 512, cols_of(qtype)
     (raw_g, w_g), (raw_u, w_u) = random_weights(qtype, rows, cols, seed=4), random_weights(qtype, rows, cols, seed=5)
     gate, up = (upload_tensor(vk_ctx, name, qtype, (cols, rows), raw) for name, raw in (("g", raw_g), ("u", raw_u)))
+    gate.glu_shape = block_shapes(vk_ctx)[shape]
     x = exact_activations(1, cols, seed=1)
     xb, out, scratch, x8 = (vk_ctx.alloc(size) for size in (x.nbytes, 4 * rows, 4 * rows, x8_bytes(1, cols)))
     blocks, done = vk_ctx.alloc(x8_bytes(1, rows)), vk_ctx.alloc(4 * rows // 32)

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from tests.test_kernels_matmul import assert_close, random_weights
-from tests.test_kernels_mmq import FLOAT_RTOL, assert_blocks, cols_of, dequantized, exact_activations
+from tests.test_kernels_mmq import FLOAT_RTOL, assert_blocks, block_shapes, cols_of, dequantized, exact_activations
 from worker.engine.kernels.matmul import NormBlocks, Quantized, matmul, matmul_qkv, x8_bytes
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 
@@ -21,16 +21,18 @@ def rms_normed(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
-def test_residual_product_writes_the_next_norms_input(x8_ctx, qtype):
-    """x += W a (a over 8-bit blocks), its blocks numpy's quantization of x * weight with each
-    block's sum of x^2, and a Q4_K product and a fused Q/K/V one over them the products of
-    rms_norm(x) * weight; the recording run twice (x grows by W a again, the counters are back
-    at 0)."""
+@pytest.mark.parametrize("shape", [0, 1, 2], ids=["fixed", "block", "blocks"])
+def test_residual_product_writes_the_next_norms_input(x8_ctx, qtype, shape):
+    """x += W a (a over 8-bit blocks) by workgroups of each of `block_shapes`, its blocks numpy's
+    quantization of x * weight with each block's sum of x^2, and a Q4_K product over them the
+    product of rms_norm(x) * weight; the recording run twice (x grows by W a again, the counters
+    are back at 0)."""
     ctx, cols = x8_ctx, cols_of(qtype)
     rng = np.random.default_rng(2)
     raw, w = random_weights(qtype, ROWS, cols, seed=6)
     raw_c, w_c = random_weights(T.Q4_K, 96, ROWS, seed=7)
     residual = upload_tensor(ctx, "w", qtype, (cols, ROWS), raw)
+    residual.mat_vec_shape = block_shapes(ctx)[shape]
     consumer = upload_tensor(ctx, "c", T.Q4_K, (ROWS, 96), raw_c)
     a, x0 = exact_activations(1, cols, seed=1), rng.standard_normal((1, ROWS)).astype(np.float32)
     weight = rng.standard_normal(ROWS).astype(np.float32)

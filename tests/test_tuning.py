@@ -13,7 +13,7 @@ from refmodel import logits as reference_logits
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
 from worker.engine.engine import Engine
-from worker.engine.kernels.tuning import Budget, MatVecTuner, candidates
+from worker.engine.kernels.tuning import Budget, MatVecTuner, candidates, shape_label
 from worker.engine.modelfile import ModelFile
 from worker.engine.vk.device import DeviceInfo
 from worker.tools.synth import write_model
@@ -28,13 +28,25 @@ def device(subgroup: int, max_workgroup: int, shared: int) -> DeviceInfo:
 
 
 def test_candidates_follow_the_subgroup_and_the_limits():
-    """1-8 subgroups x 1-8 rows with 2-16 of them per workgroup, and both fixed shapes."""
-    assert set(candidates(device(32, 1024, 49152))) == {
-        (32, 2), (32, 4), (32, 8), (64, 1), (64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1),
-        (256, 2), (32, 16)}
+    """1-8 subgroups x 1-8 rows with 2-16 of them per workgroup, and both fixed shapes, sharing
+    their rows (threads == lanes); and lane groups of a subgroup or half of one with 1-4 rows of
+    their own, 4-64 rows a workgroup (threads x rows / lanes)."""
+    shared = {(32, 2), (32, 4), (32, 8), (64, 1), (64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1),
+              (256, 2), (32, 16)}
+    groups = {(64, 2, 32), (64, 4, 32), (128, 1, 32), (128, 2, 32), (128, 4, 32), (256, 1, 32), (256, 2, 32),
+              (256, 4, 32), (512, 1, 32), (512, 2, 32),   # 512 x 4 rows: 8 columns' sums exceed 48 KB
+              (32, 2, 16), (32, 4, 16), (64, 1, 16), (64, 2, 16), (64, 4, 16), (128, 1, 16), (128, 2, 16),
+              (128, 4, 16), (256, 1, 16), (256, 2, 16), (256, 4, 16), (512, 1, 16), (512, 2, 16)}
+    assert set(candidates(device(32, 1024, 49152))) == {(t, r, t) for t, r in shared} | groups
     # 64 wide, at most 256 invocations, and 16 KB of shared memory: 8 columns x rows x threads floats
-    assert set(candidates(device(64, 256, 16384))) == {
-        (64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2)}
+    shared = {(64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2)}
+    groups = {(128, 2, 64), (128, 4, 64), (256, 1, 64), (256, 2, 64), (64, 2, 32), (64, 4, 32), (128, 1, 32),
+              (128, 2, 32), (128, 4, 32), (256, 1, 32), (256, 2, 32)}
+    assert set(candidates(device(64, 256, 16384))) == {(t, r, t) for t, r in shared} | groups
+
+
+def test_shape_labels():
+    assert shape_label((64, 2, 64)) == "64x2" and shape_label((256, 2, 16)) == "256x2/16"
 
 
 def test_tuner_measures_once_then_reads_the_cache(vk_ctx, tmp_path):
@@ -45,11 +57,11 @@ def test_tuner_measures_once_then_reads_the_cache(vk_ctx, tmp_path):
     (entries,) = json.loads((tmp_path / "tuning.json").read_text()).values()
     by_weight = {tuple(name.split()[:2]): entry for name, entry in entries.items()}
     assert sorted(by_weight) == [("Q4_0", "40x256"), ("Q6_K", "24x512")]
-    for (qtype, rows, cols), (threads, per_group) in shapes.items():
+    for (qtype, rows, cols), shape in shapes.items():
         entry = by_weight[qtype.name, f"{rows}x{cols}"]
-        assert entry["shape"] == [threads, per_group]
+        assert entry["shape"] == list(shape)
         assert len(entry["us"]) == len(candidates(vk_ctx.info)) and all(us > 0 for us in entry["us"].values())
-        assert entry["us"][f"{threads}x{per_group}"] == min(entry["us"].values())   # the fastest
+        assert entry["us"][shape_label(shape)] == min(entry["us"].values())   # the fastest
 
     again = MatVecTuner(vk_ctx, tmp_path, QUICK)
     assert again.shapes(KEYS) == shapes and again.measured == 0

@@ -22,7 +22,7 @@ from worker.engine.kernels.matmul import Quantized, mat_vec_shape, quantize_x8, 
 from worker.engine.kernels.paths import mmq_types, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_products, replay_for
-from worker.engine.kernels.tuning import MatVecTuner
+from worker.engine.kernels.tuning import MatVecTuner, shape_label
 from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 from worker.tools import bench_cols
 from worker.tools.bench_cols import parse_cols
@@ -111,7 +111,7 @@ def run(args):
             bench_cols.run(ctx, args, rotation, warmup, measured)
             return
         tuner = MatVecTuner(ctx, ctx.settings.cache_dir) if args.tuned else None
-        print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'shape':>7} {'us':>9} {'GB/s':>8} {'% read':>7}")
+        print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'shape':>10} {'us':>9} {'GB/s':>8} {'% read':>7}")
         for name in args.types:
             qtype = GGMLQuantizationType[name]
             for rows, cols in shapes:
@@ -120,8 +120,8 @@ def run(args):
                 seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup, shape,
                                               path="mat_vec")
                 rate = nbytes / seconds
-                threads, per_group = shape or mat_vec_shape(ctx)
-                line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} {f'{threads}x{per_group}':>7} "
+                line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} "
+                        f"{shape_label(shape or mat_vec_shape(ctx)):>10} "
                         f"{seconds * 1e6:9.1f} {rate / 1e9:8.1f} {100 * rate / measured:6.1f}%")
                 if "mmq" in paths(ctx) and qtype in mmq_types():
                     seconds, _ = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup, shape,

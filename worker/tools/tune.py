@@ -14,7 +14,7 @@ def register(sub):
 
 def run(args):
     from worker.engine.kernels.matmul import mat_vec_shape
-    from worker.engine.kernels.tuning import MatVecTuner
+    from worker.engine.kernels.tuning import MatVecTuner, shape_label
     from worker.engine.modelfile import ModelFile
     from worker.engine.models.model import glu_keys, mat_vec_keys
     from worker.engine.vk.context import Context
@@ -26,7 +26,7 @@ def run(args):
     ctx = Context(settings)
     try:
         tuner, fixed = MatVecTuner(ctx, settings.cache_dir), mat_vec_shape(ctx)
-        print(f"device: {ctx.info.describe()}; fixed shape {fixed[0]} threads x {fixed[1]} rows; "
+        print(f"device: {ctx.info.describe()}; fixed shape {shape_label(fixed)} (threads x rows[/lanes]); "
               f"{len(keys)} distinct weights")
         for (qtype, rows, cols), glu in keys:
             table = tuner.measure((qtype, rows, cols), glu)
@@ -34,10 +34,10 @@ def run(args):
             nbytes, best = rows * row_bytes(qtype, cols) * (2 if glu else 1), min(table, key=table.get)
             gain = f", {table[fixed] / table[best]:.2f}x the fixed shape" if fixed in table else ""
             kernel = "gate+up " if glu else ""
-            print(f"{kernel}{qtype.name} {rows} x {cols} ({nbytes / 1e6:.1f} MB): {best[0]} x {best[1]}{gain}")
+            print(f"{kernel}{qtype.name} {rows} x {cols} ({nbytes / 1e6:.1f} MB): {shape_label(best)}{gain}")
             for shape, seconds in sorted(table.items(), key=lambda item: item[1]):
                 marks = [label for label, s in (("chosen", best), ("fixed", fixed)) if s == shape]
-                print(f"  {shape[0]:5d} x {shape[1]:2d} {seconds * 1e6:10.1f} us {nbytes / seconds / 1e9:9.1f} GB/s "
+                print(f"  {shape_label(shape):>11} {seconds * 1e6:10.1f} us {nbytes / seconds / 1e9:9.1f} GB/s "
                       f"{' '.join(marks)}".rstrip(), flush=True)
         print(f"cached in {tuner.path}")
     finally:

@@ -46,11 +46,26 @@ GPU_MAT_VEC_SHAPE = (4, 4)
 CPU_MAT_VEC_SHAPE = (1, 16)
 
 
-def mat_vec_shape(ctx) -> tuple[int, int]:
-    """(threads, rows) per mat-vec workgroup for a weight that has no tuned shape. Rows beyond
-    maxComputeWorkGroupCount spill into the y dimension."""
+def mat_vec_shape(ctx) -> tuple[int, int, int]:
+    """(threads, rows, lanes) per mat-vec workgroup for a weight that has no tuned shape: the
+    whole workgroup shares its rows. Rows beyond maxComputeWorkGroupCount spill into the y
+    dimension."""
     subgroups, rows = CPU_MAT_VEC_SHAPE if ctx.info.kind == "cpu" else GPU_MAT_VEC_SHAPE
-    return subgroups * ctx.info.subgroup_size, rows
+    threads = subgroups * ctx.info.subgroup_size
+    return threads, rows, threads
+
+
+def workgroup_rows(shape: tuple[int, int, int]) -> int:
+    """Rows of a mat-vec workgroup of `shape` (threads, rows, lanes): each group of `lanes` lanes
+    (all the threads, or a divisor of the subgroup size: mul_mat_vec_base.glsl's ROW_LANES)
+    shares the K of `rows` rows of its own."""
+    threads, rows, lanes = shape
+    return rows * (threads // lanes)
+
+
+def _mat_vec_kernel(ctx, name: str, shape: tuple[int, int, int], cols: int):
+    threads, rows, lanes = shape
+    return ctx.kernel(name, {0: threads, 1: rows, 2: cols, 4: 0 if lanes == threads else lanes})
 
 
 def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
@@ -100,14 +115,15 @@ def x8_bytes(n: int, k: int) -> int:
     return n * cdiv(k, X8_BLOCK_VALUES) * X8_BLOCK_BYTES
 
 
-def _mat_vec_cols(ctx, n: int, threads: int, rows_per_group: int, norm_sums: bool) -> int:
+def _mat_vec_cols(ctx, n: int, shape: tuple[int, int, int], norm_sums: bool) -> int:
     """Columns per mat-vec workgroup: its reduction keeps a float per thread, row and column in
     shared memory, which the tuner's candidates keep within the device's limit for 8 columns; a
     norm's sums (`norm_sums`: a folded norm's, or an _rms variant's) take one more per thread and
     column (at least 4 columns still fit)."""
     if not norm_sums:
         return min(n, MAT_VEC_MAX_COLS)
-    return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows_per_group + 1) * threads))
+    threads, rows, _ = shape
+    return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows + 1) * threads))
 
 
 def _mat_vec_name(op: str, qtype: T, cols: int) -> str:
@@ -165,10 +181,13 @@ class BlocksOut:
     done: Buffer
 
 
-def _tiles_blocks(w: DeviceTensor, shape: tuple[int, int], n: int) -> bool:
+def _tiles_blocks(w: DeviceTensor, shape: tuple[int, int, int], n: int) -> bool:
     """Whether the last workgroup of each 32-row block of a mat-vec product (workgroups of `shape`)
-    can write that block (BlocksOut, NormBlocks): one column, one part, rows the shape tiles."""
-    return n == 1 and len(w.parts) == 1 and w.rows % X8_BLOCK_VALUES == 0 and X8_BLOCK_VALUES % shape[1] == 0
+    can write that block (BlocksOut, NormBlocks): one column, one part, rows of whole blocks that
+    the workgroups tile (a divisor of a block each) or hold (whole blocks each)."""
+    rows = workgroup_rows(shape)
+    return (n == 1 and len(w.parts) == 1 and w.rows % X8_BLOCK_VALUES == 0
+            and (X8_BLOCK_VALUES % rows == 0 or rows % X8_BLOCK_VALUES == 0))
 
 
 def writes_blocks(ctx, w_gate: DeviceTensor, w_up: DeviceTensor, n: int, path: str | None = None) -> bool:
@@ -320,12 +339,11 @@ def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: 
     variant: x then holds 8-bit blocks): the weight's tuned workgroup shape, else the device
     kind's; one dispatch per part. `tail`: the kernel's bindings after y (a folded norm's weight
     otherwise); `eps`: x is an RMSNorm's input unscaled (Quantized with an eps): op's _rms variant."""
-    threads, rows_per_group = w.mat_vec_shape or mat_vec_shape(rec.ctx)
-    cols = _mat_vec_cols(rec.ctx, n, threads, rows_per_group, norm is not None or eps is not None)
-    name = _mat_vec_name(op if eps is None else f"{op}_rms", w.ggml_type, cols)
-    kernel = rec.ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
+    shape = w.mat_vec_shape or mat_vec_shape(rec.ctx)
+    cols = _mat_vec_cols(rec.ctx, n, shape, norm is not None or eps is not None)
+    kernel = _mat_vec_kernel(rec.ctx, _mat_vec_name(op if eps is None else f"{op}_rms", w.ggml_type, cols), shape, cols)
     for buffer, first, count in w.parts:
-        x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, rows_per_group))
+        x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, workgroup_rows(shape)))
         rec.dispatch(kernel, [buffer, x, y, *(tail or _norm_buffers(norm))], (x_groups, y_groups, cdiv(n, cols)),
                      _push(w, first, count, n, accumulate, norm, eps))
 
@@ -418,15 +436,14 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
     """The fused Q/K/V weight in one mat-vec dispatch per part (kernel `op`_<type>) writing each
     section's rows to its output (`eps`: as _mat_vec's)."""
     ctx, members = rec.ctx, len(fused.sections)
-    threads, rows_per_group = fused.mat_vec_shape or mat_vec_shape(ctx)
-    cols = _mat_vec_cols(ctx, n, threads, rows_per_group, norm is not None or eps is not None)
-    name = _mat_vec_name(op if eps is None else f"{op}_rms", fused.ggml_type, cols)
-    kernel = ctx.kernel(name, {0: threads, 1: rows_per_group, 2: cols})
+    shape = fused.mat_vec_shape or mat_vec_shape(ctx)
+    cols = _mat_vec_cols(ctx, n, shape, norm is not None or eps is not None)
+    kernel = _mat_vec_kernel(ctx, _mat_vec_name(op if eps is None else f"{op}_rms", fused.ggml_type, cols), shape, cols)
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_q, y_k = outs[0], outs[1]
     y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
     for buffer, first, count in fused.parts:
-        x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
+        x_groups, y_groups, _ = _groups(ctx, cdiv(count, workgroup_rows(shape)))
         rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
                      _push(fused, first, count, n, False, norm, eps) | dict(k_first=k_first, v_first=v_first))
 
@@ -466,7 +483,8 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         _mat_cols(rec, f"mul_mat_cols_{'geglu' if gelu else 'glu'}_x8", w_gate, bindings, n,
                   _push(w_gate, 0, 0, n, False), 2, cols_shape, x8=True)
         return
-    threads, rows_per_group = w_gate.glu_shape or mat_vec_shape(ctx)
+    shape = w_gate.glu_shape or mat_vec_shape(ctx)
+    threads, rows_per_group, _ = shape
     eps = _rms_eps(x)
     sums = 2 * rows_per_group + (norm is not None or eps is not None)   # partial sums per column in shared memory
     cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
@@ -485,16 +503,15 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         rec.barrier()
         (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)
         return
-    spec = {0: threads, 1: rows_per_group, 2: cols}
     op = "geglu" if gelu else "glu"
     rms = "" if eps is None else "_rms"
     variant = ("_x8_blocks" if blocks_out is not None else "_x8") + rms if path == "mat_vec_x8" \
         else _norm_suffix(norm)
     if path == "mat_vec_x8":
         x = _quantized_x(rec, x, x8, n, w_gate.cols, norm, True)
-    kernel = ctx.kernel(_mat_vec_name(f"mul_mat_vec_{op}{variant}", w_gate.ggml_type, cols), spec)
+    kernel = _mat_vec_kernel(ctx, _mat_vec_name(f"mul_mat_vec_{op}{variant}", w_gate.ggml_type, cols), shape, cols)
     tail = _norm_buffers(norm) if blocks_out is None else [blocks_out.x8, blocks_out.done]
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
-        x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group))
+        x_groups, y_groups, _ = _groups(ctx, cdiv(count, workgroup_rows(shape)))
         rec.dispatch(kernel, [gate, up_part, x, out, *tail], (x_groups, y_groups, cdiv(n, cols)),
                      _push(w_gate, first, count, n, False, norm, eps))

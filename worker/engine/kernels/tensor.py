@@ -18,14 +18,14 @@ from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 class DeviceTensor:
     """A 2-D weight: `rows` rows of `cols` values (GGUF ne[1] and ne[0]); parts are
     (buffer, first_row, n_rows) covering the rows in order. `mat_vec_shape` is the (threads,
-    rows) per mat-vec workgroup measured for this weight on this device (worker/engine/kernels/tuning.py);
-    None takes the device kind's fixed shape."""
+    rows, lanes) per mat-vec workgroup measured for this weight on this device
+    (worker/engine/kernels/tuning.py); None takes the device kind's fixed shape."""
     ggml_type: GGMLQuantizationType
     rows: int
     cols: int
     parts: list[tuple[Buffer, int, int]] = field(default_factory=list)
-    mat_vec_shape: tuple[int, int] | None = None
-    glu_shape: tuple[int, int] | None = None    # through the fused gate+up kernel, as the gate
+    mat_vec_shape: tuple[int, int, int] | None = None
+    glu_shape: tuple[int, int, int] | None = None    # through the fused gate+up kernel, as the gate
     coopmat_tile: tuple[int, ...] | None = None  # the cooperative-matrix mat-mat tile (coopmat.py COOPMAT_TILE)
     # (columns, through the gate+up kernel) -> the 8-bit mat-cols shape measured for it (cols_tuning.py)
     cols_shapes: dict[tuple[int, bool], tuple[int, int, int, int]] = field(default_factory=dict)

@@ -1,10 +1,11 @@
-"""Mat-vec workgroup shapes (threads and rows per workgroup: the kernel's specialization
-constants 0 and 1) chosen per device by measurement. The best shape depends on the GPU (subgroup
-width, compute units, caches, clocks) and on the weight's type and size, and no fixed guess
-holds across AMD, NVIDIA and Intel gaming GPUs. So each distinct weight (type, rows, K) of a
-model is timed once per machine, on random weights of its shape, for a handful of candidate
-shapes, and the fastest is kept in <cache_dir>/tuning.json, keyed by the device, its driver and
-API version and a hash of the compiled kernel: a driver update or a kernel change measures again.
+"""Mat-vec workgroup shapes (threads, rows, and the lanes that share a row's K: the kernel's
+specialization constants 0, 1 and 4; matmul.workgroup_rows) chosen per device by measurement.
+The best shape depends on the GPU (subgroup width, compute units, caches, clocks) and on the
+weight's type and size, and no fixed guess holds across AMD, NVIDIA and Intel gaming GPUs. So
+each distinct weight (type, rows, K) of a model is timed once per machine, on random weights of
+its shape, for a few dozen candidate shapes, and the fastest is kept in <cache_dir>/tuning.json,
+keyed by the device, its driver and API version and a hash of the compiled kernel: a driver
+update or a kernel change measures again.
 
 Timing follows `vkllm bench kernels`: GPU timestamps around each product, distinct copies of
 the weight cycled through so that a product never finds its weight in the cache, the GPU kept
@@ -13,7 +14,14 @@ shared with tile_tuning.py).
 
 The fused gate+up kernel (mul_mat_vec_glu, matmul_swiglu) has inner loops and register needs of
 its own, and its best shape is not the plain kernel's: a feed-forward gate weight is also timed
-through it (`glu=True`), as a separate entry."""
+through it (`glu=True`), as a separate entry.
+
+Lane groups (a subgroup, or half of one, with rows of its own and no shared-memory reduction) won
+most large products over 8-bit x on an H200 (each weight's candidates timed in one run): the 32B's
+fused gate+up 27648x5120 with its 8-bit block output 63.0 -> 52.5 us (the shared layout's best,
+one subgroup over two rows, took a counter per block: a workgroup of whole 32-row blocks
+quantizes them itself), the 8B's 28.4 -> 25.1 us, its residual products 1-1.2 us faster; the
+plain products within a few %."""
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +39,7 @@ from worker.engine.weight_types import row_bytes
 log = logging.getLogger(__name__)
 
 Key = tuple[GGMLQuantizationType, int, int]   # a weight: (type, rows, K)
-Shape = tuple[int, int]                        # (threads, rows) per workgroup
+Shape = tuple[int, int, int]                   # (threads, rows, lanes) per workgroup: matmul.workgroup_rows
 
 SUBGROUPS = (1, 2, 4, 8)
 ROWS = (1, 2, 4, 8)
@@ -40,6 +48,12 @@ ROWS = (1, 2, 4, 8)
 # H200 (Q4_K, Q6_K, Q8_0, kernels stripped to their loads); more than 16 leaves too few workgroups
 # to fill a GPU on the narrow weights (K and V projections of a few hundred rows).
 WORK_RANGE = (2, 16)
+# Lane groups (the subgroup size over LANE_DIVISORS lanes each) of GROUP_ROWS rows, GROUP_SUBGROUPS
+# subgroups a workgroup, GROUP_WORKGROUP_ROWS rows in all.
+LANE_DIVISORS = (1, 2)
+GROUP_SUBGROUPS = (1, 2, 4, 8, 16)
+GROUP_ROWS = (1, 2, 4)
+GROUP_WORKGROUP_ROWS = (4, 64)
 MAX_COPIES = 256   # bounds recording time for small weights; 256 copies of even 0.6 MB pass most caches
 
 
@@ -64,13 +78,24 @@ def wanted(setting: bool | None, ctx) -> bool:
 
 
 def candidates(info) -> list[Shape]:
-    """Threads in 1-8 subgroups and 1-8 rows per workgroup, within WORK_RANGE, plus both fixed
-    shapes (the defaults are always measured against); all within the device's workgroup and
-    shared-memory limits (the reduction keeps a float per thread, row and column)."""
+    """Threads in 1-8 subgroups sharing 1-8 rows per workgroup, within WORK_RANGE, plus both fixed
+    shapes (the defaults are always measured against); and workgroups of lane groups (a subgroup
+    or half of one with rows of its own; one subgroup of its full width is the shared layout
+    already); all within the device's workgroup and shared-memory limits (the reduction keeps a
+    float per thread, row and column)."""
+    sg = info.subgroup_size
     grid = [(s, r) for s in SUBGROUPS for r in ROWS if WORK_RANGE[0] <= s * r <= WORK_RANGE[1]]
-    shapes = [(s * info.subgroup_size, r) for s, r in grid + [GPU_MAT_VEC_SHAPE, CPU_MAT_VEC_SHAPE]]
-    return [(t, r) for t, r in dict.fromkeys(shapes)
+    shared = [(s * sg, r, s * sg) for s, r in grid + [GPU_MAT_VEC_SHAPE, CPU_MAT_VEC_SHAPE]]
+    groups = [(s * sg, r, sg // d) for d in LANE_DIVISORS for s in GROUP_SUBGROUPS for r in GROUP_ROWS
+              if sg // d > 1 and s * d > 1 and GROUP_WORKGROUP_ROWS[0] <= r * s * d <= GROUP_WORKGROUP_ROWS[1]]
+    return [(t, r, lanes) for t, r, lanes in dict.fromkeys(shared + groups)
             if t <= info.max_workgroup_size and 4 * MAT_VEC_MAX_COLS * r * t <= info.max_shared_memory]
+
+
+def shape_label(shape: Shape) -> str:
+    """threads x rows, and /lanes where lane groups have rows of their own."""
+    threads, rows, lanes = shape
+    return f"{threads}x{rows}" + ("" if lanes == threads else f"/{lanes}")
 
 
 def model_shapes(ctx, settings, keys, glu_keys=()) -> tuple[dict[Key, Shape], dict[Key, Shape]]:
@@ -106,7 +131,8 @@ class MatVecTuner:
     def store(self, tables: dict[Key, dict[Shape, float]], glu: bool = False):
         """Keeps the fastest shape of each table (with the table, for reading)."""
         self.cache.put({self._name(key, glu): {"shape": list(min(table, key=table.get)),
-                                               "us": {f"{t}x{r}": round(s * 1e6, 2) for (t, r), s in table.items()}}
+                                               "us": {shape_label(shape): round(s * 1e6, 2)
+                                                      for shape, s in table.items()}}
                         for key, table in tables.items()})
 
     def measure(self, key: Key, glu: bool = False) -> dict[Shape, float]:
