@@ -16,7 +16,8 @@ from gguf import quants as gq
 from tests.kernel_io import own_context
 from worker.engine.kernels.coopmat import coopmat_splits, few_cols_tile
 from worker.engine.kernels.embedding import get_rows
-from worker.engine.kernels.matmul import mat_vec_shape, matmul
+from worker.engine.kernels.mat_vec import mat_vec_shape
+from worker.engine.kernels.matmul import matmul
 from worker.engine.kernels.paths import paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.tile_tuning import candidates as tile_candidates

@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType
 
 from worker.engine.config import Settings
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import Quantized, mat_vec_shape, quantize_x8, x8_bytes
+from worker.engine.kernels.mat_vec import mat_vec_shape
+from worker.engine.kernels.matmul import Quantized, quantize_x8, x8_bytes
 from worker.engine.kernels.paths import mmq_types, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import random_weights, record_products, replay_for

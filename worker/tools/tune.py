@@ -13,7 +13,7 @@ def register(sub):
 
 
 def run(args):
-    from worker.engine.kernels.matmul import mat_vec_shape
+    from worker.engine.kernels.mat_vec import mat_vec_shape
     from worker.engine.kernels.tuning import MatVecTuner, shape_label
     from worker.engine.modelfile import ModelFile
     from worker.engine.models.model import glu_keys, mat_vec_keys

@@ -21,6 +21,8 @@ from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.coopmat import coopmat_splits, coopmat_tile
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
+from worker.engine.kernels.mat_vec import (mat_vec_columns, mat_vec_kernel, mat_vec_name, mat_vec_shape,
+                                           workgroup_rows)
 from worker.engine.kernels.mat_cols import (MAT_COLS_X8_VARIANTS, X8_ITEM_VALUES, mat_cols_columns,
                                             mat_cols_shape, mat_cols_shape_runs, mat_cols_tile, mat_cols_x8_shape,
                                             x8_tile_fits)
@@ -35,37 +37,6 @@ from worker.engine.vk.memory import Buffer
 MAT_MAT_TILE = 64
 MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
 QUANTIZE_X8_THREADS = 64
-
-
-# Fixed mat-vec shapes in (subgroups, rows) per workgroup, for weights without a tuned one.
-# GPUs: four subgroups, four rows, each thread applying one load of x to all four; best or
-# within a few % of it among 1-8 rows and 64-256 threads in one H200 sweep (taken, as it turned
-# out, at the idle SM clock). CPU drivers (lavapipe): a workgroup is one subgroup, so no barrier
-# is needed, with 16 rows to amortise the per-workgroup cost (15x faster there than the GPU shape).
-GPU_MAT_VEC_SHAPE = (4, 4)
-CPU_MAT_VEC_SHAPE = (1, 16)
-
-
-def mat_vec_shape(ctx) -> tuple[int, int, int]:
-    """(threads, rows, lanes) per mat-vec workgroup for a weight that has no tuned shape: the
-    whole workgroup shares its rows. Rows beyond maxComputeWorkGroupCount spill into the y
-    dimension."""
-    subgroups, rows = CPU_MAT_VEC_SHAPE if ctx.info.kind == "cpu" else GPU_MAT_VEC_SHAPE
-    threads = subgroups * ctx.info.subgroup_size
-    return threads, rows, threads
-
-
-def workgroup_rows(shape: tuple[int, int, int]) -> int:
-    """Rows of a mat-vec workgroup of `shape` (threads, rows, lanes): each group of `lanes` lanes
-    (all the threads, or a divisor of the subgroup size: mul_mat_vec_base.glsl's ROW_LANES)
-    shares the K of `rows` rows of its own."""
-    threads, rows, lanes = shape
-    return rows * (threads // lanes)
-
-
-def _mat_vec_kernel(ctx, name: str, shape: tuple[int, int, int], cols: int):
-    threads, rows, lanes = shape
-    return ctx.kernel(name, {0: threads, 1: rows, 2: cols, 4: 0 if lanes == threads else lanes})
 
 
 def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
@@ -113,24 +84,6 @@ def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool, nor
 def x8_bytes(n: int, k: int) -> int:
     """Scratch of the mmq path's 8-bit activations for n columns of K values."""
     return n * cdiv(k, X8_BLOCK_VALUES) * X8_BLOCK_BYTES
-
-
-def _mat_vec_cols(ctx, n: int, shape: tuple[int, int, int], norm_sums: bool) -> int:
-    """Columns per mat-vec workgroup: its reduction keeps a float per thread, row and column in
-    shared memory, which the tuner's candidates keep within the device's limit for 8 columns; a
-    norm's sums (`norm_sums`: a folded norm's, or an _rms variant's) take one more per thread and
-    column (at least 4 columns still fit)."""
-    if not norm_sums:
-        return min(n, MAT_VEC_MAX_COLS)
-    threads, rows, _ = shape
-    return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows + 1) * threads))
-
-
-def _mat_vec_name(op: str, qtype: T, cols: int) -> str:
-    """Mat-vec kernel `op` of a weight of `qtype` for workgroups of `cols` columns: the 8-bit
-    kernels (op *_x8) take their _slices variant for several (variants.toml)."""
-    slices = "_slices" if op.endswith("_x8") and cols > 1 else ""
-    return f"{op}{slices}_{qtype.name.lower()}"
 
 
 def _norm_suffix(norm: FoldedNorm | None) -> str:
@@ -340,8 +293,8 @@ def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: 
     kind's; one dispatch per part. `tail`: the kernel's bindings after y (a folded norm's weight
     otherwise); `eps`: x is an RMSNorm's input unscaled (Quantized with an eps): op's _rms variant."""
     shape = w.mat_vec_shape or mat_vec_shape(rec.ctx)
-    cols = _mat_vec_cols(rec.ctx, n, shape, norm is not None or eps is not None)
-    kernel = _mat_vec_kernel(rec.ctx, _mat_vec_name(op if eps is None else f"{op}_rms", w.ggml_type, cols), shape, cols)
+    cols = mat_vec_columns(rec.ctx, n, shape, norm is not None or eps is not None)
+    kernel = mat_vec_kernel(rec.ctx, mat_vec_name(op if eps is None else f"{op}_rms", w.ggml_type, cols), shape, cols)
     for buffer, first, count in w.parts:
         x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, workgroup_rows(shape)))
         rec.dispatch(kernel, [buffer, x, y, *(tail or _norm_buffers(norm))], (x_groups, y_groups, cdiv(n, cols)),
@@ -437,8 +390,8 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
     section's rows to its output (`eps`: as _mat_vec's)."""
     ctx, members = rec.ctx, len(fused.sections)
     shape = fused.mat_vec_shape or mat_vec_shape(ctx)
-    cols = _mat_vec_cols(ctx, n, shape, norm is not None or eps is not None)
-    kernel = _mat_vec_kernel(ctx, _mat_vec_name(op if eps is None else f"{op}_rms", fused.ggml_type, cols), shape, cols)
+    cols = mat_vec_columns(ctx, n, shape, norm is not None or eps is not None)
+    kernel = mat_vec_kernel(ctx, mat_vec_name(op if eps is None else f"{op}_rms", fused.ggml_type, cols), shape, cols)
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_q, y_k = outs[0], outs[1]
     y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
@@ -509,7 +462,7 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         else _norm_suffix(norm)
     if path == "mat_vec_x8":
         x = _quantized_x(rec, x, x8, n, w_gate.cols, norm, True)
-    kernel = _mat_vec_kernel(ctx, _mat_vec_name(f"mul_mat_vec_{op}{variant}", w_gate.ggml_type, cols), shape, cols)
+    kernel = mat_vec_kernel(ctx, mat_vec_name(f"mul_mat_vec_{op}{variant}", w_gate.ggml_type, cols), shape, cols)
     tail = _norm_buffers(norm) if blocks_out is None else [blocks_out.x8, blocks_out.done]
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, workgroup_rows(shape)))

@@ -1,5 +1,5 @@
 """Mat-vec workgroup shapes (threads, rows, and the lanes that share a row's K: the kernel's
-specialization constants 0, 1 and 4; matmul.workgroup_rows) chosen per device by measurement.
+specialization constants 0, 1 and 4; mat_vec.workgroup_rows) chosen per device by measurement.
 The best shape depends on the GPU (subgroup width, compute units, caches, clocks) and on the
 weight's type and size, and no fixed guess holds across AMD, NVIDIA and Intel gaming GPUs. So
 each distinct weight (type, rows, K) of a model is timed once per machine, on random weights of
@@ -30,7 +30,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.matmul import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE, x8_bytes
+from worker.engine.kernels.mat_vec import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE
+from worker.engine.kernels.matmul import x8_bytes
 from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
@@ -39,7 +40,7 @@ from worker.engine.weight_types import row_bytes
 log = logging.getLogger(__name__)
 
 Key = tuple[GGMLQuantizationType, int, int]   # a weight: (type, rows, K)
-Shape = tuple[int, int, int]                   # (threads, rows, lanes) per workgroup: matmul.workgroup_rows
+Shape = tuple[int, int, int]                   # (threads, rows, lanes) per workgroup: mat_vec.workgroup_rows
 
 SUBGROUPS = (1, 2, 4, 8)
 ROWS = (1, 2, 4, 8)
