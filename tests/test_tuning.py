@@ -70,6 +70,19 @@ def test_tuner_measures_once_then_reads_the_cache(vk_ctx, tmp_path):
     assert len(next(iter(json.loads((tmp_path / "tuning.json").read_text()).values()))) == 3
 
 
+def test_gate_up_is_timed_writing_its_blocks_over_8bit_x(x8_ctx, tmp_path):
+    """Over 8-bit x a gate+up of whole 32-row blocks is timed through the kernel that also writes
+    its 8-bit blocks (as decode runs it), every candidate; one of other rows through the plain one."""
+    tuner = MatVecTuner(x8_ctx, tmp_path, QUICK)
+    shapes = tuner.shapes([(T.Q4_K, 64, 256), (T.Q4_K, 48, 256)], glu=True)
+    assert all(shape in candidates(x8_ctx.info) for shape in shapes.values())
+    (entries,) = json.loads((tmp_path / "tuning.json").read_text()).values()
+    hashes = {name.split()[-1]: entry for name, entry in entries.items()}
+    assert set(hashes) == {tuner.cache.kernel_hash(kernel) for kernel in ("mul_mat_vec_glu_x8_blocks_q4_k",
+                                                                          "mul_mat_vec_glu_x8_q4_k")}
+    assert all(len(entry["us"]) == len(candidates(x8_ctx.info)) for entry in entries.values())
+
+
 def test_a_damaged_cache_is_measured_again(vk_ctx, tmp_path):
     (tmp_path / "tuning.json").write_text("{not json")
     tuner = MatVecTuner(vk_ctx, tmp_path, QUICK)

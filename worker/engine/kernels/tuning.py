@@ -14,7 +14,9 @@ shared with tile_tuning.py).
 
 The fused gate+up kernel (mul_mat_vec_glu, matmul_swiglu) has inner loops and register needs of
 its own, and its best shape is not the plain kernel's: a feed-forward gate weight is also timed
-through it (`glu=True`), as a separate entry.
+through it (`glu=True`), as a separate entry, and over 8-bit x with its output in 8-bit blocks
+too, as one-column decode runs it (matmul.BlocksOut: a shape whose workgroups hold whole blocks
+needs no counter, which timing without the blocks would not see).
 
 Lane groups (a subgroup, or half of one, with rows of its own and no shared-memory reduction) won
 most large products over 8-bit x on an H200 (each weight's candidates timed in one run): the 32B's
@@ -31,8 +33,8 @@ from gguf import GGMLQuantizationType
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.mat_vec import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE
-from worker.engine.kernels.matmul import x8_bytes
-from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, product_path
+from worker.engine.kernels.matmul import BlocksOut, writes_blocks, x8_bytes
+from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, X8_BLOCK_VALUES, product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
 from worker.engine.weight_types import row_bytes
@@ -146,23 +148,38 @@ class MatVecTuner:
         copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, cols))))
         record = record_glu_products if glu else record_products
         # the kernel the weight's products take: over 8-bit x, its quantization is in each product
-        x8 = ctx.alloc(x8_bytes(1, cols)) if product_path(ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else None
+        x8 = ctx.alloc(x8_bytes(1, cols)) if self._x8(key) else None
+        # a gate+up over 8-bit x also writes its output in 8-bit blocks, as decode runs it
+        blocks = BlocksOut(ctx.alloc(x8_bytes(1, rows)), ctx.alloc(4 * rows // 32)) if self._blocks(key, glu) else None
+        if blocks is not None:
+            ctx.upload(blocks.done, np.zeros(rows // 32, np.uint32))
 
         def records(weights, x, y):
             for shape in candidates(ctx.info):
-                yield shape, record(ctx, [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights], x, y,
-                                    x8=x8)
+                tuned = [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights]
+                writes = blocks is not None and writes_blocks(ctx, tuned[0], tuned[0], 1)
+                yield shape, record(ctx, tuned, x, y, x8=x8, **({"blocks_out": blocks} if writes else {}))
         try:
             medians = time_on_copies(ctx, key, copies, np.ones(cols, np.float32), 4 * rows, records,
                                      budget.warmup_seconds, budget.runs)
         finally:
-            if x8 is not None:
-                ctx.free(x8)
+            for buffer in [x8] + ([blocks.x8, blocks.done] if blocks is not None else []):
+                if buffer is not None:
+                    ctx.free(buffer)
         self.measured += 1
         return medians
 
+    def _x8(self, key: Key) -> bool:
+        qtype, _, cols = key
+        return product_path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8"
+
+    def _blocks(self, key: Key, glu: bool) -> bool:
+        """Whether a gate+up of `key` is timed writing its 8-bit blocks (BlocksOut): over 8-bit
+        x, rows of whole 32-row blocks (every candidate's workgroups tile them)."""
+        return glu and self._x8(key) and key[1] % X8_BLOCK_VALUES == 0
+
     def _name(self, key: Key, glu: bool = False) -> str:
         qtype, rows, cols = key
-        x8 = "_x8" if product_path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8" else ""
+        x8 = ("_x8_blocks" if self._blocks(key, glu) else "_x8") if self._x8(key) else ""
         kernel = f"mul_mat_vec{'_glu' if glu else ''}{x8}_{qtype.name.lower()}"
         return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self.cache.kernel_hash(kernel)}"
