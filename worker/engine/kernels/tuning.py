@@ -150,9 +150,10 @@ class MatVecTuner:
         # the kernel the weight's products take: over 8-bit x, its quantization is in each product
         x8 = ctx.alloc(x8_bytes(1, cols)) if self._x8(key) else None
         # a gate+up over 8-bit x also writes its output in 8-bit blocks, as decode runs it
-        blocks = BlocksOut(ctx.alloc(x8_bytes(1, rows)), ctx.alloc(4 * rows // 32)) if self._blocks(key, glu) else None
+        counters = np.zeros(rows // X8_BLOCK_VALUES, np.uint32)
+        blocks = BlocksOut(ctx.alloc(x8_bytes(1, rows)), ctx.alloc(counters.nbytes)) if self._blocks(key, glu) else None
         if blocks is not None:
-            ctx.upload(blocks.done, np.zeros(rows // 32, np.uint32))
+            ctx.upload(blocks.done, counters)
 
         def records(weights, x, y):
             for shape in candidates(ctx.info):
