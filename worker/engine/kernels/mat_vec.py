@@ -38,15 +38,16 @@ def mat_vec_kernel(ctx, name: str, shape: tuple[int, int, int], cols: int):
     return ctx.kernel(name, {0: threads, 1: rows, 2: cols, 4: 0 if lanes == threads else lanes})
 
 
-def mat_vec_columns(ctx, n: int, shape: tuple[int, int, int], norm_sums: bool) -> int:
-    """Columns per mat-vec workgroup: its reduction keeps a float per thread, row and column in
-    shared memory, which the tuner's candidates keep within the device's limit for 8 columns; a
-    norm's sums (`norm_sums`: a folded norm's, or an _rms variant's) take one more per thread and
-    column (at least 4 columns still fit)."""
-    if not norm_sums:
+def mat_vec_columns(ctx, n: int, shape: tuple[int, int, int], norm_sums: bool, mats: int = 1) -> int:
+    """Columns per mat-vec workgroup of `mats` weights (2: the fused gate+up): its reduction keeps
+    a float per thread, row, weight and column in shared memory, which the tuner's candidates keep
+    within the device's limit for 8 columns of one weight; a norm's sums (`norm_sums`: a folded
+    norm's, or an _rms variant's) take one more per thread and column (at least 4 columns of one
+    weight still fit); 0 where not even one column fits."""
+    if mats == 1 and not norm_sums:
         return min(n, MAT_VEC_MAX_COLS)
     threads, rows, _ = shape
-    return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (rows + 1) * threads))
+    return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (mats * rows + norm_sums) * threads))
 
 
 def mat_vec_name(op: str, qtype: T, cols: int) -> str:

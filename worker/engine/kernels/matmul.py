@@ -26,7 +26,7 @@ from worker.engine.kernels.mat_vec import (mat_vec_columns, mat_vec_kernel, mat_
 from worker.engine.kernels.mat_cols import (MAT_COLS_X8_VARIANTS, X8_ITEM_VALUES, mat_cols_columns,
                                             mat_cols_shape, mat_cols_shape_runs, mat_cols_tile, mat_cols_x8_shape,
                                             x8_tile_fits)
-from worker.engine.kernels.paths import (MAT_VEC_MAX_COLS, X8_BLOCK_BYTES, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape,
+from worker.engine.kernels.paths import (X8_BLOCK_BYTES, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape,
                                          mmq_types, product_path)
 from worker.engine.kernels.tensor import DeviceTensor
 from worker.engine.vk.commands import Recording
@@ -437,13 +437,11 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
                   _push(w_gate, 0, 0, n, False), 2, cols_shape, x8=True)
         return
     shape = w_gate.glu_shape or mat_vec_shape(ctx)
-    threads, rows_per_group, _ = shape
     eps = _rms_eps(x)
-    sums = 2 * rows_per_group + (norm is not None or eps is not None)   # partial sums per column in shared memory
-    cols = min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * sums * threads))
+    cols = mat_vec_columns(ctx, n, shape, norm is not None or eps is not None, mats=2)
     if path not in ("mat_vec", "mat_vec_x8") or w_gate.ggml_type != w_up.ggml_type or not same_parts or cols == 0:
         if blocks_out is not None:
-            raise ValueError(f"the fused gate+up kernel's partial sums of {threads} threads exceed shared memory")
+            raise ValueError(f"the fused gate+up kernel's partial sums of {shape[0]} threads exceed shared memory")
         if path == "mmq" and norm is None:
             _mmq_products(rec, [(w_gate, out), (w_up, up)], x, n, x8)
         else:   # on the x8 paths each product takes its own kernel's path (the up weight's type may lack it)
