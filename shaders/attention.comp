@@ -19,11 +19,13 @@
 // ROWS heads of the GQA group. The workgroup's STREAMS lane groups walk the positions
 // independently, each with its own online softmax (running max m, sum l, accumulator), so no
 // barrier sits in the loop and loads of many positions are in flight; the streams are merged by
-// log-sum-exp at the end. With SPLIT (flash-decoding) each split writes its unnormalized result
-// (acc, m, l) to the partials, and the last of a token's splits to finish for these heads (a
-// counter per (token, y), made visible before it is counted) merges all of them into the
-// finished output: no dispatch and barrier of its own for the merge; it leaves the counter at 0
-// (the caller's scratch starts zeroed). Otherwise each workgroup writes the finished output. With
+// log-sum-exp at the end. With SPLIT (flash-decoding) each split that holds positions writes its
+// unnormalized result (acc, m, l) to the partials, and the last of them to finish for these heads
+// (a counter per (token, y), made visible before it is counted) merges them into the finished
+// output: no dispatch and barrier of its own for the merge; it leaves the counter at 0 (the
+// caller's scratch starts zeroed). Where the token's positions fit one split (a short sequence),
+// that split writes the finished output itself, with no partials and no counter. Otherwise
+// (unsplit) each workgroup writes the finished output. With
 // SINKS (gpt-oss) each head's learned logit sinks[h] joins the softmax's denominator only:
 // out = sum_i e^(s_i - M) v_i / (sum_i e^(s_i - M) + e^(sinks[h] - M)), M the maximum over the
 // scores and the sink. With X8 (heads of a multiple of 32 values) the output is also written in
@@ -94,6 +96,21 @@ shared vec2 ml_sh[STREAMS];
 shared bool last_sh;
 #endif
 
+// The finished output of 4 values: sum / l (with SINKS, the sink joining the denominator), in o4
+// and, with X8, in 8-bit blocks (a block is 8 consecutive invocations of one head).
+void store_out(uint row, uint blk, uint head, vec4 sum, float big_m, float big_l) {
+#if defined(SINKS)
+    const float sink = sinks[head], m_all = max(big_m, sink);
+    const vec4 v = sum * (exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all)));
+#else
+    const vec4 v = sum * (1.0 / big_l);
+#endif
+    o4[row * BLOCKS + blk] = v;
+#if defined(X8)
+    store_x8(row * BLOCKS + blk, v, p.n_head * HEAD_DIM, 0.0);
+#endif
+}
+
 void main() {
     const uint tid = gl_LocalInvocationID.x;
     const uint flat_id = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;  // lane groups inside subgroups
@@ -109,7 +126,7 @@ void main() {
     const uint per_split = STREAMS * gl_NumWorkGroups.x;
     const uint chunk = max(p.min_chunk, (seen - first_visible + per_split - 1) / per_split * STREAMS);
     const uint begin = first_visible + split * chunk, end = min(begin + chunk, seen);
-    // the splits that hold positions: the first `used` (the others only count themselves in)
+    // the splits that hold positions: the first `used` (the others return at once)
     const uint used = min(gl_NumWorkGroups.x, (seen - first_visible + chunk - 1) / chunk);
 
     if (split < used) {   // uniform in the workgroup
@@ -181,36 +198,34 @@ void main() {
                     sum += exp(ml_sh[s].x - big_m) * acc_sh[s * BLOCKS + blk];
                 }
 #if defined(SPLIT)
-                const uint part = row * gl_NumWorkGroups.x + split;
-                part_o4[part * BLOCKS + blk] = sum;
-                if (blk == 0) {
-                    part_ml[part] = vec2(big_m, big_l);
+                if (used > 1) {
+                    const uint part = row * gl_NumWorkGroups.x + split;
+                    part_o4[part * BLOCKS + blk] = sum;
+                    if (blk == 0) {
+                        part_ml[part] = vec2(big_m, big_l);
+                    }
+                    continue;
                 }
-#else
-                float norm = 1.0 / big_l;
-#if defined(SINKS)
-                const float sink = sinks[head0 + r], m_all = max(big_m, sink);
-                norm = exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all));
 #endif
-                o4[row * BLOCKS + blk] = sum * norm;
-#if defined(X8)   // a block of x8 is 8 consecutive threads of one head (blk = tid)
-                store_x8(row * BLOCKS + blk, sum * norm, p.n_head * HEAD_DIM, 0.0);
-#endif
-#endif
+                store_out(row, blk, head0 + r, sum, big_m, big_l);
             }
             barrier();
         }
     }
 #if defined(SPLIT)
-    // This split's partials visible device-wide, then counted; the last split of the token's
-    // heads merges the used ones: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s,
-    // M = max_s m_s. Merging only those keeps a cache sized for long sequences (many splits
-    // recorded: 64 for 4096 positions) from costing short ones a merge over empty partials.
+    // With more than one used split, this one's partials visible device-wide, then counted; the
+    // last used split of the token's heads merges them: out = sum_s e^(m_s - M) acc_s /
+    // sum_s e^(m_s - M) l_s, M = max_s m_s. A single used split wrote the output itself, and
+    // splits past the used ones count nothing: a cache sized for long sequences (many splits
+    // recorded: 64 for 4096 positions) costs short ones neither partials nor a merge.
+    if (used == 1 || split >= used) {
+        return;
+    }
     memoryBarrierBuffer();
     barrier();
     const uint splits = gl_NumWorkGroups.x, counter = t * gl_NumWorkGroups.y + gl_WorkGroupID.y;
     if (tid == 0) {
-        last_sh = atomicAdd(counters[counter], 1u) == splits - 1;
+        last_sh = atomicAdd(counters[counter], 1u) == used - 1;
     }
     barrier();
     if (!last_sh) {
@@ -232,16 +247,7 @@ void main() {
             big_l += w * ml.y;
             sum += w * part_o4[(first + s) * BLOCKS + blk];
         }
-#if defined(SINKS)
-        const float sink = sinks[head0 + r], m_all = max(big_m, sink);
-        sum *= exp(big_m - m_all);
-        big_l = big_l * exp(big_m - m_all) + exp(sink - m_all);
-#endif
-        const vec4 v = sum / big_l;
-        o4[row * BLOCKS + blk] = v;
-#if defined(X8)
-        store_x8(row * BLOCKS + blk, v, p.n_head * HEAD_DIM, 0.0);
-#endif
+        store_out(row, blk, head0 + r, sum, big_m, big_l);
     }
     if (tid == 0) {
         counters[counter] = 0u;   // for the next pass

@@ -62,6 +62,7 @@ CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits (None: a
     (1, 650, 4, 2, 64, 700, 1),        # the same in one pass
     (1, 0, 4, 2, 64, 64, None),        # the first token
     (1, 100, 4, 2, 64, 4096, None),    # a cache sized for 4096 positions: 64 splits, 2 of them used
+    (1, 40, 4, 2, 64, 4096, None),     # 64 splits, 1 used: it writes the output, no partials or merge
     (5, 0, 6, 2, 128, 300, None),      # prefill from the start
     (5, 297, 6, 2, 128, 302, 1),       # prefill chunk after a prefix, one pass
     (5, 297, 6, 2, 128, 302, 3),       # the same, split

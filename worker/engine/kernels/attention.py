@@ -10,7 +10,8 @@ out). When tokens x KV heads alone give too few workgroups (decode), the sequenc
 log-sum-exp in the same dispatch (a counter per token and heads in the scratch); the split count is
 fixed at record time (from the workgroups and the longest sequence the cache holds,
 shape.n_ctx), and the shader shares each token's positions among the splits by its own length
-(MIN_CHUNK positions a split at least). The partials and counters live in a buffer the caller
+(MIN_CHUNK positions a split at least; a token whose positions fit one split has it write the
+output with no partials and no merge). The partials and counters live in a buffer the caller
 owns, of split_scratch_bytes, zeroed once when it is allocated (the merging split leaves its
 counter at 0).
 
