@@ -129,96 +129,97 @@ void main() {
     // the splits that hold positions: the first `used` (the others return at once)
     const uint used = min(gl_NumWorkGroups.x, (seen - first_visible + chunk - 1) / chunk);
 
-    if (split < used) {   // uniform in the workgroup
-        for (uint i = tid; i < ROWS * BLOCKS; i += WG) {
-            q_sh[i] = i / BLOCKS < rows ? q4[(t * p.n_head + head0) * BLOCKS + i] * p.scale : vec4(0.0);
-        }
-        barrier();
+    if (split >= used) {   // uniform in the workgroup: a split past the positions does nothing
+        return;
+    }
+    for (uint i = tid; i < ROWS * BLOCKS; i += WG) {
+        q_sh[i] = i / BLOCKS < rows ? q4[(t * p.n_head + head0) * BLOCKS + i] * p.scale : vec4(0.0);
+    }
+    barrier();
 
-        float m[ROWS], l[ROWS];
-        vec4 acc[ROWS * PER_LANE];
-        for (uint r = 0; r < ROWS; r++) {
-            m[r] = NO_SCORE;
-            l[r] = 0.0;
-            for (uint b = 0; b < PER_LANE; b++) {
-                acc[r * PER_LANE + b] = vec4(0.0);
-            }
+    float m[ROWS], l[ROWS];
+    vec4 acc[ROWS * PER_LANE];
+    for (uint r = 0; r < ROWS; r++) {
+        m[r] = NO_SCORE;
+        l[r] = 0.0;
+        for (uint b = 0; b < PER_LANE; b++) {
+            acc[r * PER_LANE + b] = vec4(0.0);
         }
-        for (uint pos = begin + stream; pos < end; pos += STREAMS) {
-            const uint row_base = (kv_row(slot, pos, p.table_stride) * p.n_head_kv + g) * BLOCKS;
-            vec4 kb[PER_LANE], vb[PER_LANE];
-            for (uint b = 0; b < PER_LANE; b++) {
-                const uint blk = lane + b * LANES;
-                kb[b] = blk < BLOCKS ? load_k(row_base + blk) : vec4(0.0);
-                vb[b] = blk < BLOCKS ? load_v(row_base + blk) : vec4(0.0);
-            }
-            for (uint r = 0; r < ROWS; r++) {
-                float s = 0.0;
-                for (uint b = 0; b < PER_LANE; b++) {
-                    const uint blk = lane + b * LANES;
-                    if (blk < BLOCKS) {
-                        s += dot(kb[b], q_sh[r * BLOCKS + blk]);
-                    }
-                }
-                for (uint x = LANES / 2; x > 0; x /= 2) {
-                    s += subgroupShuffleXor(s, x);
-                }
-                const float m_new = max(m[r], s);
-                const float alpha = exp(m[r] - m_new), w = exp(s - m_new);
-                m[r] = m_new;
-                l[r] = l[r] * alpha + w;
-                for (uint b = 0; b < PER_LANE; b++) {
-                    acc[r * PER_LANE + b] = acc[r * PER_LANE + b] * alpha + w * vb[b];
-                }
-            }
+    }
+    for (uint pos = begin + stream; pos < end; pos += STREAMS) {
+        const uint row_base = (kv_row(slot, pos, p.table_stride) * p.n_head_kv + g) * BLOCKS;
+        vec4 kb[PER_LANE], vb[PER_LANE];
+        for (uint b = 0; b < PER_LANE; b++) {
+            const uint blk = lane + b * LANES;
+            kb[b] = blk < BLOCKS ? load_k(row_base + blk) : vec4(0.0);
+            vb[b] = blk < BLOCKS ? load_v(row_base + blk) : vec4(0.0);
         }
-
         for (uint r = 0; r < ROWS; r++) {
-            if (lane == 0) {
-                ml_sh[stream] = vec2(m[r], l[r]);
-            }
+            float s = 0.0;
             for (uint b = 0; b < PER_LANE; b++) {
                 const uint blk = lane + b * LANES;
                 if (blk < BLOCKS) {
-                    acc_sh[stream * BLOCKS + blk] = acc[r * PER_LANE + b];
+                    s += dot(kb[b], q_sh[r * BLOCKS + blk]);
                 }
             }
-            barrier();
-            float big_m = NO_SCORE, big_l = 0.0;
-            for (uint s = 0; s < STREAMS; s++) {
-                big_m = max(big_m, ml_sh[s].x);
+            for (uint x = LANES / 2; x > 0; x /= 2) {
+                s += subgroupShuffleXor(s, x);
             }
-            for (uint s = 0; s < STREAMS; s++) {
-                big_l += exp(ml_sh[s].x - big_m) * ml_sh[s].y;
+            const float m_new = max(m[r], s);
+            const float alpha = exp(m[r] - m_new), w = exp(s - m_new);
+            m[r] = m_new;
+            l[r] = l[r] * alpha + w;
+            for (uint b = 0; b < PER_LANE; b++) {
+                acc[r * PER_LANE + b] = acc[r * PER_LANE + b] * alpha + w * vb[b];
             }
-            const uint row = t * p.n_head + head0 + r;
-            for (uint blk = tid; blk < BLOCKS && r < rows; blk += WG) {
-                vec4 sum = vec4(0.0);
-                for (uint s = 0; s < STREAMS; s++) {
-                    sum += exp(ml_sh[s].x - big_m) * acc_sh[s * BLOCKS + blk];
-                }
-#if defined(SPLIT)
-                if (used > 1) {
-                    const uint part = row * gl_NumWorkGroups.x + split;
-                    part_o4[part * BLOCKS + blk] = sum;
-                    if (blk == 0) {
-                        part_ml[part] = vec2(big_m, big_l);
-                    }
-                    continue;
-                }
-#endif
-                store_out(row, blk, head0 + r, sum, big_m, big_l);
-            }
-            barrier();
         }
+    }
+
+    for (uint r = 0; r < ROWS; r++) {
+        if (lane == 0) {
+            ml_sh[stream] = vec2(m[r], l[r]);
+        }
+        for (uint b = 0; b < PER_LANE; b++) {
+            const uint blk = lane + b * LANES;
+            if (blk < BLOCKS) {
+                acc_sh[stream * BLOCKS + blk] = acc[r * PER_LANE + b];
+            }
+        }
+        barrier();
+        float big_m = NO_SCORE, big_l = 0.0;
+        for (uint s = 0; s < STREAMS; s++) {
+            big_m = max(big_m, ml_sh[s].x);
+        }
+        for (uint s = 0; s < STREAMS; s++) {
+            big_l += exp(ml_sh[s].x - big_m) * ml_sh[s].y;
+        }
+        const uint row = t * p.n_head + head0 + r;
+        for (uint blk = tid; blk < BLOCKS && r < rows; blk += WG) {
+            vec4 sum = vec4(0.0);
+            for (uint s = 0; s < STREAMS; s++) {
+                sum += exp(ml_sh[s].x - big_m) * acc_sh[s * BLOCKS + blk];
+            }
+#if defined(SPLIT)
+            if (used > 1) {
+                const uint part = row * gl_NumWorkGroups.x + split;
+                part_o4[part * BLOCKS + blk] = sum;
+                if (blk == 0) {
+                    part_ml[part] = vec2(big_m, big_l);
+                }
+                continue;
+            }
+#endif
+            store_out(row, blk, head0 + r, sum, big_m, big_l);
+        }
+        barrier();
     }
 #if defined(SPLIT)
     // With more than one used split, this one's partials visible device-wide, then counted; the
     // last used split of the token's heads merges them: out = sum_s e^(m_s - M) acc_s /
     // sum_s e^(m_s - M) l_s, M = max_s m_s. A single used split wrote the output itself, and
-    // splits past the used ones count nothing: a cache sized for long sequences (many splits
+    // splits past the used ones returned at the start: a cache sized for long sequences (many splits
     // recorded: 64 for 4096 positions) costs short ones neither partials nor a merge.
-    if (used == 1 || split >= used) {
+    if (used == 1) {
         return;
     }
     memoryBarrierBuffer();
