@@ -156,47 +156,6 @@ void main() {
             }
         }
     }
-#elif defined(X8_STAGED)
-    // Q6_K against 8-bit activations through shared memory (mul_mat_vec_staged.glsl): per
-    // STAGE_BLOCKS blocks of every row and weight, the lane group's spans of them (the loads of
-    // the next spans issued before the math on these), then per 32-value piece two integer dots,
-    // each load of x serving all rows and weights.
-    const uint blocks = p.ncols / QUANT_K, x_blocks = p.ncols / 32;
-    uint row_byte[NUM_ROWS];
-    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-        row_byte[r] = clamped_row(row0 + r) * blocks * BLOCK_BYTES;
-    }
-    uvec4 raw[STAGE_LOADS][NUM_MATS][NUM_ROWS];
-    LOAD_SPANS(raw, row_byte, 0)
-    for (uint b0 = 0; b0 < blocks; b0 += STAGE_BLOCKS) {   // the same count in every lane group
-        barrier();   // the last spans read
-        STORE_SPANS(raw)
-        barrier();
-        if (b0 + STAGE_BLOCKS < blocks) {
-            LOAD_SPANS(raw, row_byte, b0 + STAGE_BLOCKS)
-        }
-        for (uint i = tid; i < 8 * min(STAGE_BLOCKS, blocks - b0); i += LANES) {
-            const uint blk = i / 8, piece = i % 8;
-            const uint xb0 = 8 * (b0 + blk) + 4 * (piece >> 2) + ((piece >> 1) & 1u), k = piece & 1u;
-            [[unroll]] for (uint c = 0; c < NUM_COLS; c++) {
-                const uint col = clamped_col(col0 + c);
-                const ivec4 x0 = x8[x8_word(col, x_blocks, xb0, k)], x1 = x8[x8_word(col, x_blocks, xb0 + 2, k)];
-                const vec4 ds0 = intBitsToFloat(x8[x8_word(col, x_blocks, xb0, 2)]);
-                const vec4 ds1 = intBitsToFloat(x8[x8_word(col, x_blocks, xb0 + 2, 2)]);
-#if defined(X8_RMS)
-                if (k == 0) {   // each block of x once: the pieces of its first half
-                    sumsq[c] += ds0.w + ds1.w;
-                }
-#endif
-                [[unroll]] for (uint m = 0; m < NUM_MATS; m++) {
-                    [[unroll]] for (uint r = 0; r < NUM_ROWS; r++) {
-                        const uint at = (row_byte[r] + b0 * BLOCK_BYTES) % 16 + blk * BLOCK_BYTES;
-                        acc[c][m][r] += piece_dot(span_base(m, r), at, piece, x0, ds0, x1, ds1);
-                    }
-                }
-            }
-        }
-    }
 #elif defined(X8)
     // Quantized weights against 8-bit activations (x8.glsl blocks of 32, quantize_x8.comp): thread
     // t takes the 32-value blocks t, t + LANES, ... of the row; per 16-value slice an exact

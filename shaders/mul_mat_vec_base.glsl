@@ -14,10 +14,9 @@
 // Quantized weights are read through mul_mat_vec_items.glsl (wide loads, several items in
 // flight, per-type inner loops) where that measured faster on an H200; Q6_K and Q8_0, and the
 // fused gate+up kernel of every type but MXFP4, read 16-value slices through dequant.glsl (as
-// float weights do): there the item loops measured slower. Over 8-bit x (X8), Q4_K and Q5_K
-// take the items (their quants from group_quants) and Q6_K reads spans of blocks copied into
-// shared memory (X8_STAGED, mul_mat_vec_staged.glsl), but with X8_SLICES (the variants for
-// several columns) and for the other types dequant.glsl's quants16.
+// float weights do): there the item loops measured slower. Over 8-bit x (X8), Q4_K, Q5_K and
+// Q6_K take the items (their quants from group_quants) but with X8_SLICES (the variants for
+// several columns), the other types dequant.glsl's quants16.
 // With EXPERTS (a mixture-of-experts FFN) the weights are the 3-D expert tensor of one part
 // (experts expert_first .. + expert_count, `rows` rows each) and column z of the dispatch is the
 // slot (token t, j-th chosen expert): it multiplies the rows of expert ids[z] (moe_route.comp's
@@ -46,11 +45,8 @@
 #if QUANT_K > 1 && !defined(DATA_A_Q6_K) && !defined(DATA_A_Q8_0) && (!defined(GLU) || defined(DATA_A_MXFP4)) && !defined(COLS) && !defined(X8)
 #define MAT_VEC_ITEMS
 #endif
-// Over 8-bit x, the types whose items give their quants (group_quants) take the item loops too,
-// but for Q6_K the one-column kernel reads through shared memory (mul_mat_vec_staged.glsl).
-#if defined(X8) && !defined(X8_SLICES) && defined(DATA_A_Q6_K) && !defined(COLS)
-#define X8_STAGED
-#elif defined(X8) && !defined(X8_SLICES) && (defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K) || defined(DATA_A_Q6_K))
+// Over 8-bit x, the types whose items give their quants (group_quants) take the item loops too.
+#if defined(X8) && !defined(X8_SLICES) && (defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K) || defined(DATA_A_Q6_K))
 #define X8_ITEMS
 #endif
 #if defined(MAT_VEC_ITEMS) || defined(X8_ITEMS)
@@ -66,14 +62,14 @@ float dot16(mat4 a, mat4 b) {
 
 #if defined(ITEM_LOOPS)
 #include "mul_mat_vec_items.glsl"
-#elif !defined(X8_STAGED)
+#else
 #include "dequant.glsl"
 #endif
 #if defined(GLU)
 #if defined(ITEM_LOOPS)
 #define ITEMS_UP
 #include "mul_mat_vec_items.glsl"
-#elif !defined(X8_STAGED)
+#else
 #define DEQUANT_UP
 #include "dequant.glsl"
 #endif
@@ -114,10 +110,6 @@ const uint WORKGROUP_ROWS = NUM_ROWS * (BLOCK_SIZE / LANES);
 const uint RAW_WORDS = 64;
 const uint ITEMS_FIT = RAW_WORDS / (NUM_MATS * NUM_ROWS * ITEM_RAW_WORDS);
 const uint UNROLL = ITEMS_FIT < 1 ? 1 : (ITEMS_FIT > 4 ? 4 : ITEMS_FIT);
-#endif
-
-#if defined(X8_STAGED)
-#include "mul_mat_vec_staged.glsl"
 #endif
 
 #if defined(ITEM_LOOPS)

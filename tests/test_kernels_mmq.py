@@ -25,12 +25,10 @@ from tests.kernel_io import own_context
 from tests.test_kernels_matmul import assert_close, random_weights
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
-from worker.engine.kernels.mat_vec import staged_fits
 from worker.engine.kernels.matmul import BlocksOut, matmul, matmul_swiglu, quantize_x8, x8_bytes
 from worker.engine.kernels.norm import rms_norm_x8
 from worker.engine.kernels.paths import mat_mat_path, mmq_types, paths, product_path
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
-from worker.engine.kernels.tuning import candidates
 from worker.engine.vk.device import INTEGER_DOT, DeviceInfo
 
 MMQ_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
@@ -71,9 +69,8 @@ def cols_of(qtype: T) -> int:
     return {32: 96, 256: 512}[GGML_QUANT_SIZES[qtype][0]]
 
 
-def run_mmq(ctx, qtype, raw, cols, x, n, y0=None, path="mmq", shape=None):
+def run_mmq(ctx, qtype, raw, cols, x, n, y0=None, path="mmq"):
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
-    tensor.mat_vec_shape = shape
     xb, yb, x8 = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows), ctx.alloc(x8_bytes(n, cols))
     ctx.upload(xb, x.astype(np.float32))
     if y0 is not None:
@@ -175,22 +172,6 @@ def test_mat_vec_x8_every_type(vk_ctx, qtype):
         assert_close(y, y0 + x.astype(np.float64) @ w.T)
 
 
-def test_q6_k_x8_every_staged_shape(vk_ctx):
-    """Q6_K's one-column kernel over 8-bit x copies spans of blocks into shared memory
-    (mul_mat_vec_staged.glsl): every tuner candidate that fits, over rows of 7 blocks (1470
-    bytes: every other row starts 2 bytes into a word, and the last span of a row is partial
-    for every span length but 7), y += W x."""
-    cols, rows = 7 * 256, 37
-    raw, w = random_weights(T.Q6_K, rows, cols, seed=13)
-    x = exact_activations(1, cols, seed=2)
-    y0 = np.random.default_rng(3).standard_normal((1, rows)).astype(np.float32)
-    shapes = [shape for shape in candidates(vk_ctx.info) if staged_fits(vk_ctx.info, shape, 1)]
-    assert len(shapes) > 1
-    for shape in shapes + [None]:
-        y, _ = run_mmq(vk_ctx, T.Q6_K, raw, cols, x, 1, y0, path="mat_vec_x8", shape=shape)
-        assert_close(y, y0 + x.astype(np.float64) @ w.T)
-
-
 def run_glu(ctx, gate, up, x, n: int, path: str, gelu: bool = False) -> np.ndarray:
     """act(gate x) * (up x) through matmul_swiglu on `path`, x (f32 [n, K]) quantized into
     scratch of its own."""
@@ -239,12 +220,10 @@ def test_glu_x8_writes_its_output_in_blocks(vk_ctx, qtype, shape):
     also in 8-bit blocks (BlocksOut) by workgroups of each of `block_shapes`: the f32 output as
     without them, the blocks numpy's quantization of it; twice from one recording (the counters
     back at 0)."""
-    rows, cols, shape = 512, cols_of(qtype), block_shapes(vk_ctx)[shape]
-    if qtype == T.Q6_K and shape is not None and not staged_fits(vk_ctx.info, shape, 2):
-        pytest.skip(f"Q6_K's spans of {shape} do not fit {vk_ctx.info.name}'s shared memory")
+    rows, cols = 512, cols_of(qtype)
     (raw_g, w_g), (raw_u, w_u) = random_weights(qtype, rows, cols, seed=4), random_weights(qtype, rows, cols, seed=5)
     gate, up = (upload_tensor(vk_ctx, name, qtype, (cols, rows), raw) for name, raw in (("g", raw_g), ("u", raw_u)))
-    gate.glu_shape = shape
+    gate.glu_shape = block_shapes(vk_ctx)[shape]
     x = exact_activations(1, cols, seed=1)
     xb, out, scratch, x8 = (vk_ctx.alloc(size) for size in (x.nbytes, 4 * rows, 4 * rows, x8_bytes(1, cols)))
     blocks, done = vk_ctx.alloc(x8_bytes(1, rows)), vk_ctx.alloc(4 * rows // 32)

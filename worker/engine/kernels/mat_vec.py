@@ -50,22 +50,6 @@ def mat_vec_columns(ctx, n: int, shape: tuple[int, int, int], norm_sums: bool, m
     return min(n, MAT_VEC_MAX_COLS, ctx.info.max_shared_memory // (4 * (mats * rows + norm_sums) * threads))
 
 
-# mul_mat_vec_staged.glsl's Q6_K spans (the one-column kernel over 8-bit x): up to STAGE_BUDGET
-# bytes of shared memory, or one block (210 bytes and up to 29 of alignment, in 16-byte vectors)
-# for each row of each weight of the workgroup where those alone take more.
-STAGE_BUDGET = 16384
-SPAN_MIN_BYTES = 240
-
-
-def staged_fits(info, shape: tuple[int, int, int], mats: int) -> bool:
-    """Whether a one-column Q6_K product over 8-bit x of `mats` weights (2: the fused gate+up)
-    fits workgroups of `shape` within the device's shared memory: its spans and its reduction
-    (a float per thread, row and weight, and one for the sums of a norm it may scale by)."""
-    threads, rows, _ = shape
-    spans = max(STAGE_BUDGET, SPAN_MIN_BYTES * mats * workgroup_rows(shape))
-    return spans + 4 * (mats * rows + 1) * threads <= info.max_shared_memory
-
-
 def mat_vec_name(op: str, qtype: T, cols: int) -> str:
     """Mat-vec kernel `op` of a weight of `qtype` for workgroups of `cols` columns: the 8-bit
     kernels (op *_x8) take their _slices variant for several (variants.toml)."""

@@ -32,7 +32,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.mat_vec import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE, staged_fits
+from worker.engine.kernels.mat_vec import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE
 from worker.engine.kernels.matmul import BlocksOut, writes_blocks, x8_bytes
 from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, X8_BLOCK_VALUES, product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
@@ -156,7 +156,7 @@ class MatVecTuner:
             ctx.upload(blocks.done, counters)
 
         def records(weights, x, y):
-            for shape in self._candidates(key, glu):
+            for shape in candidates(ctx.info):
                 tuned = [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights]
                 writes = blocks is not None and writes_blocks(ctx, tuned[0], tuned[0], 1)
                 yield shape, record(ctx, tuned, x, y, x8=x8, **({"blocks_out": blocks} if writes else {}))
@@ -169,14 +169,6 @@ class MatVecTuner:
                     ctx.free(buffer)
         self.measured += 1
         return medians
-
-    def _candidates(self, key: Key, glu: bool) -> list[Shape]:
-        """The shapes the weight's kernel can take: all, but over 8-bit x Q6_K's spans must fit
-        in shared memory beside the reduction (mat_vec.staged_fits)."""
-        shapes = candidates(self.ctx.info)
-        if key[0] == GGMLQuantizationType.Q6_K and self._x8(key):
-            return [shape for shape in shapes if staged_fits(self.ctx.info, shape, 2 if glu else 1)]
-        return shapes
 
     def _x8(self, key: Key) -> bool:
         qtype, _, cols = key
