@@ -10,8 +10,12 @@
 #include "mul_mat_base.glsl"
 
 // Matrix x matrix on matrix units (VK_KHR_cooperative_matrix): what mul_mat.comp computes, with
-// the weight tile dequantized into shared memory as f16, the activation tile converted to f16 on
-// load, and f32 accumulation in TM x TN x TK cooperative matrices (a shape the device reports).
+// the weight tile dequantized into shared memory as f16, the activations already in f16 (binding
+// 1: convert_f16.comp's rows of x, each padded to a multiple of 8 values, copied into the tile as
+// they are), and f32 accumulation in TM x TN x TK cooperative matrices (a shape the device
+// reports). On an H200 (Q4_K 27648x5120 at 512 columns, the 128x256 tile) reading f32 x and
+// converting it here took 1271 us, f16 x 1049: the activation tile's loads and conversions, not
+// the matrix units, bound the kernel (1281 -> 631 us with no loads at all, 991 with no matrix work).
 // A workgroup computes BM rows x BN columns; its subgroups each own WM x WN of them
 // ((WM / TM) x (WN / TN) accumulators), rows first. K goes in steps of BK (a multiple of 16 and
 // of TK) through shared memory.
@@ -35,30 +39,37 @@ layout(constant_id = 9) const uint BK = 32;
 // 2: the tiles in shared memory alternate between two buffers, so that storing the next step's
 // needs no barrier after the matrix work of this one (one barrier per step instead of two)
 layout(constant_id = 10) const uint STAGES = 1;
-// Rows of the tiles in f16 4-vectors: BK / 4 plus 2 (16 bytes) of padding against bank conflicts.
-const uint STRIDE = BK / 4 + 2;
+// Rows of the tiles in 16-byte vectors of 8 f16: BK / 8 plus one of padding against bank conflicts.
+const uint STRIDE = BK / 8 + 1;
 const uint SUBGROUPS = (BM / WM) * (BN / WN);
 const uint THREADS = SUBGROUPS * SUBGROUP;
 const uint CM_ROWS = WM / TM, CM_COLS = WN / TN;
-// 16-value weight slices and 4-value activation vectors per thread and step
+// 16-value weight slices and 8-value activation vectors per thread and step
 const uint A_PER_THREAD = (BM * (BK / 16) + THREADS - 1) / THREADS;
-const uint X_PER_THREAD = (BN * (BK / 4) + THREADS - 1) / THREADS;
+const uint X_PER_THREAD = (BN * (BK / 8) + THREADS - 1) / THREADS;
 
-shared f16vec4 buf_a[STAGES * BM * STRIDE];   // buf_a[r * STRIDE + k / 4]: row-major weights
-shared f16vec4 buf_x[STAGES * BN * STRIDE];   // buf_x[t * STRIDE + k / 4]: column-major B = x^T
+layout(std430, binding = 1) readonly buffer XH { uvec4 xh[]; };   // 8 f16 a vector
+shared uvec4 buf_a[STAGES * BM * STRIDE];   // buf_a[r * STRIDE + k / 8]: row-major weights
+shared uvec4 buf_x[STAGES * BN * STRIDE];   // buf_x[t * STRIDE + k / 8]: column-major B = x^T
 shared float staging[SUBGROUPS * TM * TN];
 
 mat4 reg_a[A_PER_THREAD];
-vec4 reg_x[X_PER_THREAD];
+uvec4 reg_x[X_PER_THREAD];
+
+uvec4 pack8(vec4 a, vec4 b) {
+    return uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(b.xy), packHalf2x16(b.zw));
+}
 
 void load_registers(uint tid, uint row0, uint col0, uint k0) {
     [[unroll]] for (uint j = 0; j < A_PER_THREAD; j++) {
         const uint i = tid + j * THREADS, row = i / (BK / 16), k = k0 + 16 * (i % (BK / 16));
         reg_a[j] = i < BM * (BK / 16) && row0 + row < p.rows && k < p.ncols ? load_a16(row0 + row, k) : mat4(0.0);
     }
+    const uint row_vectors = (p.ncols + 7) / 8;   // of a row of x (zeros past ncols)
     [[unroll]] for (uint j = 0; j < X_PER_THREAD; j++) {
-        const uint i = tid + j * THREADS;
-        reg_x[j] = i < BN * (BK / 4) ? load_x4(col0 + i / (BK / 4), k0 + 4 * (i % (BK / 4))) : vec4(0.0);
+        const uint i = tid + j * THREADS, col = col0 + i / (BK / 8), k = k0 + 8 * (i % (BK / 8));
+        reg_x[j] = i < BN * (BK / 8) && col < cols_end() && k < p.ncols ? xh[x_col(col) * row_vectors + k / 8]
+                                                                          : uvec4(0u);
     }
 }
 
@@ -67,15 +78,14 @@ void store_tiles(uint tid, uint stage) {
     [[unroll]] for (uint j = 0; j < A_PER_THREAD; j++) {
         const uint i = tid + j * THREADS, row = i / (BK / 16), slice = i % (BK / 16);
         if (i < BM * (BK / 16)) {
-            [[unroll]] for (uint c = 0; c < 4; c++) {
-                buf_a[a0 + row * STRIDE + 4 * slice + c] = f16vec4(reg_a[j][c]);
-            }
+            buf_a[a0 + row * STRIDE + 2 * slice] = pack8(reg_a[j][0], reg_a[j][1]);
+            buf_a[a0 + row * STRIDE + 2 * slice + 1] = pack8(reg_a[j][2], reg_a[j][3]);
         }
     }
     [[unroll]] for (uint j = 0; j < X_PER_THREAD; j++) {
         const uint i = tid + j * THREADS;
-        if (i < BN * (BK / 4)) {
-            buf_x[x0 + (i / (BK / 4)) * STRIDE + i % (BK / 4)] = f16vec4(reg_x[j]);
+        if (i < BN * (BK / 8)) {
+            buf_x[x0 + (i / (BK / 8)) * STRIDE + i % (BK / 8)] = reg_x[j];
         }
     }
 }
@@ -111,11 +121,11 @@ void main() {
         const uint a0 = stage * BM * STRIDE, x0 = stage * BN * STRIDE;
         [[unroll]] for (uint kk = 0; kk < BK; kk += TK) {
             [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
-                coopMatLoad(a[i], buf_a, a0 + (warp_r * WM + i * TM) * STRIDE + kk / 4, STRIDE,
+                coopMatLoad(a[i], buf_a, a0 + (warp_r * WM + i * TM) * STRIDE + kk / 8, STRIDE,
                             gl_CooperativeMatrixLayoutRowMajor);
             }
             [[unroll]] for (uint j = 0; j < CM_COLS; j++) {
-                coopMatLoad(b, buf_x, x0 + (warp_c * WN + j * TN) * STRIDE + kk / 4, STRIDE,
+                coopMatLoad(b, buf_x, x0 + (warp_c * WN + j * TN) * STRIDE + kk / 8, STRIDE,
                             gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
                     sums[j * CM_ROWS + i] = coopMatMulAdd(a[i], b, sums[j * CM_ROWS + i]);

@@ -16,6 +16,7 @@ from gguf import quants as gq
 from tests.kernel_io import own_context
 from worker.engine.kernels.coopmat import coopmat_splits, few_cols_tile
 from worker.engine.kernels.embedding import get_rows
+from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.mat_vec import mat_vec_shape
 from worker.engine.kernels.matmul import matmul
 from worker.engine.kernels.paths import paths
@@ -64,19 +65,19 @@ def cols_for(qtype: T) -> tuple[int, ...]:
 def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, path=None, shape=None, tile=None):
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
     tensor.mat_vec_shape, tensor.coopmat_tile = shape, tile
-    xb, yb = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows)
+    xb, yb, xh = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows), ctx.alloc(f16_bytes(n, cols))
     ctx.upload(xb, x.astype(np.float32))
     if y0 is not None:
         ctx.upload(yb, y0.astype(np.float32))
     rec = ctx.recording()
-    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path=path)
+    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path=path, xh=xh)
     ctx.run(rec.finish())
     y = ctx.download(yb, count=n * tensor.rows).reshape(n, tensor.rows)
     rec.destroy()
     parts = len(tensor.parts)
     free_tensor(ctx, tensor)
-    ctx.free(xb)
-    ctx.free(yb)
+    for buffer in (xb, yb, xh):
+        ctx.free(buffer)
     return y, parts
 
 

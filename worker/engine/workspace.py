@@ -60,6 +60,8 @@ class Workspace:
                                # None: the device decodes over f32 x, or the FFN is a mixture of experts)
     x8_norm: Buffer | None     # the next RMSNorm's input in 8-bit blocks, one column, unscaled (matmul's
                                # NormBlocks; None: the device decodes over f32 x)
+    xh: Buffer | None          # the cooperative-matrix products' f16 activations (kernels/halves.py; None:
+                               # the device has no such kernel, or passes take at most the mat-vec columns)
     done: Buffer               # uint32 counters of the products whose last workgroups write blocks (matmul's
                                # BlocksOut and NormBlocks, one per block): zeroed when allocated, left at 0 by them
     # A model split across contexts (worker/engine/placement.py): f32 [n, n_embd], the hidden
@@ -98,14 +100,16 @@ class Workspace:
         AttentionShape) with up to `sequences` logits rows, on the device of `ctx` (top-k's
         stages depend on its workgroup size, an expert tile's slots on its shared memory)."""
         from worker.engine.kernels import attention, experts, select
+        from worker.engine.kernels.halves import f16_bytes
         from worker.engine.kernels.matmul import x8_bytes
-        from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, decode_x8, mat_mat_path
+        from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, decode_x8, mat_mat_path, paths
         vocab, c = config.vocab_size, config
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
         mmq = n > MAT_VEC_MAX_COLS and "mmq" in (mat_mat_path(ctx), expert_path)
         # decode's 8-bit mat-vec groups (up to 8 columns) and mat-cols products (up to 64)
         x8_rows = n if mmq else min(n, MAT_COLS_X8_MAX) if decode_x8(ctx) else 0
+        product_k = max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)   # the longest input of a product
         return {"attention": attention.split_scratch_bytes(shape, n),
                 "attention_tiles": attention.tiles_bytes(ctx, n, sequences),
                 "select": max(select.scratch_bytes(ctx, sequences, vocab, 1),
@@ -115,10 +119,11 @@ class Workspace:
                 "moe_up": 4 * slots * c.n_ff_exp if expert_path in experts.MAT_MAT_PATHS else 0,
                 # the products' inputs per token, and in decode the expert down products' per slot
                 # (models/moe.py; in prefill those take f32 input)
-                "x8": max(x8_bytes(x8_rows, max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)),
+                "x8": max(x8_bytes(x8_rows, product_k),
                           x8_bytes(min(n, MAT_VEC_MAX_COLS) * c.n_expert_used, c.n_ff_exp) if decode_x8(ctx) else 0),
                 "x8_ffn": x8_bytes(1, c.n_ff) if decode_x8(ctx) and not c.n_expert else 0,
-                "x8_norm": x8_bytes(1, c.n_embd) if decode_x8(ctx) else 0}
+                "x8_norm": x8_bytes(1, c.n_embd) if decode_x8(ctx) else 0,
+                "xh": f16_bytes(n, product_k) if n > MAT_VEC_MAX_COLS and "coopmat" in paths(ctx) else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, shared: dict[str, Buffer] | None = None

@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner
 from worker.engine.kernels.mat_cols import MAT_COLS_X8_VARIANTS, mat_cols_columns, mat_cols_shape, mat_cols_tile
+from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.matmul import x8_bytes
 from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, mmq_types, paths, x8_cols_types
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
@@ -123,12 +124,14 @@ class Copies:
         self.weights = [upload_tensor(ctx, f"w{i}", qtype, (cols, rows), data) for i in range(copies)]
         self.x, self.y, self.up = (ctx.alloc(4 * c * most) for c in (cols, rows, rows))
         self.x8 = ctx.alloc(x8_bytes(min(most, MAT_COLS_X8_MAX), cols))
+        self.xh = ctx.alloc(f16_bytes(most, cols))
         ctx.upload(self.x, (np.random.default_rng(0).standard_normal(cols * most) / np.sqrt(cols)).astype(np.float32))
 
     def _record(self, n: int, **options):
         if self.glu:
-            return record_glu_products(self.ctx, self.weights, self.x, self.y, n, up=self.up, x8=self.x8, **options)
-        return record_products(self.ctx, self.weights, self.x, self.y, n, x8=self.x8, **options)
+            return record_glu_products(self.ctx, self.weights, self.x, self.y, n, up=self.up, x8=self.x8, xh=self.xh,
+                                       **options)
+        return record_products(self.ctx, self.weights, self.x, self.y, n, x8=self.x8, xh=self.xh, **options)
 
     def time(self, n: int, path: str, shape, runs: int, warmup: float) -> float:
         """Median seconds of one product (a gate+up pair under GLU) of n columns."""
@@ -161,5 +164,5 @@ class Copies:
     def __exit__(self, *exc):
         for w in self.weights:
             free_tensor(self.ctx, w)
-        for buffer in (self.x, self.y, self.up, self.x8):
+        for buffer in (self.x, self.y, self.up, self.x8, self.xh):
             self.ctx.free(buffer)

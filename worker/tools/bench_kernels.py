@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType
 
 from worker.engine.config import Settings
 from worker.engine.intmath import cdiv
+from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.mat_vec import mat_vec_shape
 from worker.engine.kernels.matmul import Quantized, quantize_x8, x8_bytes
 from worker.engine.kernels.paths import mmq_types, paths
@@ -61,7 +62,8 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
                 runs: int, warmup: float, shape=None, path: str | None = None) -> tuple[float, int]:
     """(median seconds per product, copies rotated) for a rows x cols weight of `qtype` and n
     token columns (1: the mat-vec kernel), with mat-vec workgroup shape `shape` (None: fixed),
-    through matmul's kernel `path` (None: the one it picks). "mmq" includes quantizing x;
+    through matmul's kernel `path` (None: the one it picks). "mmq" includes quantizing x,
+    "coopmat" converting it to f16;
     "mat_vec_x8" takes x already in 8-bit blocks, as a model's products do (rms_norm_x8 writes
     them)."""
     nbytes = rows * row_bytes(qtype, cols)
@@ -72,6 +74,7 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
         w.mat_vec_shape = shape
     x, y = ctx.alloc(4 * cols * n), ctx.alloc(4 * rows * n)
     x8 = ctx.alloc(x8_bytes(n, cols)) if qtype in mmq_types() else None
+    xh = ctx.alloc(f16_bytes(n, cols)) if path == "coopmat" else None
     ctx.upload(x, np.ones(cols * n, np.float32))
     if path == "mat_vec_x8":
         prepare = ctx.recording(max_sets=1)
@@ -79,7 +82,7 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
         prepare = prepare.finish()
         ctx.run(prepare)
         prepare.destroy()
-    rec = record_products(ctx, weights, Quantized(x8) if path == "mat_vec_x8" else x, y, n, path=path, x8=x8)
+    rec = record_products(ctx, weights, Quantized(x8) if path == "mat_vec_x8" else x, y, n, path=path, x8=x8, xh=xh)
     replay_for(ctx, rec, warmup)
     times = []
     for _ in range(runs):
@@ -88,7 +91,7 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
     rec.destroy()
     for w in weights:
         free_tensor(ctx, w)
-    for buffer in (x, y, x8):
+    for buffer in (x, y, x8, xh):
         if buffer is not None:
             ctx.free(buffer)
     return statistics.median(times), copies

@@ -12,7 +12,9 @@ The "mmq" mat-mat kernel and the "mat_vec_x8" mat-vec kernel (decode, `decode_x8
 activations: their products quantize x into the scratch they are given (`x8`, x8_bytes of it)
 and record a barrier before the product, unless x is already `Quantized` (normed_input's norm
 writes its output so for products that all take mat_vec_x8); the caller's barrier after a
-product frees that scratch for the next."""
+product frees that scratch for the next. The cooperative-matrix ("coopmat") mat-mat kernel takes f16
+activations, converted alike into the scratch `xh` (kernels/halves.py), once for the products
+that share x."""
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as T
@@ -20,6 +22,7 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.coopmat import coopmat_splits, coopmat_tile
+from worker.engine.kernels.halves import Halves, halves
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
 from worker.engine.kernels.mat_vec import (mat_vec_columns, mat_vec_kernel, mat_vec_name, mat_vec_shape,
                                            workgroup_rows)
@@ -185,14 +188,15 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
            path: str | None = None, norm: FoldedNorm | None = None,
            cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None,
-           next_norm: NormBlocks | None = None):
+           next_norm: NormBlocks | None = None, xh: Buffer | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
     kernel `product_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
     prefill: mat-mat), or the one of `paths(ctx)` given (tests check each on every device). The
     mat-vec workgroup shape is the weight's tuned one, else the device kind's fixed one; the
     mat-cols one `cols_shape` (as mat_cols_shape gives it), else `mat_cols_shape`'s. The
     cooperative-matrix kernel rounds weights and activations to f16 (accumulating in f32), the
-    mmq and mat_vec_x8 kernels quantize the activations to 8 bits per block of 32 into `x8` first.
+    mmq and mat_vec_x8 kernels quantize the activations to 8 bits per block of 32 into `x8` first,
+    the cooperative-matrix one converts them to f16 into `xh` (unless x is Halves already).
     `norm` (mat-vec only): the products are of rms_norm(x[t]) * norm.weight. `next_norm` (a
     residual product, where `folds_norm`): the next norm's input in 8-bit blocks too."""
     ctx = rec.ctx
@@ -231,19 +235,20 @@ def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accu
         return
     if norm is not None:
         raise ValueError("the mat-mat kernels take normalised input: a norm folds into mat-vec products only")
-    _mat_mat(rec, w, path, "", [x, y], n, _push(w, 0, 0, n, y_accumulate))
+    _mat_mat(rec, w, path, "", [x, y], n, _push(w, 0, 0, n, y_accumulate), xh=xh)
 
 
 def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: list[Buffer], n: int, push: dict,
-             outputs: list[tuple[Buffer, int]] | None = None):
+             outputs: list[tuple[Buffer, int]] | None = None, xh: Buffer | None = None):
     """w times x over n columns through the tiled ("tiled", mul_mat<variant>_<type>) or the
     cooperative-matrix ("coopmat", mul_mat_coopmat<variant>_<type>; coopmat.py's tile) kernel,
     one dispatch per part; `buffers`: x and the outputs, `push` as _push gives it (each part's
     rows and offset filled in here). A cooperative-matrix product of few tiles splits K
     (`coopmat_splits`), its `outputs` ((buffer, bytes); default: the last buffer, n x w.rows)
-    zeroed first unless it accumulates."""
+    zeroed first unless it accumulates; its x (buffers[0]) in f16 (`halves`, into `xh`)."""
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
+        buffers = [halves(rec, buffers[0], xh, n, w.cols), *buffers[1:]]
         bm, bn, wm, wn, bk, stages = coopmat_tile(ctx.info, w, n)
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
@@ -257,6 +262,8 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
                             {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
                              10: stages})
     else:
+        if isinstance(buffers[0], Halves):
+            raise ValueError("only the cooperative-matrix kernel takes f16 activations")
         bm = bn = MAT_MAT_TILE
         splits = 1
         kernel = ctx.kernel(f"mul_mat{variant}_{type_name}", {0: MAT_MAT_THREADS, 1: MAT_MAT_TILE})
@@ -334,12 +341,12 @@ def _mmq_products(rec: Recording, products: list[tuple[DeviceTensor, Buffer]], x
 
 def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceTensor], x: Buffer,
                outs: list[Buffer], n: int, norm: FoldedNorm | None = None, path: str | None = None,
-               x8: Buffer | None = None):
+               x8: Buffer | None = None, xh: Buffer | None = None):
     """outs[i] = weights[i] x for the Q, K and V projections (matmul for each). `fused`: the
     weights of its `sections` (Q and K, or all three; tensor.upload_rows) as one tensor, which
     the mat-vec and mat-cols kernels take in one dispatch writing each section's rows to its output; the
     weights it lacks take their own products, and all of them on the mmq path (over x quantized
-    once into `x8`)."""
+    once into `x8`; on the cooperative-matrix path over x converted once into `xh`)."""
     rest = list(zip(weights, outs))
     path = path or product_path(rec.ctx, n, weights[0].cols, norm is not None, (fused or weights[0]).ggml_type)
     if path in X8_PATHS:   # x quantized once for all the products; types without the kernel take f32 x
@@ -354,6 +361,8 @@ def matmul_qkv(rec: Recording, fused: DeviceTensor | None, weights: list[DeviceT
             own = product_path(rec.ctx, n, w.cols, qtype=w.ggml_type)
             matmul(rec, w, Quantized(xq, _rms_eps(x)) if own in X8_PATHS else x, y, n, path=own)
         return
+    if path == "coopmat" and norm is None:
+        x = Halves(halves(rec, x, xh, n, weights[0].cols))
     if fused is not None and path == "mat_cols" and norm is None:
         _mat_cols_qkv(rec, fused, "mul_mat_cols_qkv", x, outs, n)
         rest = rest[len(fused.sections):]
@@ -404,7 +413,7 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
                   up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None, path: str | None = None,
                   cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None,
-                  blocks_out: BlocksOut | None = None):
+                  blocks_out: BlocksOut | None = None, xh: Buffer | None = None):
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
     gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh
     form in place of silu). Where the mat-vec kernel would
@@ -415,7 +424,8 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     swiglu into out. Either way the caller orders only x before and out after, as for matmul.
     `norm`: as matmul's, for both products. Where the mat-cols kernel takes them (matmul's rule,
     or `path`), its fused variant does the same (`cols_shape` as matmul's). On the mmq path both
-    products take x quantized once into `x8`. `blocks_out` (SwiGLU, where `writes_blocks`): the
+    products take x quantized once into `x8`, on the cooperative-matrix path x converted once
+    into `xh`. `blocks_out` (SwiGLU, where `writes_blocks`): the
     output in 8-bit blocks too (BlocksOut)."""
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
@@ -445,6 +455,8 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
         if path == "mmq" and norm is None:
             _mmq_products(rec, [(w_gate, out), (w_up, up)], x, n, x8)
         else:   # on the x8 paths each product takes its own kernel's path (the up weight's type may lack it)
+            if path == "coopmat" and norm is None:
+                x = Halves(halves(rec, x, xh, n, w_gate.cols))
             matmul(rec, w_gate, x, out, n, norm=norm, path=None if path in X8_PATHS else path,
                    cols_shape=cols_shape, x8=x8)
             if path in X8_PATHS:

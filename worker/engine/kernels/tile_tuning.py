@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.paths import COOPMAT_TILES, coopmat_shape, coopmat_tile_runs, paths
 from worker.engine.kernels.timing import record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
@@ -68,12 +69,16 @@ class TileTuner:
         ctx, n = self.ctx, self.n
         _, rows, cols = key
         x_values = np.random.default_rng(0).standard_normal(cols * n).astype(np.float32)
+        xh = ctx.alloc(f16_bytes(n, cols))
 
         def records(weights, x, y):
             for tile in candidates(ctx.info):
                 yield tile, record_products(ctx, [replace(w, coopmat_tile=tile) for w in weights], x, y, n,
-                                            path="coopmat")
-        medians = time_on_copies(ctx, key, COPIES, x_values, 4 * rows * n, records, WARMUP_SECONDS, RUNS)
+                                            path="coopmat", xh=xh)
+        try:
+            medians = time_on_copies(ctx, key, COPIES, x_values, 4 * rows * n, records, WARMUP_SECONDS, RUNS)
+        finally:
+            ctx.free(xh)
         self.measured += 1
         return medians
 

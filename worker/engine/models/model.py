@@ -228,7 +228,7 @@ class Model:
             last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
             x_in, folded = (ready, None) if ready is not None else normed_input(
                 rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps, [self.output], x8=ws.x8)
-        matmul(rec, self.output, x_in, logits, rows, norm=folded, x8=ws.x8)
+        matmul(rec, self.output, x_in, logits, rows, norm=folded, x8=ws.x8, xh=ws.xh)
 
     @staticmethod
     def _projections(layer) -> list:
@@ -242,7 +242,8 @@ class Model:
         projections = self._projections(layer)
         x_in, folded = (ready, None) if ready is not None else normed_input(
             rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections, x8=ws.x8)
-        matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8)
+        matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8,
+                   xh=ws.xh)
         rec.barrier()
         # one dispatch: q (biased and normalised per head first where the model says) rotated in
         # place, k likewise and rotated and v (biased) copied into this layer's cache
@@ -275,10 +276,10 @@ class Model:
             fold = (after is not None and ws.x8_norm is not None
                     and folds_norm(rec.ctx, layer[weight], after[1], n))
             next_norm = NormBlocks(ws.x8_norm, ws.done, after[0], c.norm_eps) if fold else None
-            matmul(rec, layer[weight], inp, ws.x, n, y_accumulate=True, x8=ws.x8, next_norm=next_norm)
+            matmul(rec, layer[weight], inp, ws.x, n, y_accumulate=True, x8=ws.x8, next_norm=next_norm, xh=ws.xh)
             rec.barrier()
             return Quantized(ws.x8_norm, c.norm_eps) if fold else None
-        matmul(rec, layer[weight], inp, ws.xb, n, x8=ws.x8)
+        matmul(rec, layer[weight], inp, ws.xb, n, x8=ws.x8, xh=ws.xh)
         rec.barrier()
         norm.rms_norm_add(rec, ws.xb, layer[post_norm], ws.x, n, c.n_embd, c.norm_eps)
         rec.barrier()
@@ -299,7 +300,7 @@ class Model:
         blocks = (ws.x8_ffn is not None and not c.ffn_gelu and folded is None and writes_blocks(rec.ctx, gate, up, n)
                   and product_path(rec.ctx, n, down.cols, qtype=down.ggml_type) == "mat_vec_x8")
         matmul_swiglu(rec, gate, up, x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu, norm=folded, x8=ws.x8,
-                      blocks_out=BlocksOut(ws.x8_ffn, ws.done) if blocks else None)
+                      blocks_out=BlocksOut(ws.x8_ffn, ws.done) if blocks else None, xh=ws.xh)
         rec.barrier()
         return self.record_residual(rec, ws, layer, "ffn_down", Quantized(ws.x8_ffn) if blocks else ws.gate,
                                     "post_ffw_norm", n, after)

@@ -33,12 +33,13 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
     else:
         norm.rms_norm(rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps)
     rec.barrier()
-    matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n, x8=ws.x8)
+    matmul(rec, layer["ffn_gate_inp"], ws.xb, ws.moe_logits, n, x8=ws.x8, xh=ws.xh)
     if c.n_ff_shexp:   # on the mmq path each product quantizes xb into ws.x8 anew: a barrier between
         rec.barrier()
-        matmul(rec, layer["ffn_gate_inp_shexp"], ws.xb, ws.moe_shared_gate, n, x8=ws.x8)
+        matmul(rec, layer["ffn_gate_inp_shexp"], ws.xb, ws.moe_shared_gate, n, x8=ws.x8, xh=ws.xh)
         rec.barrier()
-        matmul_swiglu(rec, layer["ffn_gate_shexp"], layer["ffn_up_shexp"], ws.xb, ws.gate, n, up=ws.up, x8=ws.x8)
+        matmul_swiglu(rec, layer["ffn_gate_shexp"], layer["ffn_up_shexp"], ws.xb, ws.gate, n, up=ws.up, x8=ws.x8,
+                      xh=ws.xh)
     rec.barrier()
     experts.route(rec, ws.moe_logits, ws.moe_ids, ws.moe_weights, n, c.n_expert, c.n_expert_used,
                   c.expert_softmax_chosen, c.expert_weights_norm, layer["ffn_gate_inp.bias"] if c.ffn_oai else None)
@@ -78,7 +79,7 @@ def record_moe_ffn(rec, ws, layer, config, n: int):
     experts.combine(rec, ws.moe_out, ws.moe_weights, ws.x, n, c.n_expert_used, c.n_embd)
     rec.barrier()
     if c.n_ff_shexp:   # moe_out is free again
-        matmul(rec, layer["ffn_down_shexp"], ws.gate, ws.moe_out, n, x8=ws.x8)
+        matmul(rec, layer["ffn_down_shexp"], ws.gate, ws.moe_out, n, x8=ws.x8, xh=ws.xh)
         rec.barrier()
         experts.combine(rec, ws.moe_out, ws.moe_shared_gate, ws.x, n, 1, c.n_embd, sigmoid=True)
         rec.barrier()
