@@ -10,7 +10,7 @@ import tarfile
 import threading
 import time
 import zipfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -142,6 +142,7 @@ def tiny_model(tmp_path_factory):
     return write_model("tiny-llama", tmp_path_factory.mktemp("models") / "tiny-llama.gguf")
 
 
+STOP_GRACE = 10   # seconds: what `docker stop` waits before it kills
 VKLLM = "import sys; from vkllm.cli import main; sys.exit(main())"   # what the `vkllm` script runs
 
 
@@ -172,11 +173,20 @@ class WorkerProcess:
         self.log.seek(0)
         raise RuntimeError(f"worker {self.name} did not come up:\n{self.log.read()[-3000:]}")
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-        self.log.close()
+    def stop(self, grace: float = STOP_GRACE):
+        """SIGTERM, as `docker stop`; a worker that outlasts the grace is killed and reported."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+                    self.log.seek(0)
+                    raise AssertionError(f"worker {self.name} outlasted a {grace} s stop:\n{self.log.read()[-3000:]}")
+        finally:
+            self.log.close()
 
 
 @contextmanager
@@ -191,8 +201,9 @@ def worker_starter(redis_url, model, tmp_path_factory, logs):
         w.registration()
         return w
     yield start
-    for w in started:
-        w.stop()
+    with ExitStack() as stack:   # every worker is stopped, whichever fails to stop
+        for w in started:
+            stack.callback(w.stop)
 
 
 @pytest.fixture(scope="module")

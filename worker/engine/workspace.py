@@ -106,7 +106,10 @@ class Workspace:
         vocab, c = config.vocab_size, config
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
-        mmq = n > MAT_VEC_MAX_COLS and "mmq" in (mat_mat_path(ctx), expert_path)
+        # products of more than MAT_VEC_MAX_COLS columns may take a mat-mat kernel, and with
+        # batch_kernel "mat_mat" any of 2 or more (paths.product_path)
+        mat_mat = n > MAT_VEC_MAX_COLS or (n > 1 and ctx.settings.batch_kernel == "mat_mat")
+        mmq = mat_mat and "mmq" in (mat_mat_path(ctx), expert_path)
         # decode's 8-bit mat-vec groups (up to 8 columns) and mat-cols products (up to 64)
         x8_rows = n if mmq else min(n, MAT_COLS_X8_MAX) if decode_x8(ctx) else 0
         product_k = max(c.n_embd, c.n_ff, c.n_ff_shexp, c.n_head * c.head_dim)   # the longest input of a product
@@ -123,7 +126,7 @@ class Workspace:
                           x8_bytes(min(n, MAT_VEC_MAX_COLS) * c.n_expert_used, c.n_ff_exp) if decode_x8(ctx) else 0),
                 "x8_ffn": x8_bytes(1, c.n_ff) if decode_x8(ctx) and not c.n_expert else 0,
                 "x8_norm": x8_bytes(1, c.n_embd) if decode_x8(ctx) else 0,
-                "xh": f16_bytes(n, product_k) if n > MAT_VEC_MAX_COLS and "coopmat" in paths(ctx) else 0}
+                "xh": f16_bytes(n, product_k) if mat_mat and "coopmat" in paths(ctx) else 0}
 
     @classmethod
     def allocate(cls, ctx, config, n: int, shape, sequences: int = 1, shared: dict[str, Buffer] | None = None

@@ -49,6 +49,7 @@ from worker.service.tokenize import TokenCounter
 log = logging.getLogger(__name__)
 UNREACHABLE = (ConnectionError, TimeoutError)
 PROGRESS_INTERVAL = 0.5   # seconds between a running job's progress updates in job.meta
+PUBSUB_POLL = 1.0   # seconds the command channel's thread waits per read (GPUWorker.subscribe)
 # The first job of the first non-empty queue (KEYS in order), popped in one command. RQ's
 # non-blocking dequeue pops one queue after another: a chat request queued between its pop of the
 # interactive queue and its pop of the batch queue would lose its turn to a batch line.
@@ -166,6 +167,17 @@ class GPUWorker(SimpleWorker):
         the running jobs finish (no job joins meanwhile); a second fails them (_abort)."""
         self.connection.get_retry().update_retries(3)
         super().request_stop(signum, frame)
+
+    def subscribe(self):
+        """RQ's command channel (its `rq:pubsub:` commands), read by a thread that waits at most
+        PUBSUB_POLL seconds per read. RQ waits 60, and redis-py 8's stop() joins that thread: a
+        stop whose unsubscribe reply lost the race with the thread's next read waited out the
+        60 s (a warm shutdown that outlasted `docker stop`'s grace)."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_POLL, daemon=True, exception_handler=self._pubsub_exception_handler)
 
     def teardown(self):
         try:
