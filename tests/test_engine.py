@@ -67,6 +67,12 @@ def test_logits_match_numpy_reference(vk_ctx, synth_dir, preset, mix):
     assert err < 2e-3, f"max relative logit error {err:.2e}"
 
 
+def test_logits_of_more_tokens_than_one_pass_come_chunk_by_chunk(vk_ctx, synth_dir):
+    """Engine.logits over 11 tokens with passes of 4: every position's row is the reference's."""
+    err = reference_error(vk_ctx, _model(synth_dir, "tiny-llama", "Q8_0"), 11, 4)
+    assert err < 2e-3, f"max relative logit error {err:.2e}"
+
+
 def test_chunked_prefill_and_decode_match_one_pass(vk_ctx, synth_dir):
     """Prefill in chunks of 4 then decode token by token: the last logits equal a single pass."""
     path = _model(synth_dir, "tiny-qwen2", "Q4_0")

@@ -353,16 +353,22 @@ class Runner:
                 ws.top_values.view(np.float32)[row * k:(row + 1) * k].copy())
 
     def all_logits(self, ids, pos0: int = 0) -> np.ndarray:
-        """Logits for every position of one chunk (tests compare them with a reference)."""
-        n, vocab = len(ids), self.model.config.vocab_size
+        """Logits for every position of `ids` (tests compare them with a reference), in chunks
+        of the largest pass."""
+        chunk, vocab = self.workspace.n, self.model.config.vocab_size
         ctx = self.stages[-1].ctx
-        out = ctx.alloc_host(4 * n * vocab)
-        rec = self._record(n, "logits", logits=out)
-        self._run(rec, ids, pos0)
-        result = out.view(np.float32)[:n * vocab].reshape(n, vocab).copy()
-        rec.destroy()
-        ctx.free(out)
-        return result
+        out = ctx.alloc_host(4 * min(len(ids), chunk) * vocab)
+        rows = []
+        try:
+            for start in range(0, len(ids), chunk):
+                part = ids[start:start + chunk]
+                rec = self._record(len(part), "logits", logits=out)
+                self._run(rec, part, pos0 + start)
+                rows.append(out.view(np.float32)[:len(part) * vocab].reshape(len(part), vocab).copy())
+                rec.destroy()
+        finally:
+            ctx.free(out)
+        return np.concatenate(rows)
 
     def profile(self, n: int, pos0: int = 0) -> dict[str, tuple[int, float]]:
         """GPU time of one forward pass over n tokens of its own sequence (a prefill chunk) by
