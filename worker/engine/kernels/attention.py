@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from worker.engine import compilers
 from worker.engine.intmath import cdiv, round_up
 from worker.engine.kernels.matmul import quantize_x8
 from worker.engine.kernels.paged import PagedCache
@@ -98,10 +99,12 @@ def split_scratch_bytes(shape: AttentionShape, max_tokens: int, splits: int | No
 
 def tiled_attention(ctx) -> bool:
     """Whether the device takes attention_tiled.comp (its f16 cooperative matrices and shared
-    memory; head sizes and the cache's type are the pass's to check)."""
+    memory, and a compiler here for them; head sizes and the cache's type are the pass's to
+    check)."""
     subgroup = ctx.info.subgroup_size
     shared = 2 * (2 * TILE_KV * (TILED_MAX_HEAD_DIM + 8) + TILE_ROWS * (TILE_KV + 8)) + 4 * TILE_ROWS * (TILE_KV + 16)
-    return (16, 16, 16) in ctx.info.coopmat_shapes and subgroup in (16, 32, 64) and shared <= ctx.info.max_shared_memory
+    return ((16, 16, 16) in ctx.info.coopmat_shapes and subgroup in (16, 32, 64)
+            and shared <= ctx.info.max_shared_memory and compilers.supported("cooperative_matrix"))
 
 
 def tiles_bytes(ctx, max_tokens: int, sequences: int) -> int:
