@@ -30,26 +30,7 @@ layout(std430, binding = 4) readonly buffer Bias { float bias[]; };
 #endif
 #endif
 
-// The same block as mul_mat_vec_base.glsl's (QKV's fields too): matmul.py packs both alike.
-layout(push_constant) uniform Push {
-    uint ncols;       // K
-    uint rows;        // rows of this part
-    uint n;           // columns of x and y (tokens)
-    uint y_offset;    // index in a column of y of this part's first row
-    uint y_stride;    // length of a column of y: all rows of the tensor
-    uint accumulate;  // 1: add to what y holds (residual), 0: overwrite
-#if defined(EXPERT_TILES)
-    // as mul_mat_vec_base.glsl's EXPERTS block; n counts the slots
-    uint n_used;        // experts per token: slot s is token s / n_used
-    uint expert_first;  // the part's first expert
-    uint expert_count;  // experts in the part
-    uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
-#endif
-#if defined(QKV)
-    uint k_first;     // first row of K in the weight
-    uint v_first;     // first row of V (the rows when there is no V)
-#endif
-} p;
+#include "mul_mat_push.glsl"
 
 #if defined(EXPERT_TILES)
 uint tile_word(uint i) { return tiles[p.n + 3 * gl_WorkGroupID.y + i]; }

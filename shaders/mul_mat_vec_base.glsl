@@ -179,28 +179,7 @@ layout(std430, binding = NUM_MATS + 1 + NUM_OUTS) readonly buffer N { float norm
 layout(std430, binding = NUM_MATS + 1 + NUM_OUTS) readonly buffer N4 { vec4 norm_w4[]; };
 #endif
 
-// The same block as mul_mat.comp's: matmul.py packs both alike.
-layout(push_constant) uniform Push {
-    uint ncols;       // K
-    uint rows;        // rows of this part
-    uint n;           // columns of x and y (tokens)
-    uint y_offset;    // index in a column of y of this part's first row
-    uint y_stride;    // length of a column of y: all rows of the tensor
-    uint accumulate;  // 1: add to what y holds (residual), 0: overwrite; GLU: always overwrites
-#if defined(EXPERTS)
-    uint n_used;        // experts per token: slot z is token z / n_used
-    uint expert_first;  // the part's first expert
-    uint expert_count;  // experts in the part
-    uint x_per_slot;    // 1: x has a column per slot (the down product), 0: one per token
-#endif
-#if defined(ROW_NORM)
-    float eps;        // the RMSNorm's
-#endif
-#if defined(QKV)
-    uint k_first;     // first row of K in the weight
-    uint v_first;     // first row of V (the rows when there is no V)
-#endif
-} p;
+#include "mul_mat_push.glsl"
 
 #if defined(ROW_NORM)
 const uint NUM_SUMS = 1;   // sum of x^2 per column, reduced beside the products

@@ -77,8 +77,8 @@ def _groups(ctx, count: int) -> tuple[int, int, int]:
 
 def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool, norm: FoldedNorm | None = None,
           eps: float | None = None) -> dict:
-    """The push constants of mul_mat_vec.comp and mul_mat.comp (one block, mul_mat_vec_base.glsl's;
-    the mat-vec kernels that fold a norm, or scale by one (`eps`: the _rms variants), add its eps)."""
+    """The push constants of the product kernels (one block, shaders/mul_mat_push.glsl; the
+    mat-vec kernels that fold a norm, or scale by one (`eps`: the _rms variants), add its eps)."""
     push = dict(ncols=w.cols, rows=count, n=n, y_offset=first, y_stride=w.rows, accumulate=int(accumulate))
     eps = norm.eps if norm is not None else eps
     return push if eps is None else push | dict(eps=float(eps))
