@@ -102,13 +102,12 @@ class Workspace:
         from worker.engine.kernels import attention, experts, select
         from worker.engine.kernels.halves import f16_bytes
         from worker.engine.kernels.matmul import x8_bytes
-        from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, decode_x8, mat_mat_path, paths
+        from worker.engine.kernels.paths import (MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, decode_x8, mat_mat_path,
+                                                 may_take_mat_mat, paths)
         vocab, c = config.vocab_size, config
         slots = n * c.n_expert_used
         expert_path = experts.path(ctx, n) if c.n_expert else "mat_vec"
-        # products of more than MAT_VEC_MAX_COLS columns may take a mat-mat kernel, and with
-        # batch_kernel "mat_mat" any of 2 or more (paths.product_path)
-        mat_mat = n > MAT_VEC_MAX_COLS or (n > 1 and ctx.settings.batch_kernel == "mat_mat")
+        mat_mat = may_take_mat_mat(ctx, n)
         mmq = mat_mat and "mmq" in (mat_mat_path(ctx), expert_path)
         # decode's 8-bit mat-vec groups (up to 8 columns) and mat-cols products (up to 64)
         x8_rows = n if mmq else min(n, MAT_COLS_X8_MAX) if decode_x8(ctx) else 0

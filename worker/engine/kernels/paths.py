@@ -164,6 +164,12 @@ def _x8_cols_max(ctx) -> int:
     return MAT_COLS_X8_SPLIT_MAX if split_k else MAT_COLS_X8_MAX
 
 
+def may_take_mat_mat(ctx, n: int) -> bool:
+    """Whether some product of n columns may take `mat_mat_path`'s kernel (`_f32_path`): past
+    MAT_VEC_MAX_COLS, or from 2 with batch_kernel "mat_mat" (scratch for its inputs is sized so)."""
+    return n > MAT_VEC_MAX_COLS or (n > 1 and ctx.settings.batch_kernel == "mat_mat")
+
+
 def _f32_path(ctx, n: int, k: int, folded: bool) -> str:
     if n == 1 or folded:
         return "mat_vec"
