@@ -1,5 +1,6 @@
 #version 450
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 // Causal grouped-query attention over a paged K/V cache (kv_cache.glsl) for queries
@@ -38,6 +39,10 @@ const uint WG = gl_WorkGroupSize.x;
 const uint STREAMS = WG / LANES;
 const uint BLOCKS = HEAD_DIM / 4;                      // f16vec4 blocks in a row
 const uint PER_LANE = (BLOCKS + LANES - 1) / LANES;    // blocks each lane holds
+// Positions a lane group loads at once: a stream walks only a few (a split's 64 over 16 streams),
+// and one at a time each waited for its own loads (H200, a Qwen2.5-32B layer at position 600 of
+// 4096: 20.2 us one, 16.9 two; a Llama-8B one at 600 of 656, 16.4 and 13.8).
+const uint POSITIONS = 2;
 const float NO_SCORE = -3.0e38;  // a finite "minus infinity": exp(NO_SCORE - m) is 0 with no inf arithmetic
 
 #define KV_TABLE_BINDING 4
@@ -146,31 +151,50 @@ void main() {
             acc[r * PER_LANE + b] = vec4(0.0);
         }
     }
-    for (uint pos = begin + stream; pos < end; pos += STREAMS) {
-        const uint row_base = (kv_row(slot, pos, p.table_stride) * p.n_head_kv + g) * BLOCKS;
-        vec4 kb[PER_LANE], vb[PER_LANE];
-        for (uint b = 0; b < PER_LANE; b++) {
-            const uint blk = lane + b * LANES;
-            kb[b] = blk < BLOCKS ? load_k(row_base + blk) : vec4(0.0);
-            vb[b] = blk < BLOCKS ? load_v(row_base + blk) : vec4(0.0);
-        }
-        for (uint r = 0; r < ROWS; r++) {
-            float s = 0.0;
+    // POSITIONS positions a step, every row loaded before any is used, one softmax update for them
+    for (uint pos = begin + stream; pos < end; pos += POSITIONS * STREAMS) {
+        vec4 kb[POSITIONS * PER_LANE], vb[POSITIONS * PER_LANE];
+        [[unroll]] for (uint u = 0; u < POSITIONS; u++) {
+            // a position past the end reloads the first (its score is dropped below)
+            const uint at = pos + u * STREAMS < end ? pos + u * STREAMS : pos;
+            const uint row_base = (kv_row(slot, at, p.table_stride) * p.n_head_kv + g) * BLOCKS;
             for (uint b = 0; b < PER_LANE; b++) {
                 const uint blk = lane + b * LANES;
-                if (blk < BLOCKS) {
-                    s += dot(kb[b], q_sh[r * BLOCKS + blk]);
+                kb[u * PER_LANE + b] = blk < BLOCKS ? load_k(row_base + blk) : vec4(0.0);
+                vb[u * PER_LANE + b] = blk < BLOCKS ? load_v(row_base + blk) : vec4(0.0);
+            }
+        }
+        for (uint r = 0; r < ROWS; r++) {
+            float s[POSITIONS];
+            [[unroll]] for (uint u = 0; u < POSITIONS; u++) {
+                s[u] = 0.0;
+                for (uint b = 0; b < PER_LANE; b++) {
+                    const uint blk = lane + b * LANES;
+                    if (blk < BLOCKS) {
+                        s[u] += dot(kb[u * PER_LANE + b], q_sh[r * BLOCKS + blk]);
+                    }
                 }
+                for (uint x = LANES / 2; x > 0; x /= 2) {
+                    s[u] += subgroupShuffleXor(s[u], x);
+                }
+                s[u] = pos + u * STREAMS < end ? s[u] : NO_SCORE;
             }
-            for (uint x = LANES / 2; x > 0; x /= 2) {
-                s += subgroupShuffleXor(s, x);
+            float m_new = m[r];
+            [[unroll]] for (uint u = 0; u < POSITIONS; u++) {
+                m_new = max(m_new, s[u]);
             }
-            const float m_new = max(m[r], s);
-            const float alpha = exp(m[r] - m_new), w = exp(s - m_new);
+            const float alpha = exp(m[r] - m_new);
             m[r] = m_new;
-            l[r] = l[r] * alpha + w;
+            l[r] *= alpha;
             for (uint b = 0; b < PER_LANE; b++) {
-                acc[r * PER_LANE + b] = acc[r * PER_LANE + b] * alpha + w * vb[b];
+                acc[r * PER_LANE + b] *= alpha;
+            }
+            [[unroll]] for (uint u = 0; u < POSITIONS; u++) {
+                const float w = exp(s[u] - m_new);
+                l[r] += w;
+                for (uint b = 0; b < PER_LANE; b++) {
+                    acc[r * PER_LANE + b] += w * vb[u * PER_LANE + b];
+                }
             }
         }
     }
