@@ -14,9 +14,9 @@
 // Quantized weights are read through mul_mat_vec_items.glsl (wide loads, several items in
 // flight, per-type inner loops) where that measured faster on an H200; Q6_K and Q8_0, and the
 // fused gate+up kernel of every type but MXFP4, read 16-value slices through dequant.glsl (as
-// float weights do): there the item loops measured slower. Over 8-bit x (X8), Q4_K, Q5_K and
-// Q6_K take the items (their quants from group_quants) but with X8_SLICES (the variants for
-// several columns), the other types dequant.glsl's quants16.
+// float weights do): there the item loops measured slower. Over 8-bit x (X8), the K-quants take
+// the items (their quants from group_quants) but with X8_SLICES (the variants for several
+// columns), the other types dequant.glsl's quants16.
 // With EXPERTS (a mixture-of-experts FFN) the weights are the 3-D expert tensor of one part
 // (experts expert_first .. + expert_count, `rows` rows each) and column z of the dispatch is the
 // slot (token t, j-th chosen expert): it multiplies the rows of expert ids[z] (moe_route.comp's
@@ -46,7 +46,7 @@
 #define MAT_VEC_ITEMS
 #endif
 // Over 8-bit x, the types whose items give their quants (group_quants) take the item loops too.
-#if defined(X8) && !defined(X8_SLICES) && (defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K) || defined(DATA_A_Q6_K))
+#if defined(X8) && !defined(X8_SLICES) && QUANT_K == 256   // the K-quants
 #define X8_ITEMS
 #endif
 #if defined(MAT_VEC_ITEMS) || defined(X8_ITEMS)

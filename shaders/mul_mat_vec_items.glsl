@@ -20,7 +20,7 @@
 //   uint group_x(uint item, uint g)                 index in the row of group g's first value
 //   float group_dot(item_words w, uint item, uint g, mat4 x, float sx)
 //                                                   sum of w_i x_i over the group; sx = sum of x_i
-// and, for the kernel over 8-bit x (X8_ITEMS; Q4_K, Q5_K and Q6_K so far),
+// and, for the kernel over 8-bit x (X8_ITEMS: the K-quants),
 //   ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab)
 //                                                   the group's quants as signed bytes (as
 //                                                   dequant.glsl's quants16), w_i = ab.x * q_i + ab.y
@@ -293,6 +293,13 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     return w.ab[g].x * dot16(f, x) + w.ab[g].y * sx;
 }
 
+// ab from align_item's form (w = a * (1 + q / 4) + b) to a * q / 4 + (a + b), as Q4_K's.
+ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
+    const uint j = g >> 1, lh = g & 1u;
+    ab = vec2(w.ab[g].x * 0.25, w.ab[g].x + w.ab[g].y);
+    return ivec4((uvec4(w.qs[4 * lh], w.qs[4 * lh + 1], w.qs[4 * lh + 2], w.qs[4 * lh + 3]) >> (2 * j)) & 0x03030303u);
+}
+
 #elif defined(DATA_A_Q3_K)
 // 110 bytes: hmask[32], qs[64] of 2-bit codes, 12 bytes of 6-bit scales, f16 d. An item is half
 // n (128 values): value 32 j + l takes bits 2j .. 2j + 1 of qs[32 n + l] and, as third bit, bit
@@ -325,10 +332,19 @@ item_words align_item(item_raw r, uint item) {
 
 uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
+// The 3-bit code q (hmask's bit as bit 2) of bytes c of group g's words: w = dl * (q - 4).
+#define Q3_K_CODES(c) (((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u))
+
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
-#define Q3_K_COLUMN(c) f4(((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u), 0, 3, 1.5)
+#define Q3_K_COLUMN(c) f4(Q3_K_CODES(c), 0, 3, 1.5)
     return 8.0 * w.dl[g] * dot16(COLUMNS(Q3_K_COLUMN), x);
+}
+
+ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
+    const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
+    ab = vec2(w.dl[g], -4.0 * w.dl[g]);
+    return ivec4(Q3_K_CODES(0), Q3_K_CODES(1), Q3_K_CODES(2), Q3_K_CODES(3));
 }
 
 #elif defined(DATA_A_Q6_K)

@@ -29,6 +29,7 @@ from worker.engine.kernels.matmul import BlocksOut, matmul, matmul_swiglu, quant
 from worker.engine.kernels.norm import rms_norm_x8
 from worker.engine.kernels.paths import mat_mat_path, mmq_types, paths, product_path
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.kernels.tuning import candidates
 from worker.engine.vk.device import INTEGER_DOT, DeviceInfo
 
 MMQ_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
@@ -69,8 +70,9 @@ def cols_of(qtype: T) -> int:
     return {32: 96, 256: 512}[GGML_QUANT_SIZES[qtype][0]]
 
 
-def run_mmq(ctx, qtype, raw, cols, x, n, y0=None, path="mmq"):
+def run_mmq(ctx, qtype, raw, cols, x, n, y0=None, path="mmq", shape=None):
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
+    tensor.mat_vec_shape = shape
     xb, yb, x8 = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows), ctx.alloc(x8_bytes(n, cols))
     ctx.upload(xb, x.astype(np.float32))
     if y0 is not None:
@@ -170,6 +172,19 @@ def test_mat_vec_x8_every_type(vk_ctx, qtype):
         y0 = np.random.default_rng(n).standard_normal((n, 67)).astype(np.float32)
         y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n, y0, path="mat_vec_x8")
         assert_close(y, y0 + x.astype(np.float64) @ w.T)
+
+
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
+def test_mat_vec_x8_items_every_tuning_candidate(vk_ctx, qtype):
+    """The 8-bit item loops of the K-quants whose items are half blocks, under each workgroup
+    shape the tuner may choose: rows of 7 blocks (14 items, a multiple of no lane count) and 37
+    rows (a multiple of no workgroup's)."""
+    cols = 7 * 256
+    raw, w = random_weights(qtype, 37, cols, seed=12)
+    x = exact_activations(1, cols, seed=12)
+    for shape in candidates(vk_ctx.info):
+        y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, 1, path="mat_vec_x8", shape=shape)
+        assert_close(y, x.astype(np.float64) @ w.T)
 
 
 def run_glu(ctx, gate, up, x, n: int, path: str, gelu: bool = False) -> np.ndarray:

@@ -41,7 +41,7 @@ CPU_TILE_COLS = 4
 # Q6_K, for 32 threads) took 10.5 and 13.6 us a layer through slices, 12.5 and 21.6 through items
 # (decode 242.0 tok/s, 228.1); its gate+up (K = 2048, 32 Q4_K items) 11.7 us through items, 12.1
 # through slices.
-X8_ITEM_VALUES = {T.Q4_K: 64, T.Q5_K: 64, T.Q6_K: 128}
+X8_ITEM_VALUES = {T.Q2_K: 128, T.Q3_K: 128, T.Q4_K: 64, T.Q5_K: 64, T.Q6_K: 128}
 
 
 def expert_shape(ctx) -> tuple[int, int]:
