@@ -11,6 +11,7 @@ Warm-up matters on the H200: its SM clock falls to 345 MHz about a second after 
 idle (here: while the host uploads the next weights) and rises to 1980 MHz only under load,
 which moved compute-heavy kernels by 5x. So each shape's command buffer is replayed for
 `warmup` seconds before it is timed (which also covers the slow first submissions)."""
+import argparse
 import statistics
 
 import numpy as np
@@ -43,6 +44,9 @@ def add_arguments(parser):
                         choices=sorted(t.name for t in WEIGHT_TYPES), metavar="TYPE",
                         help="weight types to time (default: all)")
     parser.add_argument("--quick", action="store_true", help="small shapes (for CPU drivers / a smoke test)")
+    parser.add_argument("--shapes", type=parse_shapes, metavar="RxK,RxK,...",
+                        help="weights of these rows x K instead of the Llama-3.1-8B ones (e.g. 27648x5120,5120x27648: "
+                             "Qwen2.5-32B's gate/up and down)")
     parser.add_argument("--runs", type=int, default=5, help="timed submissions after the warm-up")
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
                         help="also time each mat-mat kernel the device offers (tiled; mmq, 8-bit integer dot "
@@ -56,6 +60,16 @@ def add_arguments(parser):
     parser.add_argument("--tuned", action="store_true",
                         help="time each weight with the workgroup shape the tuner picks for it (as a model "
                              "runs; measured now or read from the tuning cache), not the fixed default")
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        shapes = tuple(tuple(int(v) for v in shape.lower().split("x")) for shape in text.split(","))
+    except ValueError:
+        shapes = ()
+    if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"shapes are ROWSxK, comma-separated, not {text!r}")
+    return shapes
 
 
 def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, rotation_bytes: int,
@@ -105,7 +119,7 @@ def mat_mat_paths(ctx, qtype: GGMLQuantizationType) -> list[str]:
 def run(args):
     from worker.engine.vk.context import Context
     ctx = Context(Settings.from_env())
-    shapes = QUICK_SHAPES if args.quick else SHAPES
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
     rotation = QUICK_ROTATION_BYTES if args.quick else ROTATION_BYTES
     warmup = QUICK_WARMUP_SECONDS if args.quick else WARMUP_SECONDS
     try:
