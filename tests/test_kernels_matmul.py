@@ -18,7 +18,7 @@ from worker.engine.kernels.coopmat import coopmat_splits, few_cols_tile
 from worker.engine.kernels.embedding import get_rows
 from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.mat_vec import mat_vec_shape
-from worker.engine.kernels.matmul import matmul
+from worker.engine.kernels.matmul import matmul, x8_bytes
 from worker.engine.kernels.paths import paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.tile_tuning import candidates as tile_candidates
@@ -63,20 +63,23 @@ def cols_for(qtype: T) -> tuple[int, ...]:
 
 
 def run_matmul(ctx, qtype, raw, cols, x, n, y0=None, path=None, shape=None, tile=None):
+    """(y, the weight's parts): y (+)= W x through matmul's `path` (None: its choice), with the
+    f16 and 8-bit scratch that any path takes."""
     tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
     tensor.mat_vec_shape, tensor.coopmat_tile = shape, tile
-    xb, yb, xh = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows), ctx.alloc(f16_bytes(n, cols))
+    xb, yb = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows)
+    xh, x8 = ctx.alloc(f16_bytes(n, cols)), ctx.alloc(x8_bytes(n, cols))
     ctx.upload(xb, x.astype(np.float32))
     if y0 is not None:
         ctx.upload(yb, y0.astype(np.float32))
     rec = ctx.recording()
-    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path=path, xh=xh)
+    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path=path, xh=xh, x8=x8)
     ctx.run(rec.finish())
     y = ctx.download(yb, count=n * tensor.rows).reshape(n, tensor.rows)
     rec.destroy()
     parts = len(tensor.parts)
     free_tensor(ctx, tensor)
-    for buffer in (xb, yb, xh):
+    for buffer in (xb, yb, xh, x8):
         ctx.free(buffer)
     return y, parts
 

@@ -22,7 +22,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from tests.kernel_io import own_context
-from tests.test_kernels_matmul import assert_close, random_weights
+from tests.test_kernels_matmul import assert_close, random_weights, run_matmul
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
 from worker.engine.kernels.matmul import BlocksOut, matmul, matmul_swiglu, quantize_x8, x8_bytes
@@ -71,22 +71,8 @@ def cols_of(qtype: T) -> int:
 
 
 def run_mmq(ctx, qtype, raw, cols, x, n, y0=None, path="mmq", shape=None):
-    tensor = upload_tensor(ctx, "w", qtype, (cols, raw.shape[0]), raw)
-    tensor.mat_vec_shape = shape
-    xb, yb, x8 = ctx.alloc(x.nbytes), ctx.alloc(4 * n * tensor.rows), ctx.alloc(x8_bytes(n, cols))
-    ctx.upload(xb, x.astype(np.float32))
-    if y0 is not None:
-        ctx.upload(yb, y0.astype(np.float32))
-    rec = ctx.recording()
-    matmul(rec, tensor, xb, yb, n, y_accumulate=y0 is not None, path=path, x8=x8)
-    ctx.run(rec.finish())
-    y = ctx.download(yb, count=n * tensor.rows).reshape(n, tensor.rows)
-    rec.destroy()
-    parts = len(tensor.parts)
-    free_tensor(ctx, tensor)
-    for buffer in (xb, yb, x8):
-        ctx.free(buffer)
-    return y, parts
+    """run_matmul, through the mmq kernel unless told."""
+    return run_matmul(ctx, qtype, raw, cols, x, n, y0, path, shape)
 
 
 def test_the_mmq_types_are_the_quantized_types():
