@@ -1,4 +1,5 @@
-"""`vkllm bench -m FILE` on the test device: one row of figures for the engine, loaded with the
+"""`vkllm bench -m FILE` on the test device: one row of figures for the engine (also printed as
+soon as measured, before the table), loaded with the
 context asked (`--ctx`: decode attention's split count follows it, so a bench at a worker's
 context times what the worker runs), and a context too small for the run refused."""
 import contextlib
@@ -16,6 +17,9 @@ def test_bench_loads_the_context_asked(tiny_model):
     assert re.search(r"; context 300$", text, re.M), text
     row = re.search(r"^tiny-llama\s+\S+\s+vkllm\s+(\S+)\s+(\S+)", text, re.M)
     assert row and float(row[1]) > 0 and float(row[2]) > 0, text
+    # the same figures as soon as measured, before the table
+    early = re.search(r"tiny-llama\.gguf: vkllm pp8 (\S+) tok/s, tg4 (\S+) tok/s$", text, re.M)
+    assert early and text.index(early[0]) < text.index(row[0]) and (early[1], early[2]) == (row[1], row[2]), text
 
 
 def test_bench_refuses_a_context_smaller_than_the_run(tiny_model, capsys):

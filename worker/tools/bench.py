@@ -130,10 +130,18 @@ def bench_model(path: str, args) -> tuple[str, int, float, dict]:
           f"{roofline / 1e12:.3f} TB/s -> at most {roofline / per_token:.0f} tok/s; mat-mat kernel "
           f"{prefill_kernel} (VKLLM_PREFILL_KERNEL); decode kernel {decode_kernel} (VKLLM_DECODE_KERNEL); "
           f"context {n_ctx}", flush=True)
+    _print_figures(path, "vkllm", results["vkllm"], args)
     if args.peer:
         from worker.tools.bench_peer import time_llama_cpp
         results["llama.cpp-vulkan"] = time_llama_cpp(path, vocab, args.n_prompt, args.n_gen, args.repetitions, n_ctx)
+        _print_figures(path, "llama.cpp-vulkan", results["llama.cpp-vulkan"], args)
     return Path(path).stem, per_token, roofline, results
+
+
+def _print_figures(path: str, engine: str, r: dict, args):
+    """One engine's figures as soon as they are measured: the table comes after every model, so a
+    run cut short (a device call's time limit) keeps what it measured."""
+    print(f"{path}: {engine} pp{args.n_prompt} {r['pp']:.1f} tok/s, tg{args.n_gen} {r['tg']:.1f} tok/s", flush=True)
 
 
 def print_profile(engine, n_prompt: int):
