@@ -303,6 +303,13 @@ def test_job_through_the_api(jobs):
         assert tokens and final["output"] == "".join(tokens)     # the SSE stream carried the whole text
 
 
+def test_the_drivers_pipeline_cache_is_on_the_cache_volume(stack, jobs):
+    """Mesa's compiled pipelines (lavapipe here) land in the worker's cache volume (the
+    Dockerfile's MESA_SHADER_CACHE_DIR), so a recreated container starts warm."""
+    listing = stack.compose("exec", "-T", "worker", "sh", "-c", "find /cache/mesa -type f | wc -l").stdout
+    assert int(listing.strip()) > 0, listing
+
+
 def test_prometheus_scrapes_both_targets(stack, jobs):
     with urllib.request.urlopen(f"{stack.prometheus}/api/v1/targets", timeout=30) as response:
         active = json.loads(response.read())["data"]["activeTargets"]
