@@ -24,9 +24,10 @@
 // left unused): behind a branch the compiler kept the dequantization, which waits for the loads,
 // apart from the matrix work, and the two took turns (H200, Q4_K at 512 columns, the 128x256
 // tile: 27648x5120 1051 -> 846 us, 14336x4096 438 -> 377; Q6_K 5120x27648 1317 -> 1092). Keeping
-// the raw quants in registers and dequantizing them at the store instead was slower (991). Loops over accumulators are unrolled: an accumulator array indexed at run
-// time would live in local memory. y is written through a per-subgroup staging tile, which
-// bounds-checks the edges and applies `accumulate`. With SPLIT_K, workgroup z sums the z-th of
+// the raw quants in registers and dequantizing them at the store instead was slower (991). Loops
+// over accumulators are unrolled: an accumulator array indexed at run time would live in local
+// memory. y is written through a per-subgroup staging tile, which bounds-checks the edges and
+// applies `accumulate`. With SPLIT_K, workgroup z sums the z-th of
 // gl_NumWorkGroups.z ranges of K (whole steps) and adds it to y atomically (store_y; y zeroed
 // before unless the product accumulates). Sizes are specialization constants, chosen by
 // kernels/coopmat.py from the device's shapes; the workgroup size (constant 0) must be

@@ -333,7 +333,8 @@ item_words align_item(item_raw r, uint item) {
 uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
 // The 3-bit code q (hmask's bit as bit 2) of bytes c of group g's words: w = dl * (q - 4).
-#define Q3_K_CODES(c) (((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u))
+#define Q3_K_CODES(c) \
+    (((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u))
 
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
