@@ -287,17 +287,21 @@ item_words align_item(item_raw r, uint item) {
 
 uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
+// Group g's 16 bytes of qs (its values' codes at bits 2 (g / 2) .. of each byte).
+uvec4 q2_k_words(item_words w, uint g) {
+    const uint lh = g & 1u;
+    return uvec4(w.qs[4 * lh], w.qs[4 * lh + 1], w.qs[4 * lh + 2], w.qs[4 * lh + 3]);
+}
+
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    const uint j = g >> 1, lh = g & 1u;
-    const mat4 f = f16(uvec4(w.qs[4 * lh], w.qs[4 * lh + 1], w.qs[4 * lh + 2], w.qs[4 * lh + 3]), int(2 * j), 2, 0.0);
+    const mat4 f = f16(q2_k_words(w, g), int(2 * (g >> 1)), 2, 0.0);
     return w.ab[g].x * dot16(f, x) + w.ab[g].y * sx;
 }
 
 // ab from align_item's form (w = a * (1 + q / 4) + b) to a * q / 4 + (a + b), as Q4_K's.
 ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
-    const uint j = g >> 1, lh = g & 1u;
     ab = vec2(w.ab[g].x * 0.25, w.ab[g].x + w.ab[g].y);
-    return ivec4((uvec4(w.qs[4 * lh], w.qs[4 * lh + 1], w.qs[4 * lh + 2], w.qs[4 * lh + 3]) >> (2 * j)) & 0x03030303u);
+    return ivec4((q2_k_words(w, g) >> (2 * (g >> 1))) & 0x03030303u);
 }
 
 #elif defined(DATA_A_Q3_K)
@@ -332,20 +336,22 @@ item_words align_item(item_raw r, uint item) {
 
 uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
-// The 3-bit code q (hmask's bit as bit 2) of bytes c of group g's words: w = dl * (q - 4).
-#define Q3_K_CODES(c) \
-    (((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u))
+// The 3-bit codes q (hmask's bit as bit 2) of values 4c .. 4c + 3 of group g, a byte each:
+// w = dl * (q - 4).
+uint q3_k_codes(item_words w, uint item, uint g, uint c) {
+    const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
+    return ((w.qs[4 * lh + c] >> (2 * j)) & 0x03030303u) | (((w.hm[4 * lh + c] >> hbit) << 2) & 0x04040404u);
+}
 
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
-#define Q3_K_COLUMN(c) f4(Q3_K_CODES(c), 0, 3, 1.5)
+#define Q3_K_COLUMN(c) f4(q3_k_codes(w, item, g, c), 0, 3, 1.5)
     return 8.0 * w.dl[g] * dot16(COLUMNS(Q3_K_COLUMN), x);
 }
 
 ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
-    const uint j = g >> 1, lh = g & 1u, hbit = 4 * (item & 1u) + j;
     ab = vec2(w.dl[g], -4.0 * w.dl[g]);
-    return ivec4(Q3_K_CODES(0), Q3_K_CODES(1), Q3_K_CODES(2), Q3_K_CODES(3));
+    return ivec4(q3_k_codes(w, item, g, 0), q3_k_codes(w, item, g, 1), q3_k_codes(w, item, g, 2),
+                 q3_k_codes(w, item, g, 3));
 }
 
 #elif defined(DATA_A_Q6_K)

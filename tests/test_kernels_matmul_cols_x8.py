@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from tests.test_kernels_matmul import assert_close, random_weights, small_binding_ctx  # noqa: F401
+from tests.test_kernels_matmul import assert_close, random_weights, run_matmul, small_binding_ctx  # noqa: F401
 from tests.test_kernels_matmul_glu import reference
-from tests.test_kernels_mmq import exact_activations, run_glu, run_mmq
+from tests.test_kernels_mmq import exact_activations, run_glu
 from worker.engine import shaderbuild
 from worker.engine.kernels.mat_cols import (
     MAT_COLS_X8_VARIANTS,
@@ -49,7 +49,7 @@ def test_every_type(vk_ctx, qtype):
     for n in COUNTS:
         x = exact_activations(n, K, seed=n)
         y0 = np.random.default_rng(n).standard_normal((n, 37)).astype(np.float32)
-        y, _ = run_mmq(vk_ctx, qtype, raw, K, x, n, y0, path="mat_cols_x8")
+        y, _ = run_matmul(vk_ctx, qtype, raw, K, x, n, y0, path="mat_cols_x8")
         assert_close(y, y0 + x.astype(np.float64) @ w.T)
 
 
@@ -145,6 +145,6 @@ def test_rows_split_into_parts(small_binding_ctx):
     """A weight past the binding range in parts, one dispatch each, every part's rows in place."""
     raw, w = random_weights(T.Q6_K, 41, 512, seed=5)
     x = exact_activations(9, 512, seed=1)
-    y, parts = run_mmq(small_binding_ctx, T.Q6_K, raw, 512, x, 9, path="mat_cols_x8")
+    y, parts = run_matmul(small_binding_ctx, T.Q6_K, raw, 512, x, 9, path="mat_cols_x8")
     assert parts > 3
     assert_close(y, x.astype(np.float64) @ w.T)

@@ -70,11 +70,6 @@ def cols_of(qtype: T) -> int:
     return {32: 96, 256: 512}[GGML_QUANT_SIZES[qtype][0]]
 
 
-def run_mmq(ctx, qtype, raw, cols, x, n, y0=None, path="mmq", shape=None):
-    """run_matmul, through the mmq kernel unless told."""
-    return run_matmul(ctx, qtype, raw, cols, x, n, y0, path, shape)
-
-
 def test_the_mmq_types_are_the_quantized_types():
     assert mmq_types() == frozenset(MMQ_TYPES)
 
@@ -140,10 +135,10 @@ def test_mmq_every_type(vk_ctx, qtype):
     raw, w = random_weights(qtype, 67, cols, seed=3)
     for n in (17, 70):
         x = exact_activations(n, cols, seed=n)
-        y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n)
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="mmq")
         assert_close(y, x.astype(np.float64) @ w.T)
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
-        y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n)
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="mmq")
         assert_close(y, dequantized(x) @ w.T, 1e-4)   # a rare tie may round the other way
         assert_close(y, x.astype(np.float64) @ w.T, FLOAT_RTOL)
 
@@ -156,7 +151,7 @@ def test_mat_vec_x8_every_type(vk_ctx, qtype):
     for n in (1, 3):
         x = exact_activations(n, cols, seed=n)
         y0 = np.random.default_rng(n).standard_normal((n, 67)).astype(np.float32)
-        y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, n, y0, path="mat_vec_x8")
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, y0, path="mat_vec_x8")
         assert_close(y, y0 + x.astype(np.float64) @ w.T)
 
 
@@ -169,7 +164,7 @@ def test_mat_vec_x8_items_every_tuning_candidate(vk_ctx, qtype):
     raw, w = random_weights(qtype, 37, cols, seed=12)
     x = exact_activations(1, cols, seed=12)
     for shape in candidates(vk_ctx.info):
-        y, _ = run_mmq(vk_ctx, qtype, raw, cols, x, 1, path="mat_vec_x8", shape=shape)
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, 1, path="mat_vec_x8", shape=shape)
         assert_close(y, x.astype(np.float64) @ w.T)
 
 
@@ -253,7 +248,7 @@ def test_glu_x8_writes_its_output_in_blocks(vk_ctx, qtype, shape):
 def test_mmq_over_many_tiles(vk_ctx, qtype):
     raw, w = random_weights(qtype, 301, 512, seed=8)
     x = exact_activations(150, 512, seed=4)
-    y, _ = run_mmq(vk_ctx, qtype, raw, 512, x, 150)
+    y, _ = run_matmul(vk_ctx, qtype, raw, 512, x, 150, path="mmq")
     assert_close(y, x.astype(np.float64) @ w.T)
 
 
@@ -263,7 +258,7 @@ def test_mmq_accumulates_and_splits_rows(vk_settings):
     x = exact_activations(17, 256, seed=6)
     y0 = np.random.default_rng(2).standard_normal((17, 41)).astype(np.float32)
     with own_context(vk_settings, block_size=16 << 20, max_binding_range=1000) as ctx:
-        y, parts = run_mmq(ctx, T.Q4_K, raw, 256, x, 17, y0)
+        y, parts = run_matmul(ctx, T.Q4_K, raw, 256, x, 17, y0, path="mmq")
     assert parts > 3
     assert_close(y, y0 + x.astype(np.float64) @ w.T)
 
