@@ -32,6 +32,13 @@
 // scores and the sink. With X8 (heads of a multiple of 32 values) the output is also written in
 // x8.glsl's 8-bit blocks, the input of the 8-bit products (a block's 8 invocations hold one
 // head's values), by the merging split or, unsplit, by each workgroup for its heads.
+// With ROPE (decode: every token of the pass from a different sequence) the pass's q, k and v
+// come as the Q/K/V product wrote them (qkv_in.glsl: with QKV_BIAS its biases added) and the
+// kernel does rope_store_kv.comp's work itself: each workgroup rotates its q heads as it loads
+// them; the workgroups whose split ends at the token's own position rotate its k (f16-rounded,
+// as the cache holds it) into shared memory and read its K/V from there, and the first of them
+// for each KV head appends the row to the cache, which no other workgroup reads this pass. One
+// dispatch and barrier less a layer.
 layout(constant_id = 1) const uint HEAD_DIM = 128;
 layout(constant_id = 2) const uint ROWS = 1;
 layout(constant_id = 3) const uint LANES = 8;            // attention.py's LANES
@@ -48,9 +55,18 @@ const float NO_SCORE = -3.0e38;  // a finite "minus infinity": exp(NO_SCORE - m)
 #define KV_TABLE_BINDING 4
 #include "kv_cache.glsl"
 
+#if defined(ROPE)
+#if defined(KV_Q8)
+#error "ROPE appends to an f16 cache only"
+#endif
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) buffer K { KV_VEC4 k4[]; };   // the token's own row written
+layout(std430, binding = 2) buffer V { KV_VEC4 v4[]; };
+#else
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };
 layout(std430, binding = 1) readonly buffer K { KV_VEC4 k4[]; };
 layout(std430, binding = 2) readonly buffer V { KV_VEC4 v4[]; };
+#endif
 layout(std430, binding = 3) readonly buffer Step { uvec2 tokens[]; };   // (slot, position) per token
 #if defined(SPLIT)
 // coherent: the merging workgroup reads what the others wrote
@@ -78,9 +94,15 @@ layout(std430, binding = SINKS_BINDING) readonly buffer Sinks { float sinks[]; }
 #include "x8.glsl"
 layout(std430, binding = X8_BINDING) writeonly buffer Q8 { uint q8[]; };
 #include "x8_store.glsl"
+#define ROPE_BINDING (X8_BINDING + 1)
+#else
+#define ROPE_BINDING X8_BINDING
 #endif
 layout(push_constant) uniform Push {
     uint n_head; uint n_head_kv; uint group; uint row_groups; uint min_chunk; float scale; uint window; uint table_stride;
+#if defined(ROPE)
+    uint rope_dim; float log2_base;
+#endif
 } p;
 
 #if defined(KV_Q8)
@@ -92,6 +114,51 @@ vec4 load_v(uint i) { return vec4(v4[i]) * float(v_scale[i / (KV_Q8_GROUP / 4)])
 #else
 vec4 load_k(uint i) { return vec4(k4[i]); }
 vec4 load_v(uint i) { return vec4(v4[i]); }
+#endif
+
+#if defined(ROPE)
+layout(std430, binding = ROPE_BINDING) readonly buffer KIn { float k[]; };       // [n_tokens, n_head_kv * HEAD_DIM]
+layout(std430, binding = ROPE_BINDING + 1) readonly buffer VIn { float v[]; };
+#if defined(FREQ_FACTORS)
+layout(std430, binding = ROPE_BINDING + 2) readonly buffer FF { float freq_factors[]; };
+#define BIAS_BINDING (ROPE_BINDING + 3)
+#else
+#define BIAS_BINDING (ROPE_BINDING + 2)
+#endif
+#define NEOX_CONSTANT_ID 4
+#include "rope.glsl"
+#define Q_WIDTH (p.n_head * HEAD_DIM)
+#define KV_WIDTH (p.n_head_kv * HEAD_DIM)
+#include "qkv_in.glsl"
+
+shared vec4 k_own_sh[BLOCKS], v_own_sh[BLOCKS];   // the token's own K/V row
+
+// Values 4 blk.. of the q head at base (from_q) or of the k head at src, rotated at pos.
+vec4 rotated_block(bool from_q, uint base, uint blk, uint pos) {
+    vec4 r;
+    [[unroll]] for (uint c = 0; c < 4; c++) {
+        const uint d = 4 * blk + c;
+        const float x = from_q ? q_in(base, d) : k_in(base, d);
+        if (d < p.rope_dim) {
+            const uint o = rope_partner(d, p.rope_dim / 2);
+            r[c] = rope_value(x, from_q ? q_in(base, o) : k_in(base, o), d, pos, p.rope_dim, p.log2_base);
+        } else {
+            r[c] = x;
+        }
+    }
+    return r;
+}
+vec4 q_block(uint t, uint head, uint blk, uint pos) {
+    return rotated_block(true, (t * p.n_head + head) * HEAD_DIM, blk, pos);
+}
+// K and V of position `at` (element i of the pools, block blk of the row): the token's own from
+// shared memory (its cache row is written in this pass), the others from the cache.
+vec4 k_at(uint at, uint own, uint i, uint blk) { return at == own ? k_own_sh[blk] : load_k(i); }
+vec4 v_at(uint at, uint own, uint i, uint blk) { return at == own ? v_own_sh[blk] : load_v(i); }
+#else
+vec4 q_block(uint t, uint head, uint blk, uint pos) { return q4[(t * p.n_head + head) * BLOCKS + blk]; }
+vec4 k_at(uint at, uint own, uint i, uint blk) { return load_k(i); }
+vec4 v_at(uint at, uint own, uint i, uint blk) { return load_v(i); }
 #endif
 
 shared vec4 q_sh[ROWS * BLOCKS];
@@ -106,13 +173,13 @@ shared bool last_sh;
 void store_out(uint row, uint blk, uint head, vec4 sum, float big_m, float big_l) {
 #if defined(SINKS)
     const float sink = sinks[head], m_all = max(big_m, sink);
-    const vec4 v = sum * (exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all)));
+    const vec4 result = sum * (exp(big_m - m_all) / (big_l * exp(big_m - m_all) + exp(sink - m_all)));
 #else
-    const vec4 v = sum * (1.0 / big_l);
+    const vec4 result = sum * (1.0 / big_l);
 #endif
-    o4[row * BLOCKS + blk] = v;
+    o4[row * BLOCKS + blk] = result;
 #if defined(X8)
-    store_x8(row * BLOCKS + blk, v, p.n_head * HEAD_DIM, 0.0);
+    store_x8(row * BLOCKS + blk, result, p.n_head * HEAD_DIM, 0.0);
 #endif
 }
 
@@ -137,10 +204,29 @@ void main() {
     if (split >= used) {   // uniform in the workgroup: a split past the positions does nothing
         return;
     }
+    const uint own = seen - 1;   // the token's own position
     for (uint i = tid; i < ROWS * BLOCKS; i += WG) {
-        q_sh[i] = i / BLOCKS < rows ? q4[(t * p.n_head + head0) * BLOCKS + i] * p.scale : vec4(0.0);
+        q_sh[i] = i / BLOCKS < rows ? q_block(t, head0 + i / BLOCKS, i % BLOCKS, own) * p.scale : vec4(0.0);
     }
+#if defined(ROPE)
+    const bool holds_own = split == used - 1;   // uniform: the split whose positions end at `own`
+    const uint src = (t * p.n_head_kv + g) * HEAD_DIM;
+    for (uint blk = tid; blk < BLOCKS && holds_own; blk += WG) {
+        k_own_sh[blk] = vec4(f16vec4(rotated_block(false, src, blk, own)));
+        v_own_sh[blk] = vec4(f16vec4(v_in(src, 4 * blk), v_in(src, 4 * blk + 1), v_in(src, 4 * blk + 2),
+                                      v_in(src, 4 * blk + 3)));
+    }
+#endif
     barrier();
+#if defined(ROPE)
+    if (holds_own && gl_WorkGroupID.y % p.row_groups == 0) {
+        const uint row_base = (kv_row(slot, own, p.table_stride) * p.n_head_kv + g) * BLOCKS;
+        for (uint blk = tid; blk < BLOCKS; blk += WG) {
+            k4[row_base + blk] = f16vec4(k_own_sh[blk]);
+            v4[row_base + blk] = f16vec4(v_own_sh[blk]);
+        }
+    }
+#endif
 
     float m[ROWS], l[ROWS];
     vec4 acc[ROWS * PER_LANE];
@@ -160,8 +246,8 @@ void main() {
             const uint row_base = (kv_row(slot, at, p.table_stride) * p.n_head_kv + g) * BLOCKS;
             for (uint b = 0; b < PER_LANE; b++) {
                 const uint blk = lane + b * LANES;
-                kb[u * PER_LANE + b] = blk < BLOCKS ? load_k(row_base + blk) : vec4(0.0);
-                vb[u * PER_LANE + b] = blk < BLOCKS ? load_v(row_base + blk) : vec4(0.0);
+                kb[u * PER_LANE + b] = blk < BLOCKS ? k_at(at, own, row_base + blk, blk) : vec4(0.0);
+                vb[u * PER_LANE + b] = blk < BLOCKS ? v_at(at, own, row_base + blk, blk) : vec4(0.0);
             }
         }
         for (uint r = 0; r < ROWS; r++) {

@@ -45,26 +45,19 @@ layout(push_constant) uniform Push {
 #endif
 } p;
 
+#define NEOX_CONSTANT_ID 1
 #include "rope.glsl"
 
-// Value d of the q head at base, of the k or v head at src (a token's row of all KV heads).
 #if defined(QKV_BIAS)
 #if defined(QK_NORM)
 #define BIAS_BINDING (NORM_BINDING + 2)
 #else
 #define BIAS_BINDING NORM_BINDING
 #endif
-layout(std430, binding = BIAS_BINDING) readonly buffer BQ { float bias_q[]; };       // [n_head * head_dim]
-layout(std430, binding = BIAS_BINDING + 1) readonly buffer BK { float bias_k[]; };   // [n_head_kv * head_dim]
-layout(std430, binding = BIAS_BINDING + 2) readonly buffer BV { float bias_v[]; };
-float q_in(uint base, uint d) { return q[base + d] + bias_q[base % (p.n_head * p.head_dim) + d]; }
-float k_in(uint src, uint d) { return k[src + d] + bias_k[src % (p.n_head_kv * p.head_dim) + d]; }
-float v_in(uint src, uint d) { return v[src + d] + bias_v[src % (p.n_head_kv * p.head_dim) + d]; }
-#else
-float q_in(uint base, uint d) { return q[base + d]; }
-float k_in(uint src, uint d) { return k[src + d]; }
-float v_in(uint src, uint d) { return v[src + d]; }
 #endif
+#define Q_WIDTH (p.n_head * p.head_dim)
+#define KV_WIDTH (p.n_head_kv * p.head_dim)
+#include "qkv_in.glsl"
 
 // The same normalised, as RoPE takes them.
 #if defined(QK_NORM)
@@ -95,11 +88,7 @@ float k_rotated(uint src, uint d, uint pos) {
     if (d >= p.rope_dim) {
         return k_at(src, d);
     }
-    const uint half_dim = p.rope_dim / 2;
-    const uint i = NEOX ? d % half_dim : d / 2;
-    const uvec2 o = rope_pair(i, half_dim);
-    const vec2 r = rope_rotate(k_at(src, o.x), k_at(src, o.y), pos, i, p.rope_dim, p.log2_base);
-    return d == o.x ? r.x : r.y;
+    return rope_value(k_at(src, d), k_at(src, rope_partner(d, p.rope_dim / 2)), d, pos, p.rope_dim, p.log2_base);
 }
 
 // One 32-value group of a head: from k (rotated) or v at src to the cache at dst.

@@ -42,7 +42,8 @@ def test_decode_takes_the_x8_kernels(x8_ctx, synth_dir, n_ctx, split, n):
     product before them, mul_mat_vec_x8_rms_blocks, and scaled by their products, *_x8_rms),
     the gate+up output by quantize_x8 (one token: by the gate+up product,
     mul_mat_vec_glu_x8_blocks), the attention output by the attention kernel, by the split that
-    merges where the sequence splits (a cache of 256 positions); every product over 8-bit x."""
+    merges where the sequence splits (a cache of 256 positions); every product over 8-bit x. One
+    token's attention does RoPE and the cache append itself (no rope_store_kv)."""
     engine = Engine.load(_model(synth_dir, "tiny-llama", "Q4_K_M"), n_ctx=n_ctx, ctx=x8_ctx, max_batch=16)
     try:
         kernels = engine.runner.profile(n)
@@ -58,7 +59,9 @@ def test_decode_takes_the_x8_kernels(x8_ctx, synth_dir, n_ctx, split, n):
     writers = sum(count for k, count in products.items() if k.startswith("mul_mat_vec_x8_rms_blocks_"))
     scaled = sum(count for k, count in products.items() if k.endswith(("_rms_q4_k", "_rms_q6_k")))
     assert (writers, scaled) == ((4, 5) if n == 1 else (0, 0)), products
-    assert kernels.get("attention_split_x8" if split else "attention_x8", (0,))[0] == 2, kernels
+    rope = "_rope_freq_factors" if n == 1 else ""
+    assert kernels.get(f"attention{'_split' if split else ''}{rope}_x8", (0,))[0] == 2, kernels
+    assert kernels.get("rope_store_kv_freq_factors", (0,))[0] == (0 if n == 1 else 2), kernels
     assert all(k.endswith(("_q4_k", "_q6_k")) and "_x8_" in k for k in products if k.startswith("mul_")), products
     assert any("_cols_" in k for k in products) == (n > 1), products   # the output head's one row: mat-vec
 

@@ -19,7 +19,13 @@ Passes of TILED_MIN_TOKENS tokens or more (prefill chunks) take flash attention 
 where the device has 16x16x16 f16 cooperative matrices and the cache is f16
 (attention_tiled.comp): the host cuts each pass into tiles of up to TILE_ROWS tokens of one
 sequence (`write_tiles`, into a host-visible buffer of tiles_bytes the caller owns), and one
-workgroup per tile and query head walks the positions they see."""
+workgroup per tile and query head walks the positions they see.
+
+Decode passes of one token over an f16 cache take rope_store_kv's work too (OwnKV: q, k and v
+as the Q/K/V product wrote them): the kernel rotates q and k itself, reads the token's own K/V
+from shared memory and appends them to the cache, one dispatch and barrier less a layer (H200,
+Qwen2.5-32B: rope_store_kv took 6.1 us a layer)."""
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +55,24 @@ TILE_ROWS = 16 * TILE_SUBGROUPS
 TILE_KV = 32             # K/V positions a step of attention_tiled.comp (TILE_ROWS <= 2 * TILE_KV)
 TILED_MIN_TOKENS = 128   # fewer tokens (decode, batched decode) keep attention.comp and its splits
 TILED_MAX_HEAD_DIM = 128  # a row's accumulators live in its lanes' registers (HEAD_DIM / 2 each on 32 lanes)
+
+
+@dataclass(frozen=True)
+class OwnKV:
+    """The token's k and v (f32 [n_head_kv * head_dim]) as the Q/K/V product wrote them, with
+    what rope_store_kv would take: Llama 3's frequency factors, the projections' biases (q, k,
+    v). With it, q is the unrotated product too."""
+    k: Buffer
+    v: Buffer
+    freq_factors: Buffer | None = None
+    bias: tuple[Buffer, Buffer, Buffer] | None = None
+
+
+def takes_rope(cache: PagedCache, n_tokens: int, qk_norm: bool) -> bool:
+    """Whether attention can do rope_store_kv's work in the pass (OwnKV): one token, so no other
+    token of the pass reads its K/V; an f16 cache; no per-head norms, which only rope_store_kv
+    applies."""
+    return n_tokens == 1 and not cache.q8 and not qk_norm
 
 
 def attention_threads(ctx) -> int:
@@ -133,7 +157,8 @@ def write_tiles(step: np.ndarray, tiles: np.ndarray):
 
 def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer,
               step: Buffer, n_tokens: int, scratch: Buffer | None = None, splits: int | None = None,
-              sinks: Buffer | None = None, x8: Buffer | None = None, tiles: Buffer | None = None):
+              sinks: Buffer | None = None, x8: Buffer | None = None, tiles: Buffer | None = None,
+              own: OwnKV | None = None):
     """out[t, h] = softmax(scale * q[t, h] . K[0..pos_t, h // group]) V[...] over the positions of
     token t's sequence (slot step[2t], position pos_t = step[2t + 1]; only the last
     shape.window positions of that range when the window is set), q and out f32
@@ -145,14 +170,19 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     whole blocks (by the merging split where the sequence splits; one dispatch and barrier less
     than a quantize_x8 after it), else by a quantize_x8 after a barrier. `tiles`: the pass's
     tile list (write_tiles; None: the device has no tiled kernel), for passes of
-    TILED_MIN_TOKENS or more over an f16 cache and heads of up to TILED_MAX_HEAD_DIM values."""
-    if (tiles is not None and n_tokens >= TILED_MIN_TOKENS and not cache.q8 and shape.head_dim % 16 == 0
+    TILED_MIN_TOKENS or more over an f16 cache and heads of up to TILED_MAX_HEAD_DIM values.
+    `own` (where takes_rope): q, and the token's k and v in it, as the Q/K/V product wrote them;
+    the kernel rotates them and appends k and v to the cache, as rope_store_kv would first."""
+    if own is not None and not takes_rope(cache, n_tokens, qk_norm=False):
+        raise ValueError(f"attention appends the K/V of one token to an f16 cache, not of {n_tokens} "
+                         f"to a{' q8' if cache.q8 else 'n f16'} one")
+    if (own is None and tiles is not None and n_tokens >= TILED_MIN_TOKENS and not cache.q8 and shape.head_dim % 16 == 0
             and shape.head_dim <= TILED_MAX_HEAD_DIM and splits is None):
         _record_tiled(rec, shape, q, cache, out, step, n_tokens, sinks, tiles)
         written = False
     else:
         merged = x8 if x8 is not None and shape.head_dim % X8_BLOCK_VALUES == 0 else None
-        written = _record(rec, shape, q, cache, out, step, n_tokens, scratch, splits, sinks, merged)
+        written = _record(rec, shape, q, cache, out, step, n_tokens, scratch, splits, sinks, merged, own)
     if not written and x8 is not None:
         rec.barrier()
         quantize_x8(rec, out, x8, n_tokens, shape.n_head * shape.head_dim)
@@ -173,7 +203,7 @@ def _record_tiled(rec: Recording, shape: AttentionShape, q: Buffer, cache: Paged
 
 def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache, out: Buffer, step: Buffer,
             n_tokens: int, scratch: Buffer | None, splits: int | None, sinks: Buffer | None,
-            x8: Buffer | None) -> bool:
+            x8: Buffer | None, own: OwnKV | None) -> bool:
     """attention's dispatch; True where it wrote x8 too."""
     ctx = rec.ctx
     size = attention_threads(ctx)
@@ -184,12 +214,23 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
                 min_chunk=round_up(MIN_CHUNK, size // LANES), scale=float(shape.scale), window=shape.window,
                 table_stride=cache.table_stride)
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
-    sink_suffix, sink_buffers = ("_sinks", [sinks]) if sinks is not None else ("", [])
+    suffix, extra = cache.suffix, []
+    if own is not None:
+        suffix, extra = "_rope", [own.k, own.v]
+        spec[4] = int(shape.rope_neox)
+        push.update(rope_dim=shape.rope_dim, log2_base=math.log2(shape.rope_base))
+        if own.freq_factors is not None:
+            suffix, extra = suffix + "_freq_factors", extra + [own.freq_factors]
+        if own.bias is not None:
+            suffix, extra = suffix + "_bias", extra + list(own.bias)
+    if sinks is not None:
+        suffix += "_sinks"
+    if x8 is not None:
+        suffix += "_x8"
+    tail = [*cache.scales, *([sinks] if sinks is not None else []), *([x8] if x8 is not None else []), *extra]
     kv = [q, cache.k, cache.v, step, cache.table]
-    x8_suffix, x8_buffers = ("_x8", [x8]) if x8 is not None else ("", [])
     if splits == 1:
-        rec.dispatch(ctx.kernel("attention" + cache.suffix + sink_suffix + x8_suffix, spec),
-                     [*kv, out, *cache.scales, *sink_buffers, *x8_buffers], groups, push)
+        rec.dispatch(ctx.kernel("attention" + suffix, spec), [*kv, out, *tail], groups, push)
         return x8 is not None
     if groups[1] * n_tokens > TARGET_WORKGROUPS:
         raise ValueError(f"attention splits passes of at most {TARGET_WORKGROUPS} tokens x workgroups of heads, "
@@ -199,6 +240,6 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
         raise ValueError(f"attention over {splits} splits needs {c_bytes + o_bytes + ml_bytes} bytes of scratch")
     counters, part_o, part_ml = (scratch.sub(0, c_bytes), scratch.sub(c_bytes, o_bytes),
                                  scratch.sub(c_bytes + o_bytes, ml_bytes))
-    rec.dispatch(ctx.kernel("attention_split" + cache.suffix + sink_suffix + x8_suffix, spec),
-                 [*kv, part_o, part_ml, out, counters, *cache.scales, *sink_buffers, *x8_buffers], groups, push)
+    rec.dispatch(ctx.kernel("attention_split" + suffix, spec), [*kv, part_o, part_ml, out, counters, *tail], groups,
+                 push)
     return x8 is not None

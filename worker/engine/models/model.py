@@ -245,19 +245,23 @@ class Model:
         matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8,
                    xh=ws.xh)
         rec.barrier()
-        # one dispatch: q (biased and normalised per head first where the model says) rotated in
-        # place, k likewise and rotated and v (biased) copied into this layer's cache
+        # q (biased and normalised per head first where the model says) rotated, k likewise and
+        # rotated and v (biased) appended to this layer's cache: by attention itself in decode,
+        # else in a dispatch of its own
         bias = tuple(layer[f"attn_{w}.bias"] for w in "qkv") if c.has_qkv_bias else None
-        qk_norm = (layer["attn_q_norm"], layer["attn_k_norm"], c.norm_eps) if c.has_qk_norm else None
-        shape = self.layer_shapes[i]
-        rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, self.kv.layers[i], step, n, self.freq_factors[i], qk_norm,
-                           bias)
-        rec.barrier()
+        shape, cache = self.layer_shapes[i], self.kv.layers[i]
+        own = None
+        if attn_ops.takes_rope(cache, n, c.has_qk_norm):
+            own = attn_ops.OwnKV(ws.k, ws.v, self.freq_factors[i], bias)
+        else:
+            qk_norm = (layer["attn_q_norm"], layer["attn_k_norm"], c.norm_eps) if c.has_qk_norm else None
+            rope.rope_store_kv(rec, shape, ws.q, ws.k, ws.v, cache, step, n, self.freq_factors[i], qk_norm, bias)
+            rec.barrier()
         # where the output product takes 8-bit input, attention writes it (its merge, in decode)
         w_out = layer["attn_output"]
         x8_out = product_path(rec.ctx, n, w_out.cols, qtype=w_out.ggml_type) in X8_PATHS
-        attn_ops.attention(rec, shape, ws.q, self.kv.layers[i], ws.att, step, n, ws.attention,
-                           sinks=layer.get("attn_sinks"), x8=ws.x8 if x8_out else None, tiles=ws.attention_tiles)
+        attn_ops.attention(rec, shape, ws.q, cache, ws.att, step, n, ws.attention, sinks=layer.get("attn_sinks"),
+                           x8=ws.x8 if x8_out else None, tiles=ws.attention_tiles, own=own)
         rec.barrier()
         after = None if c.n_expert or c.has_attn_out_bias else (layer[c.ffn_norm], [layer["ffn_gate"], layer["ffn_up"]])
         ready = self.record_residual(rec, ws, layer, "attn_output", Quantized(ws.x8) if x8_out else ws.att,
