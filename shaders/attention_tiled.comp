@@ -120,9 +120,9 @@ void main() {
     for (uint kv0 = kv_begin; kv0 < kv_end; kv0 += BC) {
         store_kv();
         barrier();
-        if (kv0 + BC < kv_end) {
-            load_kv(slot, g, kv0 + BC, kv_end);
-        }
+        // the next step's K/V into registers, overlapping this step's matrix work; unbranched (the
+        // last step's loads are all past kv_end: zeros, unused), as mul_mat_coopmat.comp's
+        load_kv(slot, g, kv0 + BC, kv_end);
 
         // S = q K^T, 16 positions at a time (K rows read as the columns of B)
         [[unroll]] for (uint c = 0; c < BC / 16; c++) {

@@ -216,7 +216,7 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
     suffix, extra = cache.suffix, []
     if own is not None:
-        suffix, extra = "_rope", [own.k, own.v]
+        suffix, extra = "_rope", [own.k, own.v, cache.k, cache.v]   # the pools again, written
         spec[4] = int(shape.rope_neox)
         push.update(rope_dim=shape.rope_dim, log2_base=math.log2(shape.rope_base))
         if own.freq_factors is not None:
