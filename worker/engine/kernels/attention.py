@@ -24,7 +24,8 @@ workgroup per tile and query head walks the positions they see.
 Decode passes of one token over an f16 cache take rope_store_kv's work too (OwnKV: q, k and v
 as the Q/K/V product wrote them): the kernel rotates q and k itself, reads the token's own K/V
 from shared memory and appends them to the cache, one dispatch and barrier less a layer (H200,
-Qwen2.5-32B: rope_store_kv took 6.1 us a layer)."""
+Qwen2.5-32B: 19.8 us a layer against 16.7 + 6.1 for attention and rope_store_kv; the 8B's tg128
+369.7 tok/s against 362.5 in the same run)."""
 import math
 from dataclasses import dataclass
 
@@ -176,7 +177,7 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     if own is not None and not takes_rope(cache, n_tokens, qk_norm=False):
         raise ValueError(f"attention appends the K/V of one token to an f16 cache, not of {n_tokens} "
                          f"to a{' q8' if cache.q8 else 'n f16'} one")
-    if (own is None and tiles is not None and n_tokens >= TILED_MIN_TOKENS and not cache.q8 and shape.head_dim % 16 == 0
+    if (tiles is not None and n_tokens >= TILED_MIN_TOKENS and not cache.q8 and shape.head_dim % 16 == 0
             and shape.head_dim <= TILED_MAX_HEAD_DIM and splits is None):
         _record_tiled(rec, shape, q, cache, out, step, n_tokens, sinks, tiles)
         written = False
