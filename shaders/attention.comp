@@ -13,8 +13,8 @@
 // dispatch's x): [first + s * chunk, min(first + (s + 1) * chunk, tokens[t].y + 1)), first the
 // first visible position and chunk the token's visible positions over S, rounded up to whole
 // streams, or min_chunk if more: every token's splits share its own length, however long the
-// longest sequence, and none takes fewer than min_chunk positions (splits past the token's
-// positions finish at once).
+// longest sequence, and none takes fewer than min_chunk positions, short_chunk where the token
+// sees at most short_span (splits past the token's positions finish at once).
 // LANES invocations share one position: each loads a few f16vec4 blocks of the K and V rows
 // (coalesced), the dot products are summed by subgroup shuffles, and one K/V read serves all
 // ROWS heads of the GQA group. The workgroup's STREAMS lane groups walk the positions
@@ -97,7 +97,8 @@ layout(std430, binding = X8_BINDING) writeonly buffer Q8 { uint q8[]; };
 #define ROPE_BINDING X8_BINDING
 #endif
 layout(push_constant) uniform Push {
-    uint n_head; uint n_head_kv; uint group; uint row_groups; uint min_chunk; float scale; uint window; uint table_stride;
+    uint n_head; uint n_head_kv; uint group; uint row_groups; uint min_chunk; uint short_chunk; uint short_span;
+    float scale; uint window; uint table_stride;
 #if defined(ROPE)
     uint rope_dim; float log2_base;
 #endif
@@ -198,7 +199,9 @@ void main() {
     const uint seen = tokens[t].y + 1;   // positions up to and including this token's
     const uint first_visible = p.window != 0 && seen > p.window ? seen - p.window : 0;
     const uint per_split = STREAMS * gl_NumWorkGroups.x;
-    const uint chunk = max(p.min_chunk, (seen - first_visible + per_split - 1) / per_split * STREAMS);
+    const uint visible = seen - first_visible;
+    const uint chunk = max(visible <= p.short_span ? p.short_chunk : p.min_chunk,
+                           (visible + per_split - 1) / per_split * STREAMS);
     const uint begin = first_visible + split * chunk, end = min(begin + chunk, seen);
     // the splits that hold positions: the first `used` (the others return at once)
     const uint used = min(gl_NumWorkGroups.x, (seen - first_visible + chunk - 1) / chunk);

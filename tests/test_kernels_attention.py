@@ -61,8 +61,9 @@ CASES = [  # n_tokens, pos0, n_head, n_head_kv, head_dim, n_ctx, splits (None: a
     (1, 650, 4, 2, 64, 700, None),     # decode after a prefix, split over the sequence
     (1, 650, 4, 2, 64, 700, 1),        # the same in one pass
     (1, 0, 4, 2, 64, 64, None),        # the first token
-    (1, 100, 4, 2, 64, 4096, None),    # a cache sized for 4096 positions: 64 splits, 2 of them used
-    (1, 40, 4, 2, 64, 4096, None),     # 64 splits, 1 used: it writes the output, no partials or merge
+    (1, 100, 4, 2, 64, 4096, None),    # a cache sized for 4096 positions: 64 splits, 4 of them used (short: 32 each)
+    (1, 300, 4, 2, 64, 4096, None),    # past SHORT_SPAN: 64 positions a split, 5 used
+    (1, 20, 4, 2, 64, 4096, None),     # 64 splits, 1 used: it writes the output, no partials or merge
     (5, 0, 6, 2, 128, 300, None),      # prefill from the start
     (5, 297, 6, 2, 128, 302, 1),       # prefill chunk after a prefix, one pass
     (5, 297, 6, 2, 128, 302, 3),       # the same, split

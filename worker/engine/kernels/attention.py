@@ -49,6 +49,14 @@ LANES = 8                # invocations sharing one position (attention.comp's LA
 # 8B 19.0 + 5.7 (284.3), 14.2 + 7.1 (287.0, 288.1), 13.2 + 12.3 (270.7); Qwen3-30B-A3B 18.6 +
 # 6.0 (243.2), 13.7 + 7.3 (244.2, 243.8), 13.3 + 12.6 (228.2).
 MIN_CHUNK = 64
+# Sequences of up to SHORT_SPAN visible positions split every SHORT_CHUNK at least: there more
+# workgroups pay for their merge. H200, attention with RoPE a layer (us) at positions 31 / 63 /
+# 127 / 255 / 511 with 32 at least against 64: Qwen2.5-32B 10.2 / 11.5 / 12.5 / 14.6 / 18.7
+# against 12.0 / 14.8 / 16.1 / 15.9 / 17.4, Llama-8B 10.5 / 13.6 / 13.3 / 14.3 / 16.6 against
+# 10.8 / 12.5 / 13.6 / 13.8 / 14.8; tg128 of the 32B 108.6 tok/s against 107.3, the 8B's 363.6
+# against 363.0.
+SHORT_CHUNK = 32
+SHORT_SPAN = 256
 TARGET_WORKGROUPS = 1024  # enough workgroups to keep a large GPU's loads in flight in decode
 OFFSET_ALIGN = 256       # the largest minStorageBufferOffsetAlignment Vulkan allows
 TILE_SUBGROUPS = 4       # attention_tiled.comp's subgroups a workgroup, 16 rows each
@@ -94,7 +102,8 @@ def _plan(shape: AttentionShape, n_tokens: int, splits: int | None) -> _Plan:
     rows = cdiv(shape.group, row_groups)
     if splits is None:
         base_groups = n_tokens * shape.n_head_kv * row_groups
-        splits = max(1, min(cdiv(TARGET_WORKGROUPS, base_groups), cdiv(shape.n_ctx, MIN_CHUNK)))
+        most = max(cdiv(shape.n_ctx, MIN_CHUNK), cdiv(min(shape.n_ctx, SHORT_SPAN), SHORT_CHUNK))
+        splits = max(1, min(cdiv(TARGET_WORKGROUPS, base_groups), most))
     return _Plan(rows, row_groups, splits)
 
 
@@ -212,7 +221,8 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
     splits = plan.splits
     spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES, 5: cache.block}
     push = dict(n_head=shape.n_head, n_head_kv=shape.n_head_kv, group=shape.group, row_groups=plan.row_groups,
-                min_chunk=round_up(MIN_CHUNK, size // LANES), scale=float(shape.scale), window=shape.window,
+                min_chunk=round_up(MIN_CHUNK, size // LANES), short_chunk=round_up(SHORT_CHUNK, size // LANES),
+                short_span=SHORT_SPAN, scale=float(shape.scale), window=shape.window,
                 table_stride=cache.table_stride)
     groups = (splits, shape.n_head_kv * plan.row_groups, n_tokens)
     suffix, extra = cache.suffix, []
