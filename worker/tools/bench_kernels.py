@@ -1,6 +1,8 @@
 """`vkllm bench kernels`: mat-vec (decode) speed per weight type at LLM shapes, in GB/s of
 weight bytes read, and as a share of the plain read bandwidth measured on this device in the
-same run (the decode roofline).
+same run (the decode roofline), and as a share of a plain read of the same bytes timed the same
+way ("% same": per dispatch, launch, ramp and barrier cost a small weight what they cost a read
+of its size, so that is about the most its product can reach).
 
 Each shape is timed on several distinct copies of the weights, dispatched in turn, so that
 the bytes read between two uses of one copy are well past the GPU's L2 cache (60 MB on the
@@ -29,7 +31,7 @@ from worker.engine.kernels.tuning import MatVecTuner, shape_label
 from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 from worker.tools import bench_cols
 from worker.tools.bench_cols import parse_cols
-from worker.tools.roofline import WARMUP_SECONDS, read_bandwidth
+from worker.tools.roofline import WARMUP_SECONDS, read_bandwidth, read_seconds
 
 # rows x K: attention projection, FFN up/gate, FFN down, the Llama-3 output head.
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
@@ -129,22 +131,29 @@ def run(args):
             bench_cols.run(ctx, args, rotation, warmup, measured)
             return
         tuner = MatVecTuner(ctx, ctx.settings.cache_dir) if args.tuned else None
-        print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'shape':>10} {'us':>9} {'GB/s':>8} {'% read':>7}")
+        print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'shape':>10} {'us':>9} {'GB/s':>8} {'% read':>7} "
+              f"{'% same':>7}")
+        # a plain read of each weight's bytes, timed as its product: the most a product of that size reaches
+        same = {}
         for name in args.types:
             qtype = GGMLQuantizationType[name]
             for rows, cols in shapes:
                 nbytes = rows * row_bytes(qtype, cols)
+                if nbytes not in same:
+                    same[nbytes] = read_seconds(ctx, nbytes, rotation, args.runs, warmup)
                 shape = tuner.shapes([(qtype, rows, cols)])[qtype, rows, cols] if tuner else None
                 seconds, copies = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup, shape,
                                               path="mat_vec")
                 rate = nbytes / seconds
                 line = (f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f} {copies:6} "
                         f"{shape_label(shape or mat_vec_shape(ctx)):>10} "
-                        f"{seconds * 1e6:9.1f} {rate / 1e9:8.1f} {100 * rate / measured:6.1f}%")
+                        f"{seconds * 1e6:9.1f} {rate / 1e9:8.1f} {100 * rate / measured:6.1f}% "
+                        f"{100 * same[nbytes] / seconds:6.1f}%")
                 if "mmq" in paths(ctx) and qtype in mmq_types():
                     seconds, _ = time_matmul(ctx, qtype, rows, cols, 1, rotation, args.runs, warmup, shape,
                                              path="mat_vec_x8")
-                    line += f"   x8: {seconds * 1e6:7.1f} us {100 * nbytes / seconds / measured:5.1f}%"
+                    line += (f"   x8: {seconds * 1e6:7.1f} us {100 * nbytes / seconds / measured:5.1f}% "
+                             f"({100 * same[nbytes] / seconds:5.1f}% same)")
                 for path in mat_mat_paths(ctx, qtype) if args.prefill else ():
                     seconds, _ = time_matmul(ctx, qtype, rows, cols, args.prefill, rotation, args.runs, warmup,
                                              path=path)

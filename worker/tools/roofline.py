@@ -7,24 +7,37 @@ from worker.engine.intmath import cdiv
 WARMUP_SECONDS = 0.5  # an idle GPU drops its clock (the H200's to 345 MHz): keep it busy first
 
 
+SPAN_VEC4 = 1024  # vec4s a workgroup reads: 16 KiB, so that even a 10 MB copy spreads over 600 workgroups
+
+
 def read_bandwidth(ctx, nbytes: int, reps: int = 5, warmup: float = WARMUP_SECONDS) -> float:
     """Bytes/s of a plain streaming read of a buffer larger than any cache (median of reps)."""
+    return nbytes / read_seconds(ctx, nbytes, nbytes, reps, warmup)
+
+
+def read_seconds(ctx, nbytes: int, rotation_bytes: int, reps: int = 5, warmup: float = WARMUP_SECONDS) -> float:
+    """Median seconds of a plain streaming read of nbytes, timed as `vkllm bench kernels` times a
+    product of that many weight bytes: copies dispatched in turn, each followed by a barrier and
+    a timestamp, their total at least rotation_bytes (past the L2 cache). What a product of a
+    small weight can reach at best: each dispatch's launch, ramp and barrier are its own."""
     from worker.engine.kernels.timing import replay_for
-    n_vec4, per_group = nbytes // 16, 4096
-    groups = cdiv(n_vec4, per_group)
-    src, dst = ctx.alloc(nbytes), ctx.alloc(4 * groups)
-    rec = ctx.recording(max_timestamps=2)
+    n_vec4 = nbytes // 16
+    groups, copies = cdiv(n_vec4, SPAN_VEC4), max(1, cdiv(rotation_bytes, nbytes))
+    srcs, dst = [ctx.alloc(nbytes) for _ in range(copies)], ctx.alloc(4 * groups)
+    rec = ctx.recording(max_sets=copies, max_timestamps=copies + 1)
     rec.timestamp("start")
-    rec.dispatch(ctx.kernel("read_bandwidth", {0: 256}), [src, dst], (groups, 1, 1),
-                 dict(n_vec4=n_vec4, per_group=per_group))
-    rec.timestamp("read")
+    for i, src in enumerate(srcs):
+        rec.dispatch(ctx.kernel("read_bandwidth", {0: 256}), [src, dst], (groups, 1, 1),
+                     dict(n_vec4=n_vec4, per_group=SPAN_VEC4))
+        rec.barrier()
+        rec.timestamp(f"copy{i}")
     rec.finish()
     replay_for(ctx, rec, warmup)
     times = []
     for _ in range(reps):
         ctx.run(rec)
-        times.append(rec.timings_ns()[0][1] * 1e-9)
+        times += [ns * 1e-9 for _, ns in rec.timings_ns()]
     rec.destroy()
-    ctx.free(src)
-    ctx.free(dst)
-    return nbytes / statistics.median(times)
+    for buffer in (*srcs, dst):
+        ctx.free(buffer)
+    return statistics.median(times)
