@@ -33,7 +33,7 @@ def synth_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("synth_x8")
 
 
-@pytest.mark.parametrize("n_ctx, split", [(64, False), (256, True)])
+@pytest.mark.parametrize("n_ctx, split", [(32, False), (256, True)])
 @pytest.mark.parametrize("n", [1, 3])
 def test_decode_takes_the_x8_kernels(x8_ctx, synth_dir, n_ctx, split, n):
     """Q4_K_M, 2 layers, one token or three (the mat-cols kernel's): the norms' outputs
@@ -42,8 +42,8 @@ def test_decode_takes_the_x8_kernels(x8_ctx, synth_dir, n_ctx, split, n):
     product before them, mul_mat_vec_x8_rms_blocks, and scaled by their products, *_x8_rms),
     the gate+up output by quantize_x8 (one token: by the gate+up product,
     mul_mat_vec_glu_x8_blocks), the attention output by the attention kernel, by the split that
-    merges where the sequence splits (a cache of 256 positions); every product over 8-bit x. One
-    token's attention does RoPE and the cache append itself (no rope_store_kv)."""
+    merges where the sequence splits (a cache of 256 positions, not one of 32: attention.SHORT_CHUNK);
+    every product over 8-bit x. One token's attention does RoPE and the cache append itself (no rope_store_kv)."""
     engine = Engine.load(_model(synth_dir, "tiny-llama", "Q4_K_M"), n_ctx=n_ctx, ctx=x8_ctx, max_batch=16)
     try:
         kernels = engine.runner.profile(n)
@@ -82,7 +82,7 @@ def test_moe_decode_takes_the_x8_expert_kernel(x8_ctx, synth_dir):
     logits match the reference within TOL (later steps may tip a near-tied expert choice, as
     CASES says)."""
     path = _model(synth_dir, "tiny-qwen3moe", "Q4_K_M")
-    engine = Engine.load(path, n_ctx=64, ctx=x8_ctx, max_batch=16)
+    engine = Engine.load(path, n_ctx=32, ctx=x8_ctx, max_batch=16)   # unsplit attention (SHORT_CHUNK)
     try:
         kernels = engine.runner.profile(1)
     finally:
