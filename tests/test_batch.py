@@ -93,7 +93,7 @@ def test_sequences_decoded_together_give_what_each_gives_alone(engine, model_pat
         assert got.logprobs.logprob == pytest.approx(want.logprobs.logprob, abs=1e-3)
     assert len(engine.batch) == 0 and engine.batch.stats()["kv_blocks_used"] == 0
     # passes of 1..8 tokens and 1..4 logits rows, each recorded for its size's power of two
-    sizes = {size for n, _, rows in engine.runner.recorded_passes() for size in (n, rows) if size is not None}
+    sizes = {size for n, _, rows, _ in engine.runner.recorded_passes() for size in (n, rows) if size is not None}
     assert sizes <= {0, 1, 2, 4, 8} and 8 in sizes, engine.runner.recorded_passes()
 
 

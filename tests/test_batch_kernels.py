@@ -130,6 +130,18 @@ def test_bench_prints_each_pass_and_its_kernels(engine, capsys):
     assert lines[2].startswith("  n=  5:") and "mul_mat_cols_glu_c8_q4_k" in lines[2]
 
 
+def test_decode_passes_append_their_kv_in_attention(engine):
+    """A batched decode pass (one token a sequence, as the fed passes and Runner.profile_decode
+    record it) has no rope_store_kv: attention rotates and appends each token's K/V
+    (attention.takes_rope's `distinct`); a prefill chunk of one sequence keeps rope_store_kv."""
+    layers = engine.config.n_layer
+    decode, chunk = engine.runner.profile_decode(5, 10), engine.runner.profile(5)
+    assert not any(k.startswith("rope_store_kv") for k in decode), decode
+    assert sum(c for k, (c, _) in decode.items() if k.startswith("attention") and "_rope" in k) == layers, decode
+    assert sum(c for k, (c, _) in chunk.items() if k.startswith("rope_store_kv")) == layers, chunk
+    assert not any(k.startswith("attention") and "_rope" in k for k in chunk), chunk
+
+
 @pytest.mark.parametrize("prefill_kernel", ["auto", "mmq"])
 def test_batched_decode_through_the_mat_mat_kernels(vk_settings, model_path, prefill_kernel):
     """batch_kernel "mat_mat": a batch of 5 takes the device's mat-mat kernel (the tiled one on

@@ -114,20 +114,63 @@ def test_with_sinks_and_x8_output(dev, splits):
     x.check_cache()
 
 
+@pytest.mark.parametrize("splits", [None, 1])
+def test_batched_decode_one_token_a_sequence(dev, splits):
+    """A batched decode pass (takes_rope's `distinct`): one token of each of three sequences at
+    their own positions (a short one, one past SHORT_SPAN, a first token), then a pad repeating
+    the last token as the runner pads a pass; each token rotated at its position, each
+    sequence's row appended once, nothing else changed. Qwen2's NeoX pairs and biases."""
+    rng = np.random.default_rng(11)
+    n_head, n_head_kv, head_dim, n_ctx, base = 6, 2, 64, 400, 10000.0
+    positions = [40, 300, 0]
+    paged = Paged(dev, rng, 3, n_ctx, n_head_kv, head_dim)
+    old = [(f32(rng, p, n_head_kv, head_dim), f32(rng, p, n_head_kv, head_dim)) for p in positions]
+    for s, (k, v) in enumerate(old):
+        paged.fill(s, k, v)
+    q, k, v = (f32(rng, 3, h, head_dim) for h in (n_head, n_head_kv, n_head_kv))
+    bias = (f32(rng, n_head, head_dim), f32(rng, n_head_kv, head_dim), f32(rng, n_head_kv, head_dim))
+    pad = lambda x: np.concatenate([x, x[-1:]])   # noqa: E731 (the runner's pad: the last token again)
+    cache, step = paged.cache(), step_buffer(dev, [(s, p) for s, p in enumerate(positions)] + [(2, positions[-1])])
+    shape = AttentionShape(n_head, n_head_kv, head_dim, n_ctx, head_dim, base, True)
+    assert takes_rope(cache, 4, qk_norm=False, distinct=True) and not takes_rope(cache, 4, qk_norm=False)
+    bq, out = dev.put(pad(q)), dev.empty(pad(q).nbytes)
+    nbytes = split_scratch_bytes(shape, 4, splits)
+    scratch = dev.put(np.zeros(nbytes, np.uint8)) if nbytes else None
+    own = OwnKV(dev.put(pad(k)), dev.put(pad(v)), None, tuple(dev.put(b) for b in bias))
+    dev.run(lambda rec: attention(rec, shape, bq, cache, out, step, 4, scratch, splits=splits, own=own))
+    got = dev.get(out, count=4 * n_head * head_dim).reshape(4, n_head, head_dim)
+    for t, pos in enumerate(positions):
+        q_rot = rope_reference((q[t] + bias[0])[None], pos, head_dim, base, True)[0]
+        k_own = rope_reference((k[t] + bias[1])[None], pos, head_dim, base, True).astype(np.float16).astype(np.float32)
+        v_own = (v[t] + bias[2])[None].astype(np.float16).astype(np.float32)
+        k_all = np.concatenate([paged.stored(old[t][0]), k_own])
+        v_all = np.concatenate([paged.stored(old[t][1]), v_own])
+        expected = attention_reference(q_rot, k_all, v_all, pos, head_dim ** -0.5)
+        for row in (t, 3) if t == 2 else (t,):
+            np.testing.assert_allclose(got[row], expected, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(paged.read(cache, "k", t, [pos]), k_own, rtol=1e-3, atol=2e-3)
+        np.testing.assert_array_equal(paged.read(cache, "v", t, [pos]), v_own)
+    n_rows = paged.n_blocks * paged.block
+    others = np.ones(n_rows, bool)
+    others[[paged.row(t, pos) for t, pos in enumerate(positions)]] = False
+    for which, before in (("k", paged.k), ("v", paged.v)):
+        pool = dev.get(getattr(cache, which), np.float16, n_rows * paged.width).reshape(n_rows, -1)
+        np.testing.assert_array_equal(pool[others], before[others].astype(np.float16))
+
+
 def test_only_one_token_into_an_f16_cache(dev):
-    """Several tokens of a pass may read each other's K/V, and the 8-bit cache's rows are written
-    by rope_store_kv alone: attention refuses to append for them."""
+    """Several tokens of a pass may read each other's K/V unless each is its sequence's only
+    one, and the 8-bit cache's rows are written by rope_store_kv alone: attention refuses to
+    append to it."""
     rng = np.random.default_rng(3)
     f16, q8 = Paged(dev, rng, 1, 64, 2, 64).cache(), Paged(dev, rng, 1, 64, 2, 64, kv_type="q8_0").cache()
-    assert takes_rope(f16, 1, qk_norm=False)
+    assert takes_rope(f16, 1, qk_norm=False) and takes_rope(f16, 2, qk_norm=False, distinct=True)
     assert not takes_rope(f16, 2, qk_norm=False) and not takes_rope(q8, 1, qk_norm=False)
-    assert not takes_rope(f16, 1, qk_norm=True)
+    assert not takes_rope(f16, 1, qk_norm=True) and not takes_rope(q8, 2, qk_norm=False, distinct=True)
     shape, buf = AttentionShape(4, 2, 64, 64), dev.empty(4 * 4 * 64 * 2)
-    own = OwnKV(buf, buf)
-    for cache, n in ((f16, 2), (q8, 1)):
-        rec = dev.ctx.recording()
-        try:
-            with pytest.raises(ValueError, match="appends the K/V of one token"):
-                attention(rec, shape, buf, cache, buf, step_buffer(dev, [(0, 1)] * n), n, own=own)
-        finally:
-            rec.finish().destroy()
+    rec = dev.ctx.recording()
+    try:
+        with pytest.raises(ValueError, match="appends K/V to an f16 cache"):
+            attention(rec, shape, buf, q8, buf, step_buffer(dev, [(0, 1)]), 1, own=OwnKV(buf, buf))
+    finally:
+        rec.finish().destroy()

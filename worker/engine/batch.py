@@ -115,7 +115,8 @@ class Batch:
                 return events
             select = self._write_pass(plan)
             self.runner.run_batch(sum(count for _, _, count in plan),
-                                  sum(start + count == len(seq.tokens) for seq, start, count in plan), select)
+                                  sum(start + count == len(seq.tokens) for seq, start, count in plan), select,
+                                  distinct=all(count == 1 for _, _, count in plan))
         now = time.perf_counter()
         # a fed pass keeps the rows of sequences that ended since it was queued: skipped here
         out_rows = [seq for seq, start, count in plan if seq.done or start + count == len(seq.tokens)]

@@ -110,23 +110,24 @@ class Runner:
         return StagedPass(recordings, self.workspaces, inputs, self._timeline)
 
     def _record(self, n: int, select: str, logits=None, profile: bool = False, rows: int | None = None,
-                ids: str = "ids", step: str = "step", best: str = "best") -> StagedPass:
+                ids: str = "ids", step: str = "step", best: str = "best", distinct: bool = False) -> StagedPass:
         """`rows`: a batched pass's logits rows (ws.rows names them), None for the last token's.
         A batched pass keeps its rows in device memory (ws.batch_logits) and copies them to the
         host-visible ws.logits only with the HOST suffix (a sequence reads whole rows). `ids`,
         `step`, `best`: the workspace buffers holding the token ids and the step values, and the
-        one the argmax selection writes."""
+        one the argmax selection writes. `distinct`: each token is the only one of its sequence
+        (a batched decode pass: attention appends the K/V itself, attention.takes_rope)."""
         inputs = {step: 8 * n, **({"rows": 4 * rows} if rows else {})}
         if self.workspace.attention_tiles is not None:
             inputs["attention_tiles"] = self.workspace.attention_tiles.size
         return self._staged(n, lambda rec, stage, ws: self._record_stage(rec, stage, ws, n, select, logits, rows,
-                                                                         ids, step, best), inputs, profile)
+                                                                         ids, step, best, distinct), inputs, profile)
 
     def _record_stage(self, rec, stage, ws, n: int, select: str, logits, rows: int | None, ids: str, step: str,
-                      best: str):
+                      best: str, distinct: bool):
         row_logits = ws.logits if rows is None else ws.batch_logits
         self.model.record_forward(rec, ws, stage, n, logits or row_logits, all_logits=logits is not None, rows=rows,
-                                  ids=ids, step=step)
+                                  ids=ids, step=step, distinct=distinct)
         if not stage.last:
             return
         vocab = self.model.config.vocab_size
@@ -169,12 +170,12 @@ class Runner:
                 argmax(rec, ws.logits, getattr(ws, best), 1, self.model.config.vocab_size, ws.select)
         return self._staged(1, record_stage, {step: 8})
 
-    def _recording(self, n: int, select: str, record=None, rows: int | None = None):
-        key = (n, select, rows)
+    def _recording(self, n: int, select: str, record=None, rows: int | None = None, distinct: bool = False):
+        key = (n, select, rows, distinct)
         if key not in self._recordings:
             if len(self._recordings) >= _MAX_RECORDINGS:
                 self._recordings.popitem(last=False)[1].destroy()
-            self._recordings[key] = record() if record else self._record(n, select, rows=rows)
+            self._recordings[key] = record() if record else self._record(n, select, rows=rows, distinct=distinct)
         self._recordings.move_to_end(key)
         return self._recordings[key]
 
@@ -206,8 +207,8 @@ class Runner:
     def _row_size(self, rows: int) -> int:
         return recorded_size(rows, self.workspace.sequences)
 
-    def recorded_passes(self) -> list[tuple[int, str, int | None]]:
-        """(tokens, selection, logits rows) of the passes recorded and kept, oldest first."""
+    def recorded_passes(self) -> list[tuple[int, str, int | None, bool]]:
+        """(tokens, selection, logits rows, distinct) of the passes recorded and kept, oldest first."""
         return list(self._recordings)
 
     def _run(self, rec, ids, pos0: int, size: int | None = None):
@@ -222,13 +223,14 @@ class Runner:
         rec.run(self._fences)
         self._last = rec
 
-    def run_batch(self, n: int, rows: int, select: str):
+    def run_batch(self, n: int, rows: int, select: str, distinct: bool = False):
         """A batched pass over the n tokens whose ids, (slot, position) pairs and logits rows
         the caller wrote into the workspace (ids, step, rows) and whose sequences' block table
-        rows it wrote; `select` applies to each of the `rows` logits rows."""
+        rows it wrote; `select` applies to each of the `rows` logits rows. `distinct`: each token
+        is the only one of its sequence (a pass of decode tokens)."""
         size, row_size = self._size(n), self._row_size(rows)
         self._pad(n, size, rows, row_size)
-        rec = self._recording(size, select, rows=row_size)
+        rec = self._recording(size, select, rows=row_size, distinct=distinct)
         rec.run(self._fences)
         self._last = rec
 
@@ -260,9 +262,9 @@ class Runner:
         if ids is not None:
             getattr(ws, ids_name).view(np.uint32)[:size] = ids + ids[-1:] * (size - n)
             ws.rows.view(np.uint32)[:size] = np.minimum(np.arange(size), n - 1)
-        rec = self._recording(size, f"argmax_fed{parity}", rows=size,
+        rec = self._recording(size, f"argmax_fed{parity}", rows=size, distinct=True,
                               record=lambda: self._record(size, "argmax", rows=size, ids=ids_name, step=step_name,
-                                                          best=best_name))
+                                                          best=best_name, distinct=True))
         rec.submit(self._fed_fences[parity])
         self._last = self._fed[parity] = rec
 
@@ -395,7 +397,7 @@ class Runner:
             step[:, 0], step[:, 1] = slots, pos
             ws.rows.view(np.uint32)[:n] = np.arange(n)
             self._write_tiles(n)
-            rec = self._record(n, "argmax", profile=True, rows=n)
+            rec = self._record(n, "argmax", profile=True, rows=n, distinct=True)
             rec.run(self._fences)
             return self._timings(rec)
         finally:

@@ -21,8 +21,9 @@ where the device has 16x16x16 f16 cooperative matrices and the cache is f16
 sequence (`write_tiles`, into a host-visible buffer of tiles_bytes the caller owns), and one
 workgroup per tile and query head walks the positions they see.
 
-Decode passes of one token over an f16 cache take rope_store_kv's work too (OwnKV: q, k and v
-as the Q/K/V product wrote them): the kernel rotates q and k itself, reads the token's own K/V
+Decode passes (one token, or batched: one token a sequence) over an f16 cache take
+rope_store_kv's work too (OwnKV: q, k and v as the Q/K/V product wrote them): the kernel rotates q
+and k itself, reads the token's own K/V
 from shared memory and appends them to the cache, one dispatch and barrier less a layer (H200,
 Qwen2.5-32B: 19.8 us a layer against 16.7 + 6.1 for attention and rope_store_kv; the 8B's tg128
 369.7 tok/s against 362.5 in the same run)."""
@@ -77,11 +78,12 @@ class OwnKV:
     bias: tuple[Buffer, Buffer, Buffer] | None = None
 
 
-def takes_rope(cache: PagedCache, n_tokens: int, qk_norm: bool) -> bool:
-    """Whether attention can do rope_store_kv's work in the pass (OwnKV): one token, so no other
-    token of the pass reads its K/V; an f16 cache; no per-head norms, which only rope_store_kv
-    applies."""
-    return n_tokens == 1 and not cache.q8 and not qk_norm
+def takes_rope(cache: PagedCache, n_tokens: int, qk_norm: bool, distinct: bool = False) -> bool:
+    """Whether attention can do rope_store_kv's work in the pass (OwnKV): no token of the pass
+    reads another's K/V, so one token, or `distinct` ones, each the only one of its sequence (a
+    batched decode pass; its pads repeat its last token, writing the same row again); an f16
+    cache; no per-head norms, which only rope_store_kv applies."""
+    return (n_tokens == 1 or distinct) and not cache.q8 and not qk_norm
 
 
 def attention_threads(ctx) -> int:
@@ -181,13 +183,13 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     than a quantize_x8 after it), else by a quantize_x8 after a barrier. `tiles`: the pass's
     tile list (write_tiles; None: the device has no tiled kernel), for passes of
     TILED_MIN_TOKENS or more over an f16 cache and heads of up to TILED_MAX_HEAD_DIM values.
-    `own` (where takes_rope): q, and the token's k and v in it, as the Q/K/V product wrote them;
-    the kernel rotates them and appends k and v to the cache, as rope_store_kv would first."""
-    if own is not None and not takes_rope(cache, n_tokens, qk_norm=False):
-        raise ValueError(f"attention appends the K/V of one token to an f16 cache, not of {n_tokens} "
-                         f"to a{' q8' if cache.q8 else 'n f16'} one")
+    `own` (where takes_rope: each token the only one of its sequence in the pass): q, and the
+    tokens' k and v in it, as the Q/K/V product wrote them; the kernel rotates them and appends
+    k and v to the cache, as rope_store_kv would first."""
+    if own is not None and cache.q8:
+        raise ValueError("attention appends K/V to an f16 cache; an 8-bit one's rows are rope_store_kv's")
     if (tiles is not None and n_tokens >= TILED_MIN_TOKENS and not cache.q8 and shape.head_dim % 16 == 0
-            and shape.head_dim <= TILED_MAX_HEAD_DIM and splits is None):
+            and shape.head_dim <= TILED_MAX_HEAD_DIM and splits is None and own is None):
         _record_tiled(rec, shape, q, cache, out, step, n_tokens, sinks, tiles)
         written = False
     else:

@@ -192,13 +192,14 @@ class Model:
 
     # -- the forward pass ------------------------------------------------------------------------
     def record_forward(self, rec, ws, stage, n: int, logits=None, all_logits: bool = False, ids: str = "ids",
-                       step: str = "step", rows: int | None = None):
+                       step: str = "step", rows: int | None = None, distinct: bool = False):
         """Stage `stage`'s part of the pass, into its recording `rec` over its workspace `ws`:
         tokens in the workspace's buffer named `ids` (the first stage's) with the (slot, position)
         pairs of the one named `step` -> logits of the last token, of all (all_logits), or of the
         `rows` tokens that ws.rows names (a batched pass; 0: no logits), into `logits` (the last
         stage's). A stage after the first starts from the hidden state in ws.handoff, one before
-        the last leaves its own there (memory the stages share, Runner)."""
+        the last leaves its own there (memory the stages share, Runner). `distinct`: each token is
+        the only one of its sequence (record_attention)."""
         assert n <= ws.n and (rows is None or rows <= ws.sequences)
         c = self.config
         if stage.first:
@@ -210,7 +211,7 @@ class Model:
         ready = None   # the next norm's input, where the residual product before it wrote it
         for i in stage.layers:
             layer = self.layers[i]
-            ready = self.record_attention(rec, ws, getattr(ws, step), i, layer, n, ready)
+            ready = self.record_attention(rec, ws, getattr(ws, step), i, layer, n, ready, distinct)
             after = (self.layers[i + 1]["attn_norm"], self._projections(self.layers[i + 1])) if i + 1 in stage.layers \
                 else (self.globals["output_norm"], [self.output]) if head else None
             ready = self.record_ffn(rec, ws, layer, n, ready, after)
@@ -234,9 +235,10 @@ class Model:
     def _projections(layer) -> list:
         return [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
 
-    def record_attention(self, rec, ws, step, i, layer, n, ready=None):
+    def record_attention(self, rec, ws, step, i, layer, n, ready=None, distinct: bool = False):
         """The attention block of layer i, x += its output; `ready`: its norm's input where the
-        product before wrote it (Quantized). Returns the FFN norm's input where the output
+        product before wrote it (Quantized); `distinct`: each token is the only one of its
+        sequence in the pass (attention.takes_rope). Returns the FFN norm's input where the output
         product writes it, else None."""
         c = self.config
         projections = self._projections(layer)
@@ -251,7 +253,7 @@ class Model:
         bias = tuple(layer[f"attn_{w}.bias"] for w in "qkv") if c.has_qkv_bias else None
         shape, cache = self.layer_shapes[i], self.kv.layers[i]
         own = None
-        if attn_ops.takes_rope(cache, n, c.has_qk_norm):
+        if attn_ops.takes_rope(cache, n, c.has_qk_norm, distinct):
             own = attn_ops.OwnKV(ws.k, ws.v, self.freq_factors[i], bias)
         else:
             qk_norm = (layer["attn_q_norm"], layer["attn_k_norm"], c.norm_eps) if c.has_qk_norm else None
