@@ -22,11 +22,10 @@ sequence (`write_tiles`, into a host-visible buffer of tiles_bytes the caller ow
 workgroup per tile and query head walks the positions they see.
 
 Decode passes (one token, or batched: one token a sequence) over an f16 cache take
-rope_store_kv's work too (OwnKV: q, k and v as the Q/K/V product wrote them): the kernel rotates q
-and k itself, reads the token's own K/V
-from shared memory and appends them to the cache, one dispatch and barrier less a layer (H200,
-Qwen2.5-32B: 19.8 us a layer against 16.7 + 6.1 for attention and rope_store_kv; the 8B's tg128
-369.7 tok/s against 362.5 in the same run)."""
+rope_store_kv's work too (OwnKV: q, k and v as the Q/K/V product wrote them): the kernel rotates
+q and k itself, reads each token's own K/V from shared memory and appends them to the cache,
+one dispatch and barrier less a layer (H200, Qwen2.5-32B: 19.8 us a layer against 16.7 + 6.1
+for attention and rope_store_kv; the 8B's tg128 369.7 tok/s against 362.5 in the same run)."""
 import math
 from dataclasses import dataclass
 
