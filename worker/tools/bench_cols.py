@@ -11,7 +11,6 @@ the measured read bandwidth, and the f32 mat-cols result's relative difference f
 mat-vec kernel's on the same random input (a check on this device's compiler). Then one 8B
 pass per n, summed from its weights, as each rule would run it. Timing as `vkllm bench kernels`: distinct weight copies cycled through,
 warm-up, medians of GPU timestamps."""
-import statistics
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
@@ -24,7 +23,7 @@ from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.matmul import x8_bytes
 from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, mmq_types, paths, x8_cols_types
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
-from worker.engine.kernels.timing import random_weights, record_glu_products, record_products, replay_for
+from worker.engine.kernels.timing import median_seconds, random_weights, record_glu_products, record_products
 from worker.engine.weight_types import row_bytes
 
 # Llama-3.1-8B Q4_K_M, per layer (32): Q/K/V as one product, the output projection, gate+up
@@ -137,14 +136,9 @@ class Copies:
         """Median seconds of one product (a gate+up pair under GLU) of n columns."""
         rec = self._record(n, path=path, cols_shape=shape)
         try:
-            replay_for(self.ctx, rec, warmup)
-            times = []
-            for _ in range(runs):
-                self.ctx.run(rec)
-                times += [ns * 1e-9 for _, ns in rec.timings_ns()]
+            return median_seconds(self.ctx, rec, runs, warmup)
         finally:
             rec.destroy()
-        return statistics.median(times)
 
     def check(self, n: int) -> float:
         """||mat_cols - mat_vec|| / ||mat_vec|| of the last copy's product, n columns (y filled

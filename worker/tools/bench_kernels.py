@@ -14,7 +14,6 @@ idle (here: while the host uploads the next weights) and rises to 1980 MHz only 
 which moved compute-heavy kernels by 5x. So each shape's command buffer is replayed for
 `warmup` seconds before it is timed (which also covers the slow first submissions)."""
 import argparse
-import statistics
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -26,7 +25,7 @@ from worker.engine.kernels.mat_vec import mat_vec_shape
 from worker.engine.kernels.matmul import Quantized, quantize_x8, x8_bytes
 from worker.engine.kernels.paths import mmq_types, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
-from worker.engine.kernels.timing import random_weights, record_products, replay_for
+from worker.engine.kernels.timing import median_seconds, random_weights, record_products
 from worker.engine.kernels.tuning import MatVecTuner, shape_label
 from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 from worker.tools import bench_cols
@@ -99,18 +98,14 @@ def time_matmul(ctx, qtype: GGMLQuantizationType, rows: int, cols: int, n: int, 
         ctx.run(prepare)
         prepare.destroy()
     rec = record_products(ctx, weights, Quantized(x8) if path == "mat_vec_x8" else x, y, n, path=path, x8=x8, xh=xh)
-    replay_for(ctx, rec, warmup)
-    times = []
-    for _ in range(runs):
-        ctx.run(rec)
-        times += [ns * 1e-9 for _, ns in rec.timings_ns()]
+    seconds = median_seconds(ctx, rec, runs, warmup)
     rec.destroy()
     for w in weights:
         free_tensor(ctx, w)
     for buffer in (x, y, x8, xh):
         if buffer is not None:
             ctx.free(buffer)
-    return statistics.median(times), copies
+    return seconds, copies
 
 
 def mat_mat_paths(ctx, qtype: GGMLQuantizationType) -> list[str]:
@@ -133,7 +128,7 @@ def run(args):
         tuner = MatVecTuner(ctx, ctx.settings.cache_dir) if args.tuned else None
         print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'shape':>10} {'us':>9} {'GB/s':>8} {'% read':>7} "
               f"{'% same':>7}")
-        # a plain read of each weight's bytes, timed as its product: the most a product of that size reaches
+        # a plain read of each weight's bytes, timed as its product: about the most a product of that size reaches
         same = {}
         for name in args.types:
             qtype = GGMLQuantizationType[name]

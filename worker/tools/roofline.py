@@ -1,12 +1,9 @@
 """The read-bandwidth roofline: how fast this GPU streams a buffer larger than any cache. Decode
 reads every weight once per token, so bytes per token / this figure bounds tokens/s."""
-import statistics
 
 from worker.engine.intmath import cdiv
 
 WARMUP_SECONDS = 0.5  # an idle GPU drops its clock (the H200's to 345 MHz): keep it busy first
-
-
 MAX_SPAN_VEC4, MIN_SPAN_VEC4 = 4096, 256   # vec4s a workgroup reads (64 KiB .. 4 KiB)
 SPAN_GROUPS = 2048   # workgroups a copy spreads over at least, where the span allows
 
@@ -21,7 +18,7 @@ def read_seconds(ctx, nbytes: int, rotation_bytes: int, reps: int = 5, warmup: f
     product of that many weight bytes: copies dispatched in turn, each followed by a barrier and
     a timestamp, their total at least rotation_bytes (past the L2 cache). What a product of a
     small weight can reach at best: each dispatch's launch, ramp and barrier are its own."""
-    from worker.engine.kernels.timing import replay_for
+    from worker.engine.kernels.timing import median_seconds
     n_vec4 = nbytes // 16
     span = min(MAX_SPAN_VEC4, max(MIN_SPAN_VEC4, n_vec4 // SPAN_GROUPS))
     groups, copies = cdiv(n_vec4, span), max(1, cdiv(rotation_bytes, nbytes))
@@ -34,12 +31,8 @@ def read_seconds(ctx, nbytes: int, rotation_bytes: int, reps: int = 5, warmup: f
         rec.barrier()
         rec.timestamp(f"copy{i}")
     rec.finish()
-    replay_for(ctx, rec, warmup)
-    times = []
-    for _ in range(reps):
-        ctx.run(rec)
-        times += [ns * 1e-9 for _, ns in rec.timings_ns()]
+    seconds = median_seconds(ctx, rec, reps, warmup)
     rec.destroy()
     for buffer in (*srcs, dst):
         ctx.free(buffer)
-    return statistics.median(times)
+    return seconds

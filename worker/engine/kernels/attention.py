@@ -68,9 +68,9 @@ TILED_MAX_HEAD_DIM = 128  # a row's accumulators live in its lanes' registers (H
 
 @dataclass(frozen=True)
 class OwnKV:
-    """The token's k and v (f32 [n_head_kv * head_dim]) as the Q/K/V product wrote them, with
-    what rope_store_kv would take: Llama 3's frequency factors, the projections' biases (q, k,
-    v). With it, q is the unrotated product too."""
+    """The pass's k and v (f32 [n_tokens, n_head_kv * head_dim]) as the Q/K/V product wrote
+    them, with what rope_store_kv would take: Llama 3's frequency factors, the projections'
+    biases (q, k, v). With it, q is the unrotated product too."""
     k: Buffer
     v: Buffer
     freq_factors: Buffer | None = None

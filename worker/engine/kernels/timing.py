@@ -1,5 +1,6 @@
 """Timing helpers shared by the mat-vec tuner and the benchmarks: weights of any type with
 random content, recordings that rotate over weight copies, and a warm-up replay."""
+import statistics
 import time
 
 import numpy as np
@@ -57,3 +58,14 @@ def replay_for(ctx, rec, seconds: float):
         ctx.run(rec)
         if time.perf_counter() >= end:
             return
+
+
+def median_seconds(ctx, rec, runs: int, warmup: float) -> float:
+    """Median seconds of rec's timed spans (Recording.timings_ns) over `runs` runs, after
+    replaying it for `warmup` seconds."""
+    replay_for(ctx, rec, warmup)
+    times = []
+    for _ in range(runs):
+        ctx.run(rec)
+        times += [ns * 1e-9 for _, ns in rec.timings_ns()]
+    return statistics.median(times)
