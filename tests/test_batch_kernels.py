@@ -142,6 +142,15 @@ def test_decode_passes_append_their_kv_in_attention(engine):
     assert not any(k.startswith("attention") and "_rope" in k for k in chunk), chunk
 
 
+def test_only_passes_that_append_no_kv_of_their_own_read_host_written_tiles(engine):
+    """The fed passes keep two in flight (Runner.fed_depth) unless the pass takes tiled
+    attention, whose tile list the host writes into one buffer: a decode pass of 128 sequences or
+    more appends its K/V in attention.comp and takes no tiles; a prefill chunk of 128 does."""
+    model = engine.runner.model
+    assert model.tiled_attention(128) and model.tiled_attention(200)
+    assert not model.tiled_attention(127) and not model.tiled_attention(128, distinct=True)
+
+
 @pytest.mark.parametrize("prefill_kernel", ["auto", "mmq"])
 def test_batched_decode_through_the_mat_mat_kernels(vk_settings, model_path, prefill_kernel):
     """batch_kernel "mat_mat": a batch of 5 takes the device's mat-mat kernel (the tiled one on

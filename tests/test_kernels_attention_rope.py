@@ -11,7 +11,7 @@ from tests.paged_io import Paged, step_buffer
 from tests.test_kernels_attention import attention_reference
 from tests.test_kernels_attention_sinks import sink_reference
 from tests.test_kernels_rope_store import llama3_freq_factors, rope_reference
-from worker.engine.kernels.attention import OwnKV, attention, split_scratch_bytes, takes_rope
+from worker.engine.kernels.attention import OwnKV, attention, split_scratch_bytes, takes_rope, takes_tiles
 from worker.engine.kernels.matmul import quantize_x8, x8_bytes
 from worker.engine.kernels.shapes import AttentionShape
 
@@ -167,6 +167,11 @@ def test_only_one_token_into_an_f16_cache(dev):
     assert takes_rope(f16, 1, qk_norm=False) and takes_rope(f16, 2, qk_norm=False, distinct=True)
     assert not takes_rope(f16, 2, qk_norm=False) and not takes_rope(q8, 1, qk_norm=False)
     assert not takes_rope(f16, 1, qk_norm=True) and not takes_rope(q8, 2, qk_norm=False, distinct=True)
+    # the tiled kernel: 128 tokens or more over an f16 cache, none of them appended by attention
+    wide = AttentionShape(4, 2, 64, 256)
+    assert takes_tiles(wide, f16, 128, own=False) and not takes_tiles(wide, f16, 127, own=False)
+    assert not takes_tiles(wide, f16, 128, own=True) and not takes_tiles(wide, q8, 128, own=False)
+    assert not takes_tiles(AttentionShape(4, 2, 256, 256), f16, 128, own=False)   # past TILED_MAX_HEAD_DIM
     shape, buf = AttentionShape(4, 2, 64, 64), dev.empty(4 * 4 * 64 * 2)
     rec = dev.ctx.recording()
     try:

@@ -21,7 +21,7 @@ import numpy as np
 from worker.engine.choice import HOST, MASKED
 from worker.engine.errors import KVCacheFull
 from worker.engine.intmath import round_up
-from worker.engine.kernels.attention import TILED_MIN_TOKENS, write_tiles
+from worker.engine.kernels.attention import write_tiles
 from worker.engine.kernels.mask import mask_logits, mask_words
 from worker.engine.kernels.select import argmax, topk
 from worker.engine.kernels.shapes import MAX_K
@@ -179,10 +179,11 @@ class Runner:
         self._recordings.move_to_end(key)
         return self._recordings[key]
 
-    def _pad(self, n: int, size: int, rows: int = 0, row_size: int = 0):
+    def _pad(self, n: int, size: int, rows: int = 0, row_size: int = 0, distinct: bool = False):
         """Tokens n..size-1 of a pass recorded for `size` repeat token n - 1 (its id, sequence
         slot and position: the same K/V written twice, the same logits), and logits rows
-        rows..row_size-1 repeat row rows - 1; what the pads compute is never read."""
+        rows..row_size-1 repeat row rows - 1; what the pads compute is never read. `distinct`:
+        as _record's."""
         ws = self.workspace
         token_ids = ws.ids.view(np.uint32)
         token_ids[n:size] = token_ids[n - 1]
@@ -191,13 +192,13 @@ class Runner:
         if row_size > rows:
             out_rows = ws.rows.view(np.uint32)
             out_rows[rows:row_size] = out_rows[rows - 1]
-        self._write_tiles(size)
+        self._write_tiles(size, distinct=distinct)
 
-    def _write_tiles(self, size: int, step: str = "step"):
-        """The attention tiles of a pass of `size` tokens whose step values (in the workspace's
-        buffer `step`) are written."""
+    def _write_tiles(self, size: int, step: str = "step", distinct: bool = False):
+        """The attention tiles of a pass of `size` tokens (`distinct`: as _record's) whose step
+        values (in the workspace's buffer `step`) are written, where it takes the tiled kernel."""
         tiles = self.workspace.attention_tiles
-        if tiles is not None and size >= TILED_MIN_TOKENS:
+        if tiles is not None and self.model.tiled_attention(size, distinct):
             write_tiles(getattr(self.workspace, step).view(np.uint32)[:2 * size].reshape(size, 2),
                         tiles.view(np.uint32).reshape(-1, 2))
 
@@ -229,7 +230,7 @@ class Runner:
         rows it wrote; `select` applies to each of the `rows` logits rows. `distinct`: each token
         is the only one of its sequence (a pass of decode tokens)."""
         size, row_size = self._size(n), self._row_size(rows)
-        self._pad(n, size, rows, row_size)
+        self._pad(n, size, rows, row_size, distinct)
         rec = self._recording(size, select, rows=row_size, distinct=distinct)
         rec.run(self._fences)
         self._last = rec
@@ -239,8 +240,8 @@ class Runner:
         step values and an argmax of its own (`queue_fed_batch`), as greedy decode keeps; one
         where the host orders the stages (the next pass's first stage would not wait for the
         last stage of the one before) or where the pass takes tiled attention (its tiles are
-        host-written into one buffer)."""
-        tiled = self.workspace.attention_tiles is not None and self._row_size(n) >= TILED_MIN_TOKENS
+        host-written into one buffer; not where attention appends the pass's K/V itself)."""
+        tiled = self.workspace.attention_tiles is not None and self.model.tiled_attention(self._row_size(n), True)
         return 1 if tiled or (self._shared is not None and self._timeline is None) else 2
 
     def queue_fed_batch(self, slots: list[int], positions: list[int], parity: int, ids: list[int] | None = None):
@@ -258,7 +259,7 @@ class Runner:
         pairs = getattr(ws, step_name).view(np.uint32)[:2 * size].reshape(size, 2)
         pairs[:n, 0], pairs[:n, 1] = slots, positions
         pairs[n:] = pairs[n - 1]
-        self._write_tiles(size, step_name)
+        self._write_tiles(size, step_name, distinct=True)
         if ids is not None:
             getattr(ws, ids_name).view(np.uint32)[:size] = ids + ids[-1:] * (size - n)
             ws.rows.view(np.uint32)[:size] = np.minimum(np.arange(size), n - 1)
@@ -396,7 +397,7 @@ class Runner:
             step = ws.step.view(np.uint32)[:2 * n].reshape(n, 2)
             step[:, 0], step[:, 1] = slots, pos
             ws.rows.view(np.uint32)[:n] = np.arange(n)
-            self._write_tiles(n)
+            self._write_tiles(n, distinct=True)
             rec = self._record(n, "argmax", profile=True, rows=n, distinct=True)
             rec.run(self._fences)
             return self._timings(rec)

@@ -85,6 +85,14 @@ def takes_rope(cache: PagedCache, n_tokens: int, qk_norm: bool, distinct: bool =
     return (n_tokens == 1 or distinct) and not cache.q8 and not qk_norm
 
 
+def takes_tiles(shape: AttentionShape, cache: PagedCache, n_tokens: int, own: bool) -> bool:
+    """Whether a pass of n_tokens takes the tiled kernel where the device has it (`attention`):
+    TILED_MIN_TOKENS or more over an f16 cache, heads of up to TILED_MAX_HEAD_DIM values, and
+    not appending its own K/V (`own`, takes_rope)."""
+    return (n_tokens >= TILED_MIN_TOKENS and not cache.q8 and shape.head_dim % 16 == 0
+            and shape.head_dim <= TILED_MAX_HEAD_DIM and not own)
+
+
 def attention_threads(ctx) -> int:
     """Invocations per attention workgroup: whole subgroups, 4 to 16 positions in flight."""
     return max(32, min(128, 4 * ctx.info.subgroup_size))
@@ -187,8 +195,7 @@ def attention(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCach
     k and v to the cache, as rope_store_kv would first."""
     if own is not None and cache.q8:
         raise ValueError("attention appends K/V to an f16 cache; an 8-bit one's rows are rope_store_kv's")
-    if (tiles is not None and n_tokens >= TILED_MIN_TOKENS and not cache.q8 and shape.head_dim % 16 == 0
-            and shape.head_dim <= TILED_MAX_HEAD_DIM and splits is None and own is None):
+    if tiles is not None and splits is None and takes_tiles(shape, cache, n_tokens, own is not None):
         _record_tiled(rec, shape, q, cache, out, step, n_tokens, sinks, tiles)
         written = False
     else:

@@ -191,6 +191,15 @@ class Model:
         self._owned = []
 
     # -- the forward pass ------------------------------------------------------------------------
+    def tiled_attention(self, n: int, distinct: bool = False) -> bool:
+        """Whether a pass of n tokens (`distinct`: as record_forward's) takes the tiled attention
+        kernel in some layer where the device has it, reading the tile list the host writes."""
+        if n < attn_ops.TILED_MIN_TOKENS:   # every decode step asks: the short answer without the layers
+            return False
+        qk_norm = self.config.has_qk_norm
+        return any(attn_ops.takes_tiles(shape, cache, n, attn_ops.takes_rope(cache, n, qk_norm, distinct))
+                   for shape, cache in zip(self.layer_shapes, self.kv.layers))
+
     def record_forward(self, rec, ws, stage, n: int, logits=None, all_logits: bool = False, ids: str = "ids",
                        step: str = "step", rows: int | None = None, distinct: bool = False):
         """Stage `stage`'s part of the pass, into its recording `rec` over its workspace `ws`:
