@@ -31,12 +31,12 @@ shared bool last_sh;
 
 void quantize_when_last(uint row0) {
     const uint tid = gl_LocalInvocationID.x, block = row0 / 32;
-    if (WORKGROUP_ROWS >= 32) {   // whole blocks, this workgroup's once every lane group stored
-        memoryBarrierBuffer();
-        barrier();
-    } else {
-        if (tid == 0) {   // the invocation that stored this workgroup's rows
-            memoryBarrierBuffer();
+    // every lane group's stored rows visible (its first invocation stored them) before the
+    // workgroup reads them back or counts them done
+    memoryBarrierBuffer();
+    barrier();
+    if (WORKGROUP_ROWS < 32) {
+        if (tid == 0) {
             last_sh = atomicAdd(done[block], 1u) == 32 / WORKGROUP_ROWS - 1;
         }
         barrier();
