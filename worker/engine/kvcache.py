@@ -12,17 +12,6 @@ from worker.engine.kernels.paged import KV_TYPES, Q8_GROUP, PagedCache, row_byte
 from worker.engine.kvblocks import BLOCK_TOKENS, BlockPool, SequenceBlocks
 
 
-def _host_writable(ctx, nbytes: int):
-    """Device-local memory where the host can write it (resizable BAR, integrated GPUs, CPU
-    drivers), else host memory: attention reads the table once per position it visits, which
-    from host memory would be a bus round trip each time."""
-    buffer = ctx.alloc(nbytes)
-    if buffer.host_visible:
-        return buffer
-    ctx.free(buffer)
-    return ctx.alloc_host(nbytes)
-
-
 def block_bytes(config, kv_type: str, n_layers: int | None = None) -> int:
     """Device bytes of one block across all layers (or n_layers of them), K and V."""
     layers = config.n_layer if n_layers is None else n_layers
@@ -55,7 +44,7 @@ class KVCache:
                 self._owned.append((ctx, self._buffers[-1]))
                 return self._buffers[-1]
 
-            table = _host_writable(ctx, 4 * n_slots * self.stride)
+            table = ctx.alloc_input(4 * n_slots * self.stride)
             self._owned.append((ctx, table))
             self._tables.append(table.view(np.uint32)[:n_slots * self.stride].reshape(n_slots, self.stride))
             self._tables[-1][:] = 0

@@ -70,8 +70,11 @@ class Workspace:
     # the next reads, the first stage's greedy token included.
     handoff: Buffer | None
 
-    HOST_VISIBLE = frozenset({"step", "ids", "rows", "logits", "best", "top_ids", "top_values", "step_alt",
-                              "best_alt", "mask", "handoff", "attention_tiles"})
+    # What the host writes for a pass (kernels read it: ctx.alloc_input, device memory the host maps
+    # where there is such, so that the attention kernels' first load of a layer is no bus round
+    # trip) and what it reads back (host memory: reads of device memory over the bus are slow).
+    HOST_WRITTEN = frozenset({"step", "ids", "rows", "step_alt", "mask", "attention_tiles"})
+    HOST_READ = frozenset({"logits", "best", "top_ids", "top_values", "best_alt", "handoff"})
     SHARED = ("handoff", "best", "best_alt")
 
     @staticmethod
@@ -134,8 +137,9 @@ class Workspace:
         (the workspace is then sized for a stage, with its `handoff`)."""
         shared = shared or {}
         sizes = cls.sizes(config, n, sequences, bool(shared)) | cls.kernel_sizes(ctx, config, n, shape, sequences)
-        buffers = {name: shared.get(name) or ((ctx.alloc_host if name in cls.HOST_VISIBLE else ctx.alloc)(nbytes)
-                                              if nbytes else None)
+        def alloc(name):
+            return ctx.alloc_input if name in cls.HOST_WRITTEN else ctx.alloc_host if name in cls.HOST_READ else ctx.alloc
+        buffers = {name: shared.get(name) or (alloc(name)(nbytes) if nbytes else None)
                    for name, nbytes in sizes.items()}
         workspace = cls(**buffers)
         workspace.n, workspace.sequences, workspace.shared = n, sequences, set(shared)

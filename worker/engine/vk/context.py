@@ -64,8 +64,14 @@ class Context:
         return self.device_pool.allocate(nbytes)
 
     def alloc_host(self, nbytes: int) -> Buffer:
-        """Host-visible memory: step buffers, readbacks."""
+        """Host memory: readbacks, staging."""
         return self.host_pool.allocate(nbytes)
+
+    def alloc_input(self, nbytes: int) -> Buffer:
+        """Memory the host writes and kernels read every pass (step values, token ids, the KV
+        block table): device memory where the host can map it (resizable BAR, integrated GPUs,
+        CPU drivers), so that the kernels' reads are no bus round trip, else host memory."""
+        return (self.device_pool if self.device_pool.host_visible else self.host_pool).allocate(nbytes)
 
     def free(self, buffer: Buffer):
         (self.host_pool if buffer.block in self.host_pool.blocks else self.device_pool).release(buffer)
