@@ -1,11 +1,14 @@
 """`vkllm bench kernels` on lavapipe (--quick weights): with --cols every column count times each
 kernel and the mat-cols products agree with the mat-vec kernel's on the same input; --shapes
-times the weights asked."""
+times the weights asked; --glu times the fused gate+up three ways."""
 import argparse
+import re
 
 import pytest
+from gguf import GGMLQuantizationType
 
-from worker.tools import bench_cols, bench_kernels
+from worker.engine.weight_types import row_bytes
+from worker.tools import bench_cols, bench_glu, bench_kernels
 
 
 def test_bench_cols_times_each_kernel_and_checks_mat_cols(vk_ctx, capsys):
@@ -37,3 +40,24 @@ def test_bench_kernels_times_the_shapes_asked(capsys):
     for bad in ("40x", "40x256x2", "0x256", "axb"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--shapes", bad])
+
+
+def test_bench_kernels_glu_times_the_fused_gate_up_three_ways(x8_ctx, capsys):
+    """`--glu`: per type and gate shape, the fused kernel with and without its 8-bit blocks (those
+    only where decode writes them: over 8-bit x, rows of whole 32-row blocks) and the stacked
+    product, each with the tuner's best shape, over the bytes of both weights."""
+    parser = argparse.ArgumentParser()
+    bench_kernels.add_arguments(parser)
+    args = parser.parse_args(["--quick", "--glu", "--shapes", "64x512,40x256", "--types", "Q4_K", "F16"])
+    bench_glu.run(x8_ctx, args, 1e9)
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [tuple(line.split()[:2]) for line in lines] == [("Q4_K", "64x512"), ("Q4_K", "40x256"),
+                                                          ("F16", "64x512"), ("F16", "40x256")]
+    for line in lines:
+        name, shape, mb = line.split()[:3]
+        rows, k = map(int, shape.split("x"))
+        assert float(mb) == pytest.approx(2 * rows * row_bytes(GGMLQuantizationType[name], k) / 1e6, abs=0.05)
+        cells = re.findall(r"(\S+) +([\d.]+) us +([\d.]+)%", line)
+        with_blocks = name == "Q4_K" and rows % 32 == 0   # Q4_K over 8-bit x there, F16 over f32
+        assert len(cells) == 2 + with_blocks and (line.split()[3] == "-") != with_blocks
+        assert all(float(us) > 0 and float(share) > 0 for _, us, share in cells)

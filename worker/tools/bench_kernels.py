@@ -28,7 +28,7 @@ from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import median_seconds, random_weights, record_products
 from worker.engine.kernels.tuning import MatVecTuner, shape_label
 from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
-from worker.tools import bench_cols
+from worker.tools import bench_cols, bench_glu
 from worker.tools.bench_cols import parse_cols
 from worker.tools.roofline import WARMUP_SECONDS, read_bandwidth, read_seconds
 
@@ -56,6 +56,10 @@ def add_arguments(parser):
                         help="instead: batched-decode products of N columns on Llama-3.1-8B's Q4_K_M weights "
                              "through each kernel (mat-vec, mat-cols, cooperative matrices) and one 8B pass "
                              "per rule (worker/tools/bench_cols.py); --types filters its weights")
+    parser.add_argument("--glu", action="store_true",
+                        help="instead: decode's fused gate+up product, with and without its 8-bit block output, "
+                             "against one product of the gate and up weights stacked (worker/tools/bench_glu.py); "
+                             "--shapes gives the gate's rows x K (default: the 8B's and the 32B's)")
     parser.add_argument("--cols-shapes", action="store_true",
                         help="with --cols: also time each mat-cols workgroup shape (subgroups x rows)")
     parser.add_argument("--tuned", action="store_true",
@@ -124,6 +128,9 @@ def run(args):
         print(f"device: {ctx.info.describe()}; plain read of {rotation >> 20} MiB: {measured / 1e9:.1f} GB/s")
         if args.cols:
             bench_cols.run(ctx, args, rotation, warmup, measured)
+            return
+        if args.glu:
+            bench_glu.run(ctx, args, measured)
             return
         tuner = MatVecTuner(ctx, ctx.settings.cache_dir) if args.tuned else None
         print(f"{'type':6} {'rows x K':>13} {'MB':>8} {'copies':>6} {'shape':>10} {'us':>9} {'GB/s':>8} {'% read':>7} "

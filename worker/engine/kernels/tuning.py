@@ -138,9 +138,10 @@ class MatVecTuner:
                                                       for shape, s in table.items()}}
                         for key, table in tables.items()})
 
-    def measure(self, key: Key, glu: bool = False) -> dict[Shape, float]:
+    def measure(self, key: Key, glu: bool = False, with_blocks: bool = True) -> dict[Shape, float]:
         """Median seconds of one product (glu: a gate and up pair, with SwiGLU) with each
-        candidate shape."""
+        candidate shape; a gate+up writes its 8-bit blocks where decode does (`times_blocks`), unless
+        not `with_blocks` (`vkllm bench kernels --glu` times both)."""
         ctx, budget = self.ctx, self.budget
         qtype, rows, cols = key
         used, total = ctx.memory_budget()
@@ -151,7 +152,8 @@ class MatVecTuner:
         x8 = ctx.alloc(x8_bytes(1, cols)) if self._x8(key) else None
         # a gate+up over 8-bit x also writes its output in 8-bit blocks, as decode runs it
         counters = np.zeros(rows // X8_BLOCK_VALUES, np.uint32)
-        blocks = BlocksOut(ctx.alloc(x8_bytes(1, rows)), ctx.alloc(counters.nbytes)) if self._blocks(key, glu) else None
+        blocks = (BlocksOut(ctx.alloc(x8_bytes(1, rows)), ctx.alloc(counters.nbytes))
+                  if with_blocks and self.times_blocks(key, glu) else None)
         if blocks is not None:
             ctx.upload(blocks.done, counters)
 
@@ -174,13 +176,13 @@ class MatVecTuner:
         qtype, _, cols = key
         return product_path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8"
 
-    def _blocks(self, key: Key, glu: bool) -> bool:
+    def times_blocks(self, key: Key, glu: bool) -> bool:
         """Whether a gate+up of `key` is timed writing its 8-bit blocks (BlocksOut): over 8-bit
         x, rows of whole 32-row blocks (every candidate's workgroups tile them)."""
         return glu and self._x8(key) and key[1] % X8_BLOCK_VALUES == 0
 
     def _name(self, key: Key, glu: bool = False) -> str:
         qtype, rows, cols = key
-        x8 = ("_x8_blocks" if self._blocks(key, glu) else "_x8") if self._x8(key) else ""
+        x8 = ("_x8_blocks" if self.times_blocks(key, glu) else "_x8") if self._x8(key) else ""
         kernel = f"mul_mat_vec{'_glu' if glu else ''}{x8}_{qtype.name.lower()}"
         return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self.cache.kernel_hash(kernel)}"
