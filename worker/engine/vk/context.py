@@ -15,8 +15,8 @@ from worker.engine.vk.memory import (
     _LOCAL,
     Buffer,
     Pool,
-    find_memory_type,
-    memory_type_flags,
+    choose_memory_type,
+    memory_types,
 )
 from worker.engine.vk.pipeline import Kernel
 
@@ -43,11 +43,12 @@ class Context:
         self.max_binding_range = min(self.info.max_storage_buffer_range, max_binding_range or 1 << 62)
         block_size = min(block_size, self.info.max_allocation)
         self.alignment = alignment = max(self.info.storage_offset_alignment, 16)   # of every buffer and sub-range
-        local_type = find_memory_type(self.physical_device, _LOCAL, _HOST)
-        local_host_visible = memory_type_flags(self.physical_device, local_type) & _HOST == _HOST
+        types = memory_types(self.physical_device)
+        local_type = choose_memory_type(types, _LOCAL, _HOST, largest_heap=True)
+        local_host_visible = types[local_type].flags & _HOST == _HOST
         self.direct_upload = local_host_visible if direct_upload is None else direct_upload and local_host_visible
         self.device_pool = Pool(self.device, local_type, local_host_visible, block_size, alignment)
-        host_type = find_memory_type(self.physical_device, _HOST, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+        host_type = choose_memory_type(types, _HOST, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
         self.host_pool = Pool(self.device, host_type, True, min(block_size, 256 << 20), alignment)
         pool_info = vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.queue_family,
                                                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT)

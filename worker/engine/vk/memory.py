@@ -153,16 +153,29 @@ class Pool:
         self.blocks = []
 
 
-def find_memory_type(physical_device, required: int, preferred: int = 0) -> int:
-    """Index of a memory type with all `required` flags, preferring one that also has `preferred`."""
+@dataclass(frozen=True)
+class MemoryType:
+    """A memory type's property flags and the size of the heap it allocates from."""
+    flags: int
+    heap_size: int
+
+
+def memory_types(physical_device) -> list[MemoryType]:
     memory = vk.vkGetPhysicalDeviceMemoryProperties(physical_device)
-    flags = [memory.memoryTypes[i].propertyFlags for i in range(memory.memoryTypeCount)]
-    for want in (required | preferred, required):
-        for i, f in enumerate(flags):
-            if f & want == want:
-                return i
-    raise VkllmError(f"the Vulkan device has no memory type with flags {required:#x}")
+    return [MemoryType(memory.memoryTypes[i].propertyFlags, memory.memoryHeaps[memory.memoryTypes[i].heapIndex].size)
+            for i in range(memory.memoryTypeCount)]
 
 
-def memory_type_flags(physical_device, index: int) -> int:
-    return vk.vkGetPhysicalDeviceMemoryProperties(physical_device).memoryTypes[index].propertyFlags
+def choose_memory_type(types: list[MemoryType], required: int, preferred: int = 0, largest_heap: bool = False) -> int:
+    """Index of a memory type with all `required` flags, preferring one that also has `preferred`;
+    with `largest_heap`, only among those on the largest heap such types have: a GPU without
+    resizable BAR offers device-local memory the host can map only in a window of 256 MiB, a heap
+    of its own, which must not hold the weights (the device-local memory proper is then not
+    host-visible)."""
+    fitting = [i for i, t in enumerate(types) if t.flags & required == required]
+    if not fitting:
+        raise VkllmError(f"the Vulkan device has no memory type with flags {required:#x}")
+    if largest_heap:
+        largest = max(types[i].heap_size for i in fitting)
+        fitting = [i for i in fitting if types[i].heap_size == largest]
+    return next((i for i in fitting if types[i].flags & preferred == preferred), fitting[0])
