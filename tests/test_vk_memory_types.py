@@ -1,7 +1,7 @@
 """Which memory types a context's pools take (vk/memory.py choose_memory_type), on the layouts
-drivers report: the weights' device-local type must be on the largest device-local heap, host-
-visible only where that heap is (resizable BAR, integrated GPUs, CPU drivers), never the 256 MiB
-window a GPU without resizable BAR maps for the host."""
+drivers report: the weights' device-local type must be on the device's main heap, host-visible
+where the host maps that (resizable BAR, integrated GPUs, CPU drivers), never the 256 MiB window
+a GPU without resizable BAR maps for the host."""
 import pytest
 
 from vkllm.errors import VkllmError
@@ -13,7 +13,7 @@ GiB, MiB = 1 << 30, 1 << 20
 
 def pools(types):
     """(device pool's type, host pool's type) as Context chooses them."""
-    return (choose_memory_type(types, LOCAL, HOST | COHERENT, largest_heap=True),
+    return (choose_memory_type(types, LOCAL, HOST | COHERENT, main_heap=True),
             choose_memory_type(types, HOST | COHERENT, CACHED))
 
 
@@ -28,12 +28,15 @@ LAYOUTS = [
     ("nvidia without resizable BAR",
      [MemoryType(0, 32 * GiB), MemoryType(LOCAL, 24 * GiB), MemoryType(HOST | COHERENT, 32 * GiB),
       MemoryType(HOST | COHERENT | CACHED, 32 * GiB), MemoryType(LOCAL | HOST | COHERENT, 246 * MiB)], (1, 3)),
+    ("nvidia with resizable BAR, its mapped heap a little smaller",
+     [MemoryType(0, 32 * GiB), MemoryType(LOCAL, 80 * GiB), MemoryType(HOST | COHERENT, 32 * GiB),
+      MemoryType(HOST | COHERENT | CACHED, 32 * GiB), MemoryType(LOCAL | HOST | COHERENT, 79 * GiB)], (4, 3)),
     ("lavapipe", [MemoryType(LOCAL | HOST | COHERENT | CACHED, 24 * GiB)], (0, 0)),
 ]
 
 
 @pytest.mark.parametrize("types, expected", [layout[1:] for layout in LAYOUTS], ids=[layout[0] for layout in LAYOUTS])
-def test_weights_go_to_the_largest_device_local_heap(types, expected):
+def test_weights_go_to_the_main_device_local_heap(types, expected):
     assert pools(types) == expected
 
 

@@ -44,7 +44,7 @@ class Context:
         block_size = min(block_size, self.info.max_allocation)
         self.alignment = alignment = max(self.info.storage_offset_alignment, 16)   # of every buffer and sub-range
         types = memory_types(self.physical_device)
-        local_type = choose_memory_type(types, _LOCAL, _HOST, largest_heap=True)
+        local_type = choose_memory_type(types, _LOCAL, _HOST, main_heap=True)
         local_host_visible = types[local_type].flags & _HOST == _HOST
         self.direct_upload = local_host_visible if direct_upload is None else direct_upload and local_host_visible
         self.device_pool = Pool(self.device, local_type, local_host_visible, block_size, alignment)

@@ -166,16 +166,16 @@ def memory_types(physical_device) -> list[MemoryType]:
             for i in range(memory.memoryTypeCount)]
 
 
-def choose_memory_type(types: list[MemoryType], required: int, preferred: int = 0, largest_heap: bool = False) -> int:
+def choose_memory_type(types: list[MemoryType], required: int, preferred: int = 0, main_heap: bool = False) -> int:
     """Index of a memory type with all `required` flags, preferring one that also has `preferred`;
-    with `largest_heap`, only among those on the largest heap such types have: a GPU without
-    resizable BAR offers device-local memory the host can map only in a window of 256 MiB, a heap
-    of its own, which must not hold the weights (the device-local memory proper is then not
-    host-visible)."""
+    with `main_heap`, only among those on a heap of at least half the largest such types have: a
+    GPU without resizable BAR offers device-local memory the host can map only in a window of
+    256 MiB, a heap of its own, which must not hold the weights (the device-local memory proper
+    is then not host-visible); with resizable BAR the mapped heap is about the whole memory."""
     fitting = [i for i, t in enumerate(types) if t.flags & required == required]
     if not fitting:
         raise VkllmError(f"the Vulkan device has no memory type with flags {required:#x}")
-    if largest_heap:
+    if main_heap:
         largest = max(types[i].heap_size for i in fitting)
-        fitting = [i for i in fitting if types[i].heap_size == largest]
+        fitting = [i for i in fitting if 2 * types[i].heap_size >= largest]
     return next((i for i in fitting if types[i].flags & preferred == preferred), fitting[0])
