@@ -138,7 +138,10 @@ class Workspace:
         shared = shared or {}
         sizes = cls.sizes(config, n, sequences, bool(shared)) | cls.kernel_sizes(ctx, config, n, shape, sequences)
         def alloc(name):
-            return ctx.alloc_input if name in cls.HOST_WRITTEN else ctx.alloc_host if name in cls.HOST_READ else ctx.alloc
+            if name in cls.HOST_WRITTEN:
+                return ctx.alloc_input
+            return ctx.alloc_host if name in cls.HOST_READ else ctx.alloc
+
         buffers = {name: shared.get(name) or (alloc(name)(nbytes) if nbytes else None)
                    for name, nbytes in sizes.items()}
         workspace = cls(**buffers)

@@ -51,5 +51,7 @@ def run(ctx, args, measured: float):
                     cells.append(f"{'-':>28}")
                     continue
                 best = min(table, key=table.get)
-                cells.append(f"{shape_label(best):>10} {table[best] * 1e6:9.1f} us {100 * nbytes / table[best] / measured:5.1f}%")
+                seconds = table[best]
+                share = 100 * nbytes / seconds / measured
+                cells.append(f"{shape_label(best):>10} {seconds * 1e6:9.1f} us {share:5.1f}%")
             print(f"{name:6} {f'{rows}x{cols}':>13} {nbytes / 1e6:8.1f}  " + "  ".join(cells), flush=True)
