@@ -14,8 +14,9 @@
 // with 8 invocations, as quantize_x8.comp would: that dispatch and its barrier are gone.
 // WORKGROUP_ROWS divides 32, or is a multiple of it: then each workgroup holds whole blocks and
 // quantizes them itself after a barrier, with no counter (its atomic round trip at the end of
-// every workgroup: on an H200 the 32B's gate+up took 63.0 us counted, 52.5 in whole blocks).
-// The fused gate+up's output so becomes the 8-bit down product's input. With RMS_BLOCKS (a
+// every workgroup: on an H200 the 32B's gate+up took 63.0 us counted, 52.5 in whole blocks),
+// reading them from shared memory (mul_mat_vec_base.glsl's stored_sh): no fence on its stores to
+// y. The fused gate+up's output so becomes the 8-bit down product's input. With RMS_BLOCKS (a
 // residual product, y the hidden state x it adds to) the blocks are the next RMSNorm's input
 // instead: x times the norm weight, with the block's sum of x^2 as s (x8.glsl), which the
 // products over them (X8_RMS) scale by; the norm's dispatch and its barrier are gone.
@@ -31,9 +32,11 @@ shared bool last_sh;
 
 void quantize_when_last(uint row0) {
     const uint tid = gl_LocalInvocationID.x, block = row0 / 32;
-    // every lane group's stored rows visible (its first invocation stored them) before the
-    // workgroup reads them back or counts them done
-    memoryBarrierBuffer();
+    if (WORKGROUP_ROWS < 32) {
+        // every lane group's stored rows visible (its first invocation stored them) before the
+        // workgroup counts them done
+        memoryBarrierBuffer();
+    }
     barrier();
     if (WORKGROUP_ROWS < 32) {
         if (tid == 0) {
@@ -49,7 +52,13 @@ void quantize_when_last(uint row0) {
     const uint b = block + tid / 8;
     if (tid < 8 * max(1, WORKGROUP_ROWS / 32) && b < p.rows / 32) {
         const uint i4 = 8 * b + tid % 8;
-        const vec4 v = y4[i4];
+        vec4 v;
+        if (WORKGROUP_ROWS < 32) {
+            v = y4[i4];
+        } else {
+            const uint j = 4 * i4 - row0;
+            v = vec4(stored_sh[j], stored_sh[j + 1], stored_sh[j + 2], stored_sh[j + 3]);
+        }
 #if defined(RMS_BLOCKS)
         float sq = dot(v, v);
         sq += subgroupShuffleXor(sq, 1);

@@ -320,6 +320,11 @@ void clear_sums() {
 #if defined(QKV)
 #include "qkv_store.glsl"
 #endif
+#if defined(BLOCKS_OUT)
+// The rows this workgroup stored, as stored: a workgroup of whole 32-row blocks quantizes them
+// from here (mul_mat_vec.comp), with no fence on its stores to y.
+shared float stored_sh[WORKGROUP_ROWS];
+#endif
 
 // Row `row` of this part of column col of y: QKV picks the output by the row's place in the
 // weight; otherwise y (+)= v.
@@ -328,7 +333,11 @@ void store(uint col, uint row, float v) {
     store_qkv(col, p.y_offset + row, v);
 #else
     const uint i = col * p.y_stride + p.y_offset + row;
-    y[i] = p.accumulate != 0 ? y[i] + v : v;
+    const float stored = p.accumulate != 0 ? y[i] + v : v;
+    y[i] = stored;
+#if defined(BLOCKS_OUT)
+    stored_sh[row - workgroup_row()] = stored;
+#endif
 #endif
 }
 
