@@ -204,14 +204,13 @@ def test_glu_x8(vk_ctx, qtype):
 def block_shapes(ctx) -> list:
     """Mat-vec workgroup shapes for the products that also write 8-bit blocks of 32 rows: the
     fixed one (several workgroups a block, counted), lane groups of a subgroup holding one block,
-    three blocks a workgroup, the last workgroup's partly past the end of 512 rows; one row a
-    workgroup (32 a block, counted), and a block of one-row lane groups."""
+    and three blocks a workgroup, the last workgroup's partly past the end of 512 rows."""
     sg = ctx.info.subgroup_size
-    return [None, (4 * sg, 8, sg), (6 * sg, 16, sg), (sg, 1, sg), (32 * sg // 2, 1, sg // 2)]
+    return [None, (4 * sg, 8, sg), (6 * sg, 16, sg)]
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", [0, 1, 2, 3, 4], ids=["fixed", "block", "blocks", "row", "row-groups"])
+@pytest.mark.parametrize("shape", [0, 1, 2], ids=["fixed", "block", "blocks"])
 def test_glu_x8_writes_its_output_in_blocks(vk_ctx, qtype, shape):
     """One column of silu(gate x) * (up x) over 8-bit x, 512 rows (16 blocks of 32), its output
     also in 8-bit blocks (BlocksOut) by workgroups of each of `block_shapes`: the f32 output as

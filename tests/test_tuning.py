@@ -30,17 +30,14 @@ def device(subgroup: int, max_workgroup: int, shared: int) -> DeviceInfo:
 def test_candidates_follow_the_subgroup_and_the_limits():
     """1-8 subgroups x 1-8 rows with 2-16 of them per workgroup, and both fixed shapes, sharing
     their rows (threads == lanes); and lane groups of a subgroup or half of one with 1-4 rows of
-    their own, 4-64 rows a workgroup (threads x rows / lanes), in up to 32 subgroups. For the
-    fused gate+up (two weights) also one subgroup over one row."""
+    their own, 4-64 rows a workgroup (threads x rows / lanes)."""
     shared = {(32, 2), (32, 4), (32, 8), (64, 1), (64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1),
               (256, 2), (32, 16)}
     groups = {(64, 2, 32), (64, 4, 32), (128, 1, 32), (128, 2, 32), (128, 4, 32), (256, 1, 32), (256, 2, 32),
               (256, 4, 32), (512, 1, 32), (512, 2, 32),   # 512 x 4 rows: 8 columns' sums exceed 48 KB
               (32, 2, 16), (32, 4, 16), (64, 1, 16), (64, 2, 16), (64, 4, 16), (128, 1, 16), (128, 2, 16),
-              (128, 4, 16), (256, 1, 16), (256, 2, 16), (256, 4, 16), (512, 1, 16), (512, 2, 16),
-              (1024, 1, 32), (1024, 1, 16)}   # 1024 x 2 rows: 8 columns' sums exceed 48 KB
+              (128, 4, 16), (256, 1, 16), (256, 2, 16), (256, 4, 16), (512, 1, 16), (512, 2, 16)}
     assert set(candidates(device(32, 1024, 49152))) == {(t, r, t) for t, r in shared} | groups
-    assert set(candidates(device(32, 1024, 49152), 2)) == {(t, r, t) for t, r in shared | {(32, 1)}} | groups
     # 64 wide, at most 256 invocations, and 16 KB of shared memory: 8 columns x rows x threads floats
     shared = {(64, 2), (64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2)}
     groups = {(128, 2, 64), (128, 4, 64), (256, 1, 64), (256, 2, 64), (64, 2, 32), (64, 4, 32), (128, 1, 32),
@@ -78,12 +75,12 @@ def test_gate_up_is_timed_writing_its_blocks_over_8bit_x(x8_ctx, tmp_path):
     its 8-bit blocks (as decode runs it), every candidate; one of other rows through the plain one."""
     tuner = MatVecTuner(x8_ctx, tmp_path, QUICK)
     shapes = tuner.shapes([(T.Q4_K, 64, 256), (T.Q4_K, 48, 256)], glu=True)
-    assert all(shape in candidates(x8_ctx.info, 2) for shape in shapes.values())
+    assert all(shape in candidates(x8_ctx.info) for shape in shapes.values())
     (entries,) = json.loads((tmp_path / "tuning.json").read_text()).values()
     hashes = {name.split()[-1]: entry for name, entry in entries.items()}
     assert set(hashes) == {tuner.cache.kernel_hash(kernel) for kernel in ("mul_mat_vec_glu_x8_blocks_q4_k",
                                                                           "mul_mat_vec_glu_x8_q4_k")}
-    assert all(len(entry["us"]) == len(candidates(x8_ctx.info, 2)) for entry in entries.values())
+    assert all(len(entry["us"]) == len(candidates(x8_ctx.info)) for entry in entries.values())
 
 
 def test_a_damaged_cache_is_measured_again(vk_ctx, tmp_path):

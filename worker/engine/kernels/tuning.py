@@ -23,7 +23,9 @@ most large products over 8-bit x on an H200 (each weight's candidates timed in o
 fused gate+up 27648x5120 with its 8-bit block output 63.0 -> 52.5 us (the shared layout's best,
 one subgroup over two rows, took a counter per block: a workgroup of whole 32-row blocks
 quantizes them itself), the 8B's 28.4 -> 25.1 us, its residual products 1-1.2 us faster; the
-plain products within a few %."""
+plain products within a few %. Tried on an H100 and left out: for the 8B's gate+up with its
+blocks (best 512x1/16, 33.3 us), one subgroup over one row of each weight (37.1: a counter per
+row) and 32 one-row lane groups a workgroup (1024 threads, 35.6-36.6)."""
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,19 +48,15 @@ Shape = tuple[int, int, int]                   # (threads, rows, lanes) per work
 
 SUBGROUPS = (1, 2, 4, 8)
 ROWS = (1, 2, 4, 8)
-# Subgroups x rows x weights per workgroup: one leaves each workgroup too little work for its
-# fixed cost (reduction, scheduling), but one subgroup over two rows read 14336x4096 weights
-# fastest on an H200 (Q4_K, Q6_K, Q8_0, kernels stripped to their loads), and so one subgroup over
-# one row of the gate and up weights each (H100, Q4_K: stacked as one weight of twice the rows,
-# the 8B's gate and up took 30.0 us at one subgroup over two rows, fused 31.7 at the best shape it
-# had then, two subgroups over one row); more than 16 subgroups x rows leaves too few workgroups
+# Subgroups x rows per workgroup: one leaves each workgroup too little work for its fixed cost
+# (reduction, scheduling), but one subgroup over two rows read 14336x4096 weights fastest on an
+# H200 (Q4_K, Q6_K, Q8_0, kernels stripped to their loads); more than 16 leaves too few workgroups
 # to fill a GPU on the narrow weights (K and V projections of a few hundred rows).
 WORK_RANGE = (2, 16)
 # Lane groups (the subgroup size over LANE_DIVISORS lanes each) of GROUP_ROWS rows, GROUP_SUBGROUPS
-# subgroups a workgroup (32 where the device allows 32 subgroups: a 32-row block of one-row lane
-# groups, whose 8-bit block output needs no counter), GROUP_WORKGROUP_ROWS rows in all.
+# subgroups a workgroup, GROUP_WORKGROUP_ROWS rows in all.
 LANE_DIVISORS = (1, 2)
-GROUP_SUBGROUPS = (1, 2, 4, 8, 16, 32)
+GROUP_SUBGROUPS = (1, 2, 4, 8, 16)
 GROUP_ROWS = (1, 2, 4)
 GROUP_WORKGROUP_ROWS = (4, 64)
 MAX_COPIES = 256   # bounds recording time for small weights; 256 copies of even 0.6 MB pass most caches
@@ -84,14 +82,14 @@ def wanted(setting: bool | None, ctx) -> bool:
     return ctx.info.kind != "cpu" if setting is None else setting
 
 
-def candidates(info, mats: int = 1) -> list[Shape]:
-    """Threads in 1-8 subgroups sharing 1-8 rows of `mats` weights (2: the fused gate+up) per
-    workgroup, within WORK_RANGE, plus both fixed shapes (the defaults are always measured
-    against); and workgroups of lane groups (a subgroup or half of one with rows of its own; one
-    subgroup of its full width is the shared layout already); all within the device's workgroup
-    and shared-memory limits (the reduction keeps a float per thread, row and column)."""
+def candidates(info) -> list[Shape]:
+    """Threads in 1-8 subgroups sharing 1-8 rows per workgroup, within WORK_RANGE, plus both fixed
+    shapes (the defaults are always measured against); and workgroups of lane groups (a subgroup
+    or half of one with rows of its own; one subgroup of its full width is the shared layout
+    already); all within the device's workgroup and shared-memory limits (the reduction keeps a
+    float per thread, row and column)."""
     sg = info.subgroup_size
-    grid = [(s, r) for s in SUBGROUPS for r in ROWS if WORK_RANGE[0] <= s * r * mats and s * r <= WORK_RANGE[1]]
+    grid = [(s, r) for s in SUBGROUPS for r in ROWS if WORK_RANGE[0] <= s * r <= WORK_RANGE[1]]
     shared = [(s * sg, r, s * sg) for s, r in grid + [GPU_MAT_VEC_SHAPE, CPU_MAT_VEC_SHAPE]]
     groups = [(s * sg, r, sg // d) for d in LANE_DIVISORS for s in GROUP_SUBGROUPS for r in GROUP_ROWS
               if sg // d > 1 and s * d > 1 and GROUP_WORKGROUP_ROWS[0] <= r * s * d <= GROUP_WORKGROUP_ROWS[1]]
@@ -162,7 +160,7 @@ class MatVecTuner:
             ctx.upload(blocks.done, counters)
 
         def records(weights, x, y):
-            for shape in candidates(ctx.info, 2 if glu else 1):
+            for shape in candidates(ctx.info):
                 tuned = [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights]
                 writes = blocks is not None and writes_blocks(ctx, tuned[0], tuned[0], 1)
                 yield shape, record(ctx, tuned, x, y, x8=x8, **({"blocks_out": blocks} if writes else {}))
