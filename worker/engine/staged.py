@@ -13,6 +13,10 @@ polling it first (HANDOFF_POLL_S): the GPU idles from the signal until the next 
 and a blocking wait wakes late. llama-3.1-8b Q4_K_M over two contexts of the H200 (2026-12-02,
 tg128 tok/s, before the shared memory and the timeline): host waits blocking 243.6 against 298.3
 on one context (0.82x, 736 us of host time a token), polled 258.4 against 301.3 (0.86x, 505 us).
+With the timeline, on an H100 (2026-12-06, runs alternating): 296.0 against 338.1 and 294.7
+against 331.6 (0.875x, 0.889x), the host's share of a token as on one context (32-86 us): the
+stages' own GPU time grew by ~0.4 ms a token, of which a token's two switches between the
+devices may be half (vk/linked.py: 90-126 us each on an H200).
 A CPU device (lavapipe) runs the stage on the host's cores, from which a poll would take one:
 there a hand-off blocks (tiny-llama split on lavapipe: 151.7 tok/s blocking, 128.5 polling)."""
 
