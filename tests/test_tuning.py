@@ -49,10 +49,15 @@ def test_shape_labels():
     assert shape_label((64, 2, 64)) == "64x2" and shape_label((256, 2, 16)) == "256x2/16"
 
 
-def test_tuner_measures_once_then_reads_the_cache(vk_ctx, tmp_path):
+def test_tuner_measures_once_then_reads_the_cache(vk_ctx, tmp_path, caplog):
     tuner = MatVecTuner(vk_ctx, tmp_path, QUICK)
-    shapes = tuner.shapes(KEYS)
+    with caplog.at_level("INFO", logger="worker.engine.kernels.tuning"):
+        shapes = tuner.shapes(KEYS)
     assert tuner.measured == 2
+    # each weight timed says so as it starts (a first load on a GPU can take minutes)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"timing Q4_0 40x256: mat-vec workgroup shapes (once on {vk_ctx.info.name})",
+        f"timing Q6_K 24x512: mat-vec workgroup shapes (once on {vk_ctx.info.name})"]
     assert set(shapes) == set(KEYS) and all(s in candidates(vk_ctx.info) for s in shapes.values())
     (entries,) = json.loads((tmp_path / "tuning.json").read_text()).values()
     by_weight = {tuple(name.split()[:2]): entry for name, entry in entries.items()}

@@ -2,6 +2,7 @@
 `vkllm --help` needs neither Vulkan nor Flask."""
 import argparse
 import importlib
+import logging
 import sys
 
 from vkllm.errors import VkllmError
@@ -26,7 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging():
+    """Informational lines (a first load on a device timing its kernels' shapes, which can take
+    minutes) on stderr, where the commands' own output on stdout stays clean; `vkllm worker` puts
+    its timestamped format in place of this one."""
+    logging.basicConfig(level=logging.INFO, format="vkllm: %(message)s", stream=sys.stderr)
+
+
 def main(argv=None) -> int:
+    configure_logging()
     try:
         args = build_parser().parse_args(argv)
         return args.func(args) or 0

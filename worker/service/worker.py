@@ -466,7 +466,7 @@ def load_models(specs: list[str], settings, n_ctx: int | None):
 
 def serve(args, settings) -> int:
     """`vkllm worker`: load the models, expose metrics, serve their queues until stopped."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
     connection, link = connect(args.redis_url)
     resident = load_models(args.model, settings, args.n_ctx)
     engines = {engine.name: engine for engine in resident.engines}

@@ -95,6 +95,8 @@ class ColsTuner:
         with each candidate shape, quantization of x included."""
         ctx = self.ctx
         qtype, rows, k = key
+        log.info("timing %s %dx%d%s: 8-bit mat-cols shapes at %d columns (once on %s)", qtype.name, rows, k,
+                 " gate+up" if glu else "", cols, ctx.info.name)
         used, total = ctx.memory_budget()
         rotation = min(self.budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
         copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, k))))

@@ -67,7 +67,9 @@ class TileTuner:
     def measure(self, key: Key) -> dict[Tile, float]:
         """Median seconds of one product at n columns with each candidate tile."""
         ctx, n = self.ctx, self.n
-        _, rows, cols = key
+        qtype, rows, cols = key
+        log.info("timing %s %dx%d: cooperative-matrix tiles at %d columns (once on %s)", qtype.name, rows, cols, n,
+                 ctx.info.name)
         x_values = np.random.default_rng(0).standard_normal(cols * n).astype(np.float32)
         xh = ctx.alloc(f16_bytes(n, cols))
 

@@ -146,6 +146,8 @@ class MatVecTuner:
         not `with_blocks` (`vkllm bench kernels --glu` times both)."""
         ctx, budget = self.ctx, self.budget
         qtype, rows, cols = key
+        log.info("timing %s %dx%d%s: mat-vec workgroup shapes (once on %s)", qtype.name, rows, cols,
+                 " gate+up" if glu else "", ctx.info.name)
         used, total = ctx.memory_budget()
         rotation = min(budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
         copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, cols))))
