@@ -216,7 +216,11 @@ class Model:
         else:
             rec.copy(ws.handoff, ws.x, 4 * n * c.n_embd)
         rec.barrier()
-        head = stage.last and rows is None and not all_logits
+        # a batched pass's rows are gathered before the head, but for one token and its row (one
+        # sequence decoding): then, as for the last token, the last residual product writes the
+        # head's norm input and the head folds it
+        gathered = rows is not None and not rows == n == 1
+        head = stage.last and not gathered and not all_logits
         ready = None   # the next norm's input, where the residual product before it wrote it
         for i in stage.layers:
             layer = self.layers[i]
@@ -229,7 +233,7 @@ class Model:
             return
         if rows == 0:
             return
-        if rows is not None:
+        if gathered:
             norm.rms_norm(rec, ws.x, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps, gather=ws.rows)
             rec.barrier()
             x_in, folded = ws.xb, None
