@@ -4,6 +4,9 @@
 #endif
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#if defined(SPLIT_K)
+#extension GL_EXT_shader_atomic_float : require
+#endif
 #include "common.glsl"
 // Matrix x several vectors (batched decode: 2 to a few dozen token columns), the weights read
 // once for all NUM_COLS (= COLS, a compile-time count) columns of the workgroup. Bindings, push
@@ -34,6 +37,9 @@
 #error "mul_mat_cols.comp needs COLS"
 #endif
 
+#if defined(SPLIT_K) && !defined(X8)
+#error "mul_mat_cols.comp splits K over 8-bit x only"
+#endif
 #if defined(X8)
 #if !defined(X8_ITEMS)
 #error "mul_mat_cols.comp with X8 takes the types with 8-bit items (Q4_K, Q5_K, Q6_K)"
@@ -72,9 +78,15 @@ void main() {
         }
     }
 #if defined(X8)
-    const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
+    const uint x_blocks = p.ncols / 32;
+#if defined(SPLIT_K)
+    const uint span = (p.ncols / ITEM_VALUES + gl_NumWorkGroups.z - 1) / gl_NumWorkGroups.z;
+    const uint begin = gl_WorkGroupID.z * span, items = min(p.ncols / ITEM_VALUES, begin + span);
+#else
+    const uint begin = 0, items = p.ncols / ITEM_VALUES;   // this workgroup's items: begin .. items - 1
+#endif
     ITEM_ROW_BYTES(row_byte, row_base, groups)
-    for (uint i0 = 0; i0 < items; i0 += TILE_SPAN) {
+    for (uint i0 = begin; i0 < items; i0 += TILE_SPAN) {
         // This tile's weights first, in flight while x is staged.
         LOAD_ITEMS(raw, TILE_ITEMS, i0 + j, ROW_LANES, items, row_byte)
         barrier();   // the previous tile's reads are done

@@ -327,14 +327,18 @@ shared float stored_sh[WORKGROUP_ROWS];
 #endif
 
 // Row `row` of this part of column col of y: QKV picks the output by the row's place in the
-// weight; otherwise y (+)= v.
+// weight; otherwise y (+)= v (SPLIT_K: y += v atomically, qkv_store.glsl likewise).
 void store(uint col, uint row, float v) {
 #if defined(QKV)
     store_qkv(col, p.y_offset + row, v);
 #else
     const uint i = col * p.y_stride + p.y_offset + row;
+#if defined(SPLIT_K)   // workgroups of other ranges of K add to the same y (mul_mat_cols.comp)
+    atomicAdd(y[i], v);
+#else
     const float stored = p.accumulate != 0 ? y[i] + v : v;
     y[i] = stored;
+#endif
 #if defined(BLOCKS_OUT)
     stored_sh[row - workgroup_row()] = stored;
 #endif

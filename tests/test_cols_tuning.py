@@ -16,47 +16,60 @@ from tests.test_engine_decode_x8 import alone_and_together
 from worker.engine.engine import Engine
 from worker.engine.kernels import cols_tuning
 from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner, candidates
-from worker.engine.kernels.mat_cols import mat_cols_x8_shape, mat_cols_x8_tile_bytes
+from worker.engine.kernels.mat_cols import X8_ITEM_VALUES, mat_cols_x8_shape, mat_cols_x8_tile_bytes
 from worker.engine.sampling import SamplingParams
 
 
-def h200():
-    info = SimpleNamespace(subgroup_size=32, kind="discrete", max_shared_memory=49152, max_workgroup_size=1024)
+def h200(float_atomic_add: bool = True):
+    info = SimpleNamespace(subgroup_size=32, kind="discrete", max_shared_memory=49152, max_workgroup_size=1024,
+                           float_atomic_add=float_atomic_add)
     return SimpleNamespace(info=info)
 
 
 @pytest.mark.parametrize("qtype, mats", [(T.Q4_K, 1), (T.Q4_K, 2), (T.Q6_K, 1)], ids=["Q4_K", "Q4_K-glu", "Q6_K"])
 def test_candidates_start_with_the_default_and_fit(qtype, mats):
-    ctx = h200()
+    """Over Llama-8B's down product (K = 14336): ranges of K for one weight only, each a whole tile
+    of items or more, none where the device cannot add floats atomically."""
+    ctx, k = h200(), 14336
     for cols in MAT_COLS_X8_TUNED:
-        shapes = candidates(ctx, cols, mats, qtype)
+        shapes = candidates(ctx, cols, mats, qtype, k)
         assert shapes[0] == mat_cols_x8_shape(ctx, cols, mats, qtype) and len(shapes) == len(set(shapes)) > 4
-        for threads, rows, lanes, tile in shapes:
+        for shape in shapes:
+            threads, rows, lanes, tile, splits = shape
             assert threads % 32 == 0 and threads <= 1024 and 32 % lanes == 0
-            assert rows * mats * cols <= 64 or (threads, rows, lanes, tile) == shapes[0]
-            assert mat_cols_x8_tile_bytes(cols, (threads, rows, lanes, tile), qtype) <= 49152
+            assert rows * mats * cols <= 64 or shape == shapes[0]
+            assert mat_cols_x8_tile_bytes(cols, shape, qtype) <= 49152
+            assert splits * lanes * tile <= k // X8_ITEM_VALUES[qtype]
+        assert {s[4] for s in shapes} == ({1} if mats == 2 else {1, 2, 4, 8})
+        assert {s[4] for s in candidates(h200(float_atomic_add=False), cols, mats, qtype, k)} == {1}
 
 
 def test_tuner_measures_once_then_reads_the_cache(x8_ctx, tmp_path):
     key = (T.Q4_K, 48, 512)
     tuner = ColsTuner(x8_ctx, tmp_path)
     shape = tuner.shape(key, 8, False)
-    assert tuner.measured == 1 and shape in candidates(x8_ctx, 8, 1, T.Q4_K)
+    assert tuner.measured == 1 and shape in candidates(x8_ctx, 8, 1, T.Q4_K, 512)
     (entries,) = json.loads((tmp_path / "cols_shapes.json").read_text()).values()
     (entry,) = entries.values()
-    assert len(entry["us"]) == len(candidates(x8_ctx, 8, 1, T.Q4_K))
+    assert len(entry["us"]) == len(candidates(x8_ctx, 8, 1, T.Q4_K, 512))
     assert "x".join(map(str, shape)) == min(entry["us"], key=entry["us"].get)
     again = ColsTuner(x8_ctx, tmp_path)
     assert again.shape(key, 8, False) == shape and again.measured == 0
 
 
 def test_engine_takes_tuned_shapes(x8_ctx, tmp_path, monkeypatch):
-    """tiny-llama Q4_K_M with tuning on (two candidates per entry, for lavapipe's compile time):
-    each Q4_K and Q6_K weight timed at 8, 16 and 32 columns (gates through the fused kernel, Q, K
-    and V as their joined tensor), the tensors given their shapes, and five sequences decoded
-    together (8-column variants) get the tokens each gets alone."""
+    """tiny-llama Q4_K_M with tuning on (few candidates per entry, for lavapipe's compile time: one
+    split of K where the weight's K has room for one, else the first two): each Q4_K and Q6_K
+    weight timed at 8, 16 and 32 columns (gates through the fused kernel, Q, K and V as their
+    joined tensor), the tensors given their shapes, and five sequences decoded together
+    (8-column variants, the Q4_K down products in ranges of K) get the tokens each gets alone."""
     full = candidates
-    monkeypatch.setattr(cols_tuning, "candidates", lambda ctx, cols, mats, qtype: full(ctx, cols, mats, qtype)[:2])
+
+    def few(ctx, cols, mats, qtype, k):
+        shapes = full(ctx, cols, mats, qtype, k)
+        split = [s for s in shapes if s[4] > 1][:1]
+        return split or shapes[:2]
+    monkeypatch.setattr(cols_tuning, "candidates", few)
     path = _model(tmp_path, "tiny-llama", "Q4_K_M")
     settings = dataclasses.replace(x8_ctx.settings, tune=True, cache_dir=tmp_path / "cache", max_sequences=6)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -67,10 +80,12 @@ def test_engine_takes_tuned_shapes(x8_ctx, tmp_path, monkeypatch):
         assert set(layer["attn_qkv"].cols_shapes) == {(c, False) for c in MAT_COLS_X8_TUNED}
         assert set(layer["ffn_gate"].cols_shapes) == {(c, True) for c in MAT_COLS_X8_TUNED}
         assert set(engine.model.output.cols_shapes) == {(c, False) for c in MAT_COLS_X8_TUNED}
+        downs = [layer["ffn_down"] for layer in engine.model.layers if layer["ffn_down"].ggml_type == T.Q4_K]
+        assert downs and all(d.cols_shapes[8, False][4] > 1 for d in downs)
         alone, together = alone_and_together(engine, prompts, params)
     finally:
         engine.close()
     assert together == alone
     (entries,) = json.loads((tmp_path / "cache" / "cols_shapes.json").read_text()).values()
-    assert all(len(entry["us"]) == 2 for entry in entries.values())
+    assert all(len(entry["us"]) in (1, 2) for entry in entries.values())
     assert {name.split(" c")[0] for name in entries} >= {"glu Q4_K 768x256", "Q6_K 384x256"}

@@ -1,5 +1,6 @@
 """Workgroup shapes of the 8-bit mat-cols kernel (batched decode and short prompts, matmul.py's
-"mat_cols_x8": threads, rows per lane group, lanes per row, items per lane and tile) chosen per
+"mat_cols_x8": threads, rows per lane group, lanes per row, items per lane and tile, ranges of K)
+chosen per
 device, weight and column count by measurement, as tuning.py chooses mat-vec shapes. A fixed
 rule does not hold here: on an H200 the best shape of one kernel differed by weight as much as
 3x (Llama-8B, 16 columns: the 6144-row Q/K/V product took 43 us with 4 subgroups of one row per
@@ -10,7 +11,13 @@ per machine at each column count of MAT_COLS_X8_TUNED (narrower counts keep the 
 there in the same sweeps) with the candidates below, and the fastest is kept in
 <cache_dir>/cols_shapes.json (tunecache.py, keyed as the mat-vec shapes are). Gate weights are
 timed through the fused gate+up kernel, as its own entry; the fused Q/K/V weight as a plain
-product of its rows."""
+product of its rows.
+
+Ranges of K (SPLITS, the split-K variant: workgroups z adding to y atomically) are candidates
+for one weight where the device adds floats atomically: the down product (K = 14336 over 4096
+rows) otherwise has about one workgroup per SM. Plain products are timed accumulating into y,
+as the residual products (the down and output projections) run; a product that overwrites y
+(Q/K/V) pays a zero fill before its ranges, which the timing does not see."""
 import itertools
 import logging
 from pathlib import Path
@@ -18,9 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from worker.engine.intmath import cdiv
-from worker.engine.kernels.mat_cols import (MAT_COLS_MANY, MAT_COLS_X8_RAW_WORDS, MAT_COLS_X8_VARIANTS,
-                                            X8_ITEM_RAW_WORDS, mat_cols_shape_runs, mat_cols_x8_shape,
-                                            mat_cols_x8_tile_bytes)
+from worker.engine.kernels.mat_cols import (MAT_COLS_X8_RAW_WORDS, MAT_COLS_X8_TUNED, X8_ITEM_RAW_WORDS,
+                                            X8_ITEM_VALUES, mat_cols_x8_shape, x8_shape_runs)
 from worker.engine.kernels.matmul import x8_bytes
 from worker.engine.kernels.paths import product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
@@ -30,12 +36,12 @@ from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)
 
-Shape = tuple[int, int, int, int]
-MAT_COLS_X8_TUNED = tuple(c for c in MAT_COLS_X8_VARIANTS if c >= MAT_COLS_MANY)
+Shape = tuple[int, int, int, int, int]
 SUBGROUPS = (4, 8)
 ROWS = (1, 2)
 ROW_LANES = (4, 8, 16)
 TILES = (1, 2)
+SPLITS = (1, 2, 4, 8)
 SUMS = 64              # columns x rows x weights: partial sums a thread keeps in registers, at most
 # bytes of weight copies cycled through, seconds of warm-up per weight and column count (shared by
 # its candidates), timed runs; on CPU drivers tuning.py's small budget
@@ -43,17 +49,20 @@ GPU_BUDGET = Budget(256 << 20, 0.3, 3)
 MAX_COPIES = 128
 
 
-def candidates(ctx, cols: int, mats: int, qtype) -> list[Shape]:
-    """The default shape first, then the grid's shapes that can run on the device: whole
-    subgroups within its workgroup limit, lanes per row dividing the subgroup, the tile of x
-    within shared memory, sums and raw words within twice the default's register budget."""
+def candidates(ctx, cols: int, mats: int, qtype, k: int) -> list[Shape]:
+    """The default shape first, then the grid's shapes that can run on the device (x8_shape_runs:
+    whole subgroups within its workgroup limit, lanes per row dividing the subgroup, the tile of
+    x within shared memory, ranges of K only where floats add atomically), sums and raw words
+    within twice the default's register budget; ranges of K (of `k` values) for one weight only
+    (SwiGLU needs whole sums), each range a whole tile of items at least."""
     default = mat_cols_x8_shape(ctx, cols, mats, qtype)
-    grid = [(s * ctx.info.subgroup_size, r, lanes, t)
-            for s, r, lanes, t in itertools.product(SUBGROUPS, ROWS, ROW_LANES, TILES)
-            if r * mats * cols <= SUMS and t * r * mats * X8_ITEM_RAW_WORDS[qtype] <= 2 * MAT_COLS_X8_RAW_WORDS]
-    return [shape for shape in dict.fromkeys([default, *grid])
-            if mat_cols_shape_runs(ctx, shape)
-            and mat_cols_x8_tile_bytes(cols, shape, qtype) <= ctx.info.max_shared_memory]
+    items = k // X8_ITEM_VALUES[qtype]
+    grid = [(s * ctx.info.subgroup_size, r, lanes, t, splits)
+            for s, r, lanes, t, splits in itertools.product(SUBGROUPS, ROWS, ROW_LANES, TILES,
+                                                            SPLITS if mats == 1 else (1,))
+            if r * mats * cols <= SUMS and t * r * mats * X8_ITEM_RAW_WORDS[qtype] <= 2 * MAT_COLS_X8_RAW_WORDS
+            and splits * lanes * t <= max(items, lanes * t)]
+    return [shape for shape in dict.fromkeys([default, *grid]) if x8_shape_runs(ctx, cols, shape, qtype)]
 
 
 def model_cols_shapes(ctx, settings, keys, glu_keys=()) -> dict[Key, dict[tuple[int, bool], Shape]]:
@@ -101,11 +110,11 @@ class ColsTuner:
         rotation = min(self.budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
         copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, k))))
         x8 = ctx.alloc(x8_bytes(cols, k))
-        record = record_glu_products if glu else record_products
+        record, options = (record_glu_products, {}) if glu else (record_products, {"y_accumulate": True})
 
         def records(weights, x, y):
-            for shape in candidates(ctx, cols, 2 if glu else 1, qtype):
-                yield shape, record(ctx, weights, x, y, cols, path="mat_cols_x8", cols_shape=shape, x8=x8)
+            for shape in candidates(ctx, cols, 2 if glu else 1, qtype, k):
+                yield shape, record(ctx, weights, x, y, cols, path="mat_cols_x8", cols_shape=shape, x8=x8, **options)
         try:
             medians = time_on_copies(ctx, key, copies, np.ones(k * cols, np.float32), 4 * rows * cols, records,
                                      self.budget.warmup_seconds, self.budget.runs)
@@ -115,6 +124,11 @@ class ColsTuner:
         return medians
 
     def _name(self, key: Key, cols: int, glu: bool) -> str:
+        """The cache's name of a weight's entry: its type, shape and column count, and the hash of
+        the kernels its candidates run (one weight's: the plain and the split-K variant)."""
         qtype, rows, k = key
-        kernel = f"mul_mat_cols{'_glu' if glu else ''}_x8_c{cols}_{qtype.name.lower()}"
-        return f"{'glu ' if glu else ''}{qtype.name} {rows}x{k} c{cols} {self.cache.kernel_hash(kernel)}"
+        suffix = f"c{cols}_{qtype.name.lower()}"
+        kernels = [f"mul_mat_cols_glu_x8_{suffix}"] if glu else [f"mul_mat_cols_x8_{suffix}",
+                                                                  f"mul_mat_cols_x8_split_{suffix}"]
+        hashes = "".join(self.cache.kernel_hash(kernel)[:16 // len(kernels)] for kernel in kernels)
+        return f"{'glu ' if glu else ''}{qtype.name} {rows}x{k} c{cols} {hashes}"

@@ -23,6 +23,11 @@ MAT_COLS_ROW_LANES = 8
 # ITEM_VALUES), and the raw 32-bit words a thread keeps in flight per tile (its items' loads,
 # of every row and weight) at most.
 MAT_COLS_X8_VARIANTS = (2, 4, 8, 16, 32)
+# cols_tuning.py times shapes at the counts from MAT_COLS_MANY (narrower ones keep the default);
+# its split-K variants (variants.toml mul_mat_cols_*x8_split: ranges of K in workgroups z, sums
+# added to y atomically) are built for those counts, and taken where a weight's tuned shape
+# names more than one range (a shape's fifth entry).
+MAT_COLS_X8_TUNED = tuple(c for c in MAT_COLS_X8_VARIANTS if c >= MAT_COLS_MANY)
 X8_ITEM_VALUES = {T.Q4_K: 64, T.Q5_K: 64, T.Q6_K: 128}
 X8_ITEM_RAW_WORDS = {T.Q4_K: 12, T.Q5_K: 20, T.Q6_K: 40}
 MAT_COLS_X8_RAW_WORDS = 96
@@ -61,9 +66,9 @@ def mat_cols_shape_runs(ctx, shape: tuple[int, ...]) -> bool:
             and 0 < row_lanes <= lanes and lanes % row_lanes == 0 and row_lanes & (row_lanes - 1) == 0)
 
 
-def mat_cols_x8_shape(ctx, cols: int, mats: int, qtype: T) -> tuple[int, int, int, int]:
-    """(threads, rows per lane group, lanes per row, items per lane and tile) of a mat-cols
-    workgroup over 8-bit x. Up to 4 columns and on CPU drivers: rows and lanes as for the f32
+def mat_cols_x8_shape(ctx, cols: int, mats: int, qtype: T) -> tuple[int, int, int, int, int]:
+    """(threads, rows per lane group, lanes per row, items per lane and tile, ranges of K) of a
+    mat-cols workgroup over 8-bit x: K whole (one range; cols_tuning.py times splits). Up to 4 columns and on CPU drivers: rows and lanes as for the f32
     kernel. From 8 on a GPU, measured on an H200 (Llama-8B's weights, 8-32 columns): one row per
     lane group while columns' sums fill the registers, and tiles of x small enough that several
     workgroups share an SM (a 48 KiB tile left one and ran 2-3x slower): gate+up (two weights)
@@ -83,19 +88,28 @@ def mat_cols_x8_shape(ctx, cols: int, mats: int, qtype: T) -> tuple[int, int, in
             tiles = (2,) if cols <= 16 and qtype != T.Q6_K else ()
         row_lanes = min(row_lanes, lanes)
     raw = mats * rows * X8_ITEM_RAW_WORDS[qtype]
-    while row_lanes > 1 and not x8_tile_fits(ctx, cols, (threads, rows, row_lanes, 1), qtype):
+    while row_lanes > 1 and not x8_tile_fits(ctx, cols, (threads, rows, row_lanes, 1, 1), qtype):
         row_lanes //= 2
     tile = next((t for t in tiles if t * raw <= MAT_COLS_X8_RAW_WORDS
-                 and x8_tile_fits(ctx, cols, (threads, rows, row_lanes, t), qtype)), 1)
-    return threads, rows, row_lanes, tile
+                 and x8_tile_fits(ctx, cols, (threads, rows, row_lanes, t, 1), qtype)), 1)
+    return threads, rows, row_lanes, tile, 1
 
 
-def x8_tile_fits(ctx, cols: int, shape: tuple[int, int, int, int], qtype: T) -> bool:
+def x8_shape_runs(ctx, cols: int, shape: tuple[int, int, int, int, int], qtype: T) -> bool:
+    """Whether an 8-bit mat-cols shape can run over `cols` (a variant's count) columns: as
+    `mat_cols_shape_runs`, a tile of at least one item within shared memory, and ranges of K past
+    one only where the split variant is built and the device adds floats atomically."""
+    splits = shape[4]
+    return (mat_cols_shape_runs(ctx, shape) and shape[3] > 0 and x8_tile_fits(ctx, cols, shape, qtype)
+            and (splits == 1 or (splits > 1 and cols in MAT_COLS_X8_TUNED and ctx.info.float_atomic_add)))
+
+
+def x8_tile_fits(ctx, cols: int, shape: tuple[int, int, int, int, int], qtype: T) -> bool:
     return mat_cols_x8_tile_bytes(cols, shape, qtype) <= ctx.info.max_shared_memory
 
 
-def mat_cols_x8_tile_bytes(cols: int, shape: tuple[int, int, int, int], qtype: T) -> int:
+def mat_cols_x8_tile_bytes(cols: int, shape: tuple[int, int, int, int, int], qtype: T) -> int:
     """Shared memory of the 8-bit mat-cols kernel's tile of x: 48 bytes per 32 values (x8.glsl)
     of lanes x items values per column."""
-    _, _, row_lanes, tile_items = shape
+    row_lanes, tile_items = shape[2:4]
     return cols * row_lanes * tile_items * X8_ITEM_VALUES[qtype] // X8_BLOCK_VALUES * X8_BLOCK_BYTES

@@ -27,8 +27,7 @@ from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
 from worker.engine.kernels.mat_vec import (mat_vec_columns, mat_vec_kernel, mat_vec_name, mat_vec_shape,
                                            workgroup_rows)
 from worker.engine.kernels.mat_cols import (MAT_COLS_X8_VARIANTS, X8_ITEM_VALUES, mat_cols_columns,
-                                            mat_cols_shape, mat_cols_shape_runs, mat_cols_tile, mat_cols_x8_shape,
-                                            x8_tile_fits)
+                                            mat_cols_shape, mat_cols_tile, mat_cols_x8_shape, x8_shape_runs)
 from worker.engine.kernels.paths import (X8_BLOCK_BYTES, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape,
                                          mmq_types, product_path)
 from worker.engine.kernels.tensor import DeviceTensor
@@ -43,18 +42,22 @@ QUANTIZE_X8_THREADS = 64
 
 
 def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
-              mats: int, shape: tuple[int, ...] | None, x8: bool = False):
+              mats: int, shape: tuple[int, ...] | None, x8: bool = False,
+              outputs: list[tuple[Buffer, int]] | None = None):
     """One mul_mat_cols dispatch per part of w (bindings[i]: part i's buffers). Column groups are
     numbered fastest (mul_mat_vec_base.glsl with COLS). `x8`: the kernel over 8-bit x (op
-    ends in _x8), whose shape has a fourth entry, the items per lane and tile; without `shape`
-    it takes the weight's tuned one for its column count (cols_tuning.py), else the default."""
+    ends in _x8), whose shape has two more entries, the items per lane and tile and the ranges
+    of K (past one: op's _split variant, one workgroup z per range, its `outputs` ((buffer,
+    bytes); default: the last binding, n x w.rows) zeroed first unless it accumulates); without
+    `shape` it takes the weight's tuned one for its column count (cols_tuning.py), else the default."""
     ctx = rec.ctx
+    splits = 1
     if x8:
         cols = mat_cols_columns(n, MAT_COLS_X8_VARIANTS)
         shape = shape or w.cols_shapes.get((cols, mats == 2)) or mat_cols_x8_shape(ctx, cols, mats, w.ggml_type)
-        threads, rows, row_lanes, tile = shape
-        fits = (mat_cols_shape_runs(ctx, shape) and tile > 0 and x8_tile_fits(ctx, cols, shape, w.ggml_type)
-                and w.cols % X8_ITEM_VALUES[w.ggml_type] == 0)
+        threads, rows, row_lanes, tile, splits = shape
+        fits = (x8_shape_runs(ctx, cols, shape, w.ggml_type) and w.cols % X8_ITEM_VALUES[w.ggml_type] == 0
+                and (splits == 1 or mats == 1))
     else:
         cols = mat_cols_columns(n)
         threads, rows, row_lanes = shape = shape or mat_cols_shape(ctx, cols, mats)
@@ -62,12 +65,17 @@ def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buff
         fits = tile is not None
     if not fits:
         raise ValueError(f"mat-cols workgroup {shape} does not fit {cols} columns of {w.cols} on {ctx.info.name}")
-    kernel = ctx.kernel(f"{op}_c{cols}_{w.ggml_type.name.lower()}", {0: threads, 1: rows, 3: tile, 4: row_lanes})
+    if splits > 1 and not push["accumulate"]:   # the ranges add to zeros
+        for y, nbytes in outputs or [(bindings[0][-1], 4 * n * w.rows)]:
+            rec.fill(y, nbytes)
+        rec.barrier()
+    kernel = ctx.kernel(f"{op}{'_split' if splits > 1 else ''}_c{cols}_{w.ggml_type.name.lower()}",
+                        {0: threads, 1: rows, 3: tile, 4: row_lanes})
     lanes = ctx.info.subgroup_size
     rows_per_group = rows * (threads // lanes) * (lanes // row_lanes)
     for buffers, (_, first, count) in zip(bindings, w.parts):
-        rec.dispatch(kernel, buffers, _groups(ctx, cdiv(count, rows_per_group) * cdiv(n, cols)),
-                     push | dict(rows=count, y_offset=first))
+        x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group) * cdiv(n, cols))
+        rec.dispatch(kernel, buffers, (x_groups, y_groups, splits), push | dict(rows=count, y_offset=first))
 
 
 def _groups(ctx, count: int) -> tuple[int, int, int]:
@@ -187,7 +195,7 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
 
 def matmul(rec: Recording, w: DeviceTensor, x: Buffer, y: Buffer, n: int, y_accumulate: bool = False,
            path: str | None = None, norm: FoldedNorm | None = None,
-           cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None,
+           cols_shape: tuple[int, ...] | None = None, x8: Buffer | None = None,
            next_norm: NormBlocks | None = None, xh: Buffer | None = None):
     """y[t, r] (+)= sum_k W[r, k] * x[t, k]; x f32 [n, w.cols], y f32 [n, w.rows], through the
     kernel `product_path` picks for the device and n (decode: mat-vec, batched decode: mat-cols;
@@ -390,7 +398,8 @@ def _mat_cols_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs:
     k_first, v_first = fused.sections[0], sum(fused.sections[:2])
     y_v = outs[2] if len(fused.sections) == 3 else outs[1]   # as _mat_vec_qkv's
     _mat_cols(rec, op, fused, [[part, x, outs[0], outs[1], y_v] for part, _, _ in fused.parts], n,
-              _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first), 1, None, x8)
+              _push(fused, 0, 0, n, False) | dict(k_first=k_first, v_first=v_first), 1, None, x8,
+              [(y, 4 * n * rows) for y, rows in zip(outs, fused.sections)])
 
 
 def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: list[Buffer], n: int,
@@ -412,7 +421,7 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
                   up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None, path: str | None = None,
-                  cols_shape: tuple[int, int, int] | None = None, x8: Buffer | None = None,
+                  cols_shape: tuple[int, ...] | None = None, x8: Buffer | None = None,
                   blocks_out: BlocksOut | None = None, xh: Buffer | None = None):
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
     gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh

@@ -28,7 +28,7 @@ class DeviceTensor:
     glu_shape: tuple[int, int, int] | None = None    # through the fused gate+up kernel, as the gate
     coopmat_tile: tuple[int, ...] | None = None  # the cooperative-matrix mat-mat tile (coopmat.py COOPMAT_TILE)
     # (columns, through the gate+up kernel) -> the 8-bit mat-cols shape measured for it (cols_tuning.py)
-    cols_shapes: dict[tuple[int, bool], tuple[int, int, int, int]] = field(default_factory=dict)
+    cols_shapes: dict[tuple[int, bool], tuple[int, int, int, int, int]] = field(default_factory=dict)
     experts: int = 1                            # stacked matrices of rows / experts rows each
     sections: tuple[int, ...] = ()   # rows of each weight, when this tensor is several (upload_rows)
     base: "DeviceTensor | None" = None   # the tensor whose buffer holds this view's rows
