@@ -40,7 +40,7 @@ def test_candidates_start_with_the_default_and_fit(qtype, mats):
             assert rows * mats * cols <= 64 or shape == shapes[0]
             assert mat_cols_x8_tile_bytes(cols, shape, qtype) <= 49152
             assert splits * lanes * tile <= k // X8_ITEM_VALUES[qtype]
-        assert {s[4] for s in shapes} == ({1} if mats == 2 else {1, 2, 4, 8})
+        assert {s[4] for s in shapes} == ({1} if mats == 2 else {1, 2, 4, 8, 16})
         assert {s[4] for s in candidates(h200(float_atomic_add=False), cols, mats, qtype, k)} == {1}
 
 
