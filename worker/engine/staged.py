@@ -15,8 +15,15 @@ tg128 tok/s, before the shared memory and the timeline): host waits blocking 243
 on one context (0.82x, 736 us of host time a token), polled 258.4 against 301.3 (0.86x, 505 us).
 With the timeline, on an H100 (2026-12-06, runs alternating): 296.0 against 338.1 and 294.7
 against 331.6 (0.875x, 0.889x), the host's share of a token as on one context (32-86 us): the
-stages' own GPU time grew by ~0.4 ms a token, of which a token's two switches between the
-devices may be half (vk/linked.py: 90-126 us each on an H200).
+stages' own GPU time grew by ~0.4 ms a token. Where it goes (H100, the same day, per-dispatch
+timestamps of one pass): the first stage's dispatches (1.53 ms) took their one-context times but
+one, ~330 us longer (the whole pass 3.58 ms against 3.16), a different kernel from run to run and
+later when the second stage was submitted up to 2 ms later; with the host ordering the stages
+no dispatch was. So the GPU interrupts a running stage, mid-kernel, to look at the other
+context's queued stage, and comes back: a pass of two stages in flight pays it once a stage,
+two GPUs (a scheduler each) never. Host ordering still loses more in decode (tg128, runs
+alternating: one context 340.4 and 340.5 tok/s, the timeline 299.0 and 298.9, host-ordered
+286.4 and 291.4 with 457-516 us of host time a token).
 A CPU device (lavapipe) runs the stage on the host's cores, from which a poll would take one:
 there a hand-off blocks (tiny-llama split on lavapipe: 151.7 tok/s blocking, 128.5 polling)."""
 
