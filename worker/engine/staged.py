@@ -17,9 +17,9 @@ With the timeline, on an H100 (2026-12-06, runs alternating): 296.0 against 338.
 against 331.6 (0.875x, 0.889x), the host's share of a token as on one context (32-86 us): the
 stages' own GPU time grew by ~0.4 ms a token. Where it goes (H100, the same day, per-dispatch
 timestamps of one pass): the first stage's dispatches (1.53 ms) took their one-context times but
-one, ~330 us longer (the whole pass 3.58 ms against 3.16), a different kernel from run to run and
-later when the second stage was submitted up to 2 ms later; with the host ordering the stages
-no dispatch was. So the GPU interrupts a running stage, mid-kernel, to look at the other
+one, ~330 us longer (the whole pass 3.58 ms against 3.16): a different kernel from run to run,
+later in the stage when the second stage was submitted 2 ms after the first (on an idle clock);
+with the host ordering the stages no dispatch was. So the GPU interrupts a running stage, mid-kernel, to look at the other
 context's queued stage, and comes back: a pass of two stages in flight pays it once a stage,
 two GPUs (a scheduler each) never. Host ordering still loses more in decode (tg128, runs
 alternating: one context 340.4 and 340.5 tok/s, the timeline 299.0 and 298.9, host-ordered

@@ -1,7 +1,6 @@
 """Workgroup shapes of the 8-bit mat-cols kernel (batched decode and short prompts, matmul.py's
 "mat_cols_x8": threads, rows per lane group, lanes per row, items per lane and tile, ranges of K)
-chosen per
-device, weight and column count by measurement, as tuning.py chooses mat-vec shapes. A fixed
+chosen per device, weight and column count by measurement, as tuning.py chooses mat-vec shapes. A fixed
 rule does not hold here: on an H200 the best shape of one kernel differed by weight as much as
 3x (Llama-8B, 16 columns: the 6144-row Q/K/V product took 43 us with 4 subgroups of one row per
 8 lanes and 141 with the shape best for the 4096-row output projection, 8 subgroups of two rows
@@ -19,9 +18,10 @@ rows) otherwise has about one workgroup per SM. H100, Llama-8B at 8 columns, bes
 ranges against with: the down product Q4_K 42.8 -> 31.2 us (8 ranges), Q6_K 53.8 -> 44.5 (4),
 Q/K/V 6144x4096 22.0 -> 18.7 (8); 16 columns 66.1 -> 43.8, 80.5 -> 64.0, 34.1 -> 26.1; decoding 8
 sequences of the 8B 1165 -> 1243 tok/s, 16 1473 -> 1673 (bench --batch, same machine; 32 take
-the cooperative-matrix kernel). Plain products are timed accumulating into y,
-as the residual products (the down and output projections) run; a product that overwrites y
-(Q/K/V) pays a zero fill before its ranges, which the timing does not see."""
+the cooperative-matrix kernel). Sums added atomically meet in no fixed order: a product's low
+bits may differ from run to run, as the cooperative-matrix split's do. Plain products are timed
+accumulating into y, as the residual products (the down and output projections) run; a product
+that overwrites y (Q/K/V) pays a zero fill before its ranges, which the timing does not see."""
 import hashlib
 import itertools
 import logging
