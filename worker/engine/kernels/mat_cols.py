@@ -67,9 +67,9 @@ def mat_cols_shape_runs(ctx, shape: tuple[int, ...]) -> bool:
 
 
 def mat_cols_x8_shape(ctx, cols: int, mats: int, qtype: T) -> tuple[int, int, int, int, int]:
-    """(threads, rows per lane group, lanes per row, items per lane and tile, ranges of K) of a mat-
-    cols workgroup over 8-bit x, K whole (one range; cols_tuning.py times more). Up to 4 columns and
-    on CPU drivers: rows and lanes as for the f32 kernel. From 8 on a GPU, measured on an H200
+    """(threads, rows per lane group, lanes per row, items per lane and tile, ranges of K) of a
+    mat-cols workgroup over 8-bit x, K whole (one range; cols_tuning.py times more). Up to 4 columns
+    and on CPU drivers: rows and lanes as for the f32 kernel. From 8 on a GPU, measured on an H200
     (Llama-8B's weights, 8-32 columns): one row per lane group while columns' sums fill the
     registers, and tiles of x small enough that several workgroups share an SM (a 48 KiB tile left
     one and ran 2-3x slower): gate+up (two weights) over 4 lanes per row (8 at 16 columns), one item
