@@ -61,8 +61,9 @@ def test_engine_takes_tuned_shapes(x8_ctx, tmp_path, monkeypatch):
     """tiny-llama Q4_K_M with tuning on (few candidates per entry, for lavapipe's compile time: one
     split of K where the weight's K has room for one, else the first two): each Q4_K and Q6_K
     weight timed at 8, 16 and 32 columns (gates through the fused kernel, Q, K and V as their
-    joined tensor), the tensors given their shapes, and five sequences decoded together
-    (8-column variants, the Q4_K down products in ranges of K) get the tokens each gets alone."""
+    joined tensor), the tensors given their shapes (the residual weights' mat-vec shapes those
+    timed writing the next norm's input), and five sequences decoded together (8-column
+    variants, the Q4_K down products in ranges of K) get the tokens each gets alone."""
     full = candidates
 
     def few(ctx, cols, mats, qtype, k):
@@ -82,6 +83,12 @@ def test_engine_takes_tuned_shapes(x8_ctx, tmp_path, monkeypatch):
         assert set(engine.model.output.cols_shapes) == {(c, False) for c in MAT_COLS_X8_TUNED}
         downs = [layer["ffn_down"] for layer in engine.model.layers if layer["ffn_down"].ggml_type == T.Q4_K]
         assert downs and all(d.cols_shapes[8, False][4] > 1 for d in downs)
+        # one-column decode: the residual weights take the shapes timed writing the next norm's input
+        (mat_vec,) = json.loads((tmp_path / "cache" / "tuning.json").read_text()).values()
+        residual = {" ".join(name.split()[1:3]): entry["shape"] for name, entry in mat_vec.items()
+                    if name.startswith("residual ")}
+        for w in (layer["attn_output"], *downs):
+            assert list(w.mat_vec_shape) == residual[f"{w.ggml_type.name} {w.rows}x{w.cols}"]
         alone, together = alone_and_together(engine, prompts, params)
     finally:
         engine.close()

@@ -13,6 +13,7 @@ from refmodel import logits as reference_logits
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
 from worker.engine.engine import Engine
+from worker.engine.kernels.mat_vec import workgroup_rows
 from worker.engine.kernels.tuning import Budget, MatVecTuner, candidates, shape_label
 from worker.engine.modelfile import ModelFile
 from worker.engine.vk.device import DeviceInfo
@@ -86,6 +87,48 @@ def test_gate_up_is_timed_writing_its_blocks_over_8bit_x(x8_ctx, tmp_path):
     assert set(hashes) == {tuner.cache.kernel_hash(kernel) for kernel in ("mul_mat_vec_glu_x8_blocks_q4_k",
                                                                           "mul_mat_vec_glu_x8_q4_k")}
     assert all(len(entry["us"]) == len(candidates(x8_ctx.info)) for entry in entries.values())
+
+
+def test_residual_products_are_timed_writing_the_next_norms_blocks(x8_ctx, tmp_path):
+    """Over 8-bit x a residual product of whole 32-row blocks is timed adding to y and writing the
+    next norm's input (the kernel decode runs, mul_mat_vec_x8_rms_blocks), every candidate (each
+    has workgroups of a divisor or a multiple of 32 rows, so each can); one of other rows is left
+    to the plain table."""
+    tuner = MatVecTuner(x8_ctx, tmp_path, QUICK)
+    shapes = tuner.shapes([(T.Q4_K, 64, 256), (T.Q4_K, 48, 256)], residual=True)
+    shown = candidates(x8_ctx.info)
+    assert all(32 % workgroup_rows(shape) == 0 or workgroup_rows(shape) % 32 == 0 for shape in shown)
+    assert set(shapes) == {(T.Q4_K, 64, 256)} and shapes[T.Q4_K, 64, 256] in shown
+    (entries,) = json.loads((tmp_path / "tuning.json").read_text()).values()
+    (name, entry), = entries.items()
+    assert name == f"residual Q4_K 64x256 {tuner.cache.kernel_hash('mul_mat_vec_x8_rms_blocks_q4_k')}"
+    assert len(entry["us"]) == len(shown)
+    with pytest.raises(ValueError, match="does not write the next norm's input"):
+        tuner.measure((T.Q4_K, 48, 256), residual=True)
+
+
+def test_residual_weights_take_the_residual_table(x8_ctx, tmp_path, monkeypatch):
+    """tiny-llama Q4_K_M over 8-bit x with tuning on (each table answered with a shape of its
+    own): the attention output and down weights run the residual table's shape, the gates the
+    gate+up table's, the other weights the plain one's."""
+    from worker.engine import engine as engine_module
+    plain_shape, glu_shape, residual_shape = candidates(x8_ctx.info)[:3]
+
+    def shapes(self, keys, glu=False, residual=False):
+        keys = {k for k in keys if not residual or self.times_norm_blocks(k)}
+        return dict.fromkeys(keys, residual_shape if residual else glu_shape if glu else plain_shape)
+    monkeypatch.setattr(MatVecTuner, "shapes", shapes)
+    monkeypatch.setattr(engine_module, "model_cols_shapes", lambda *args: {})
+    path = write_model("tiny-llama", tmp_path / "tiny-llama-q4km.gguf", mix="Q4_K_M", seed=1)
+    engine = Engine.load(path, replace(x8_ctx.settings, tune=True, cache_dir=tmp_path), n_ctx=32, ctx=x8_ctx,
+                         max_batch=1)
+    try:
+        for layer in engine.model.layers:
+            assert layer["attn_output"].mat_vec_shape == layer["ffn_down"].mat_vec_shape == residual_shape
+            assert layer["attn_qkv"].mat_vec_shape == plain_shape and layer["ffn_gate"].glu_shape == glu_shape
+        assert engine.model.output.mat_vec_shape == plain_shape
+    finally:
+        engine.close()
 
 
 def test_a_damaged_cache_is_measured_again(vk_ctx, tmp_path):

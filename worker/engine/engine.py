@@ -35,7 +35,7 @@ from worker.engine.memplan import (
     plan_split,
 )
 from worker.engine.modelfile import ModelFile
-from worker.engine.models.model import Model, glu_keys, mat_vec_keys
+from worker.engine.models.model import Model, glu_keys, mat_vec_keys, residual_keys
 from worker.engine.placement import shared_budgets, split_layers, stages
 from worker.engine.runner import Runner
 from worker.engine.sampling import Sampler, SamplingParams, StopMatcher, model_defaults
@@ -48,7 +48,7 @@ DEFAULT_CONTEXT = 4096
 
 class Engine:
     def __init__(self, placement, model_file, config, tokenizer, plans: list[MemoryPlan], owns_ctx: bool,
-                 progress: bool = False, mat_vec_shapes: list[tuple[dict, dict]] | None = None,
+                 progress: bool = False, mat_vec_shapes: list[tuple[dict, dict, dict]] | None = None,
                  coopmat_tiles: list[dict] | None = None, cols_shapes: list[dict] | None = None):
         """`placement`: the Stages (worker/engine/placement.py), one per context, whose layers
         each runs (one for a model on one device); `plans`: each one's memory plan."""
@@ -129,7 +129,8 @@ class Engine:
                                min(c.max_binding_range for c in ctxs)
                                // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim), pool_share)
             # per context: kernels' shapes fit its device (two on one device share its cached timings)
-            shapes = [model_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file)) for c in ctxs]
+            shapes = [model_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file),
+                                   residual_keys(model_file)) for c in ctxs]
             tiles = [model_tiles(c, settings, mat_vec_keys(model_file), plans[0].chunk) for c in ctxs]
             cols = [model_cols_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file)) for c in ctxs]
             return cls(placement, model_file, config, tokenizer, plans, owns_ctx, progress, shapes, tiles, cols)

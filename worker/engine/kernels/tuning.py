@@ -16,7 +16,12 @@ The fused gate+up kernel (mul_mat_vec_glu, matmul_swiglu) has inner loops and re
 its own, and its best shape is not the plain kernel's: a feed-forward gate weight is also timed
 through it (`glu=True`), as a separate entry, and over 8-bit x with its output in 8-bit blocks
 too, as one-column decode runs it (matmul.BlocksOut: a shape whose workgroups hold whole blocks
-needs no counter, which timing without the blocks would not see).
+needs no counter, which timing without the blocks would not see). Likewise a residual product
+that writes the next RMSNorm's input in 8-bit blocks (matmul.NormBlocks: the attention output and
+feed-forward down weights, `residual=True`) is timed doing so, adding to y, over the shapes that
+can: on an H100 the 8B's took 13.9 us a product on average with the plain timing's choice
+(256x2/32: 16 rows a workgroup, each counted and fenced) and 12.7 with whole-block workgroups
+(1024x1/32), which the plain timing had found no faster (10.75 us for both at 4096x4096).
 
 Lane groups (a subgroup, or half of one, with rows of its own and no shared-memory reduction) won
 most large products over 8-bit x on an H200 (each weight's candidates timed in one run): the 32B's
@@ -35,7 +40,7 @@ from gguf import GGMLQuantizationType
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.mat_vec import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE
-from worker.engine.kernels.matmul import BlocksOut, writes_blocks, x8_bytes
+from worker.engine.kernels.matmul import BlocksOut, NormBlocks, folds_norm, writes_blocks, x8_bytes
 from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, X8_BLOCK_VALUES, product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
@@ -103,14 +108,15 @@ def shape_label(shape: Shape) -> str:
     return f"{threads}x{rows}" + ("" if lanes == threads else f"/{lanes}")
 
 
-def model_shapes(ctx, settings, keys, glu_keys=()) -> tuple[dict[Key, Shape], dict[Key, Shape]]:
-    """The shapes a model's weights run with, through the plain kernel (`keys`) and through the
-    fused gate+up kernel (`glu_keys`, the gate weights): measured (or cached) when settings.tune
-    asks for it; empty otherwise, which leaves every weight on its fixed shape."""
+def model_shapes(ctx, settings, keys, glu_keys=(), residual_keys=()) -> tuple[dict[Key, Shape], ...]:
+    """The shapes a model's weights run with, through the plain kernel (`keys`), through the
+    fused gate+up kernel (`glu_keys`, the gate weights) and as residual products writing the next
+    norm's input (`residual_keys`): measured (or cached) when settings.tune asks for it; empty
+    otherwise, which leaves every weight on its fixed shape."""
     if not wanted(settings.tune, ctx):
-        return {}, {}
+        return {}, {}, {}
     tuner = MatVecTuner(ctx, settings.cache_dir)
-    shapes = tuner.shapes(keys), tuner.shapes(glu_keys, glu=True)
+    shapes = tuner.shapes(keys), tuner.shapes(glu_keys, glu=True), tuner.shapes(residual_keys, residual=True)
     if tuner.measured:
         log.info("mat-vec shapes: timed %d weights on %s (cached in %s)", tuner.measured, ctx.info.name, tuner.path)
     return shapes
@@ -125,29 +131,35 @@ class MatVecTuner:
         self.budget = budget or (CPU_BUDGET if ctx.info.kind == "cpu" else GPU_BUDGET)
         self.measured = 0   # weights timed by this tuner (the others came from the cache)
 
-    def shapes(self, keys, glu: bool = False) -> dict[Key, Shape]:
-        """`glu`: through the fused gate+up kernel, the key being the gate weight's."""
-        keys = sorted(set(keys))
-        missing = [key for key in keys if self._name(key, glu) not in self.cache.entries]
+    def shapes(self, keys, glu: bool = False, residual: bool = False) -> dict[Key, Shape]:
+        """`glu`: through the fused gate+up kernel, the key being the gate weight's; `residual`:
+        as a residual product writing the next norm's input, for the keys whose decode products
+        do (`times_norm_blocks`; the others run the plain table's shapes)."""
+        keys = sorted(k for k in set(keys) if not residual or self.times_norm_blocks(k))
+        missing = [key for key in keys if self._name(key, glu, residual) not in self.cache.entries]
         if missing:
-            self.store({key: self.measure(key, glu) for key in missing}, glu)
-        return {key: tuple(self.cache.entries[self._name(key, glu)]["shape"]) for key in keys}
+            self.store({key: self.measure(key, glu, residual=residual) for key in missing}, glu, residual)
+        return {key: tuple(self.cache.entries[self._name(key, glu, residual)]["shape"]) for key in keys}
 
-    def store(self, tables: dict[Key, dict[Shape, float]], glu: bool = False):
+    def store(self, tables: dict[Key, dict[Shape, float]], glu: bool = False, residual: bool = False):
         """Keeps the fastest shape of each table (with the table, for reading)."""
-        self.cache.put({self._name(key, glu): {"shape": list(min(table, key=table.get)),
-                                               "us": {shape_label(shape): round(s * 1e6, 2)
-                                                      for shape, s in table.items()}}
+        self.cache.put({self._name(key, glu, residual): {"shape": list(min(table, key=table.get)),
+                                                         "us": {shape_label(shape): round(s * 1e6, 2)
+                                                                for shape, s in table.items()}}
                         for key, table in tables.items()})
 
-    def measure(self, key: Key, glu: bool = False, with_blocks: bool = True) -> dict[Shape, float]:
+    def measure(self, key: Key, glu: bool = False, with_blocks: bool = True,
+                residual: bool = False) -> dict[Shape, float]:
         """Median seconds of one product (glu: a gate and up pair, with SwiGLU) with each
         candidate shape; a gate+up writes its 8-bit blocks where decode does (`times_blocks`), unless
-        not `with_blocks` (`vkllm bench kernels --glu` times both)."""
+        not `with_blocks` (`vkllm bench kernels --glu` times both); a `residual` product
+        (`times_norm_blocks`) adds to y and writes the next norm's input, over the shapes that can."""
+        if residual and not self.times_norm_blocks(key):
+            raise ValueError(f"a residual product of {key} does not write the next norm's input")
         ctx, budget = self.ctx, self.budget
         qtype, rows, cols = key
         log.info("timing %s %dx%d%s: mat-vec workgroup shapes (once on %s)", qtype.name, rows, cols,
-                 " gate+up" if glu else "", ctx.info.name)
+                 " gate+up" if glu else " residual, next norm's blocks" if residual else "", ctx.info.name)
         used, total = ctx.memory_budget()
         rotation = min(budget.rotation_bytes, (total - used) // 2)   # a small GPU keeps room for the model
         copies = min(MAX_COPIES, max(2, cdiv(rotation, rows * row_bytes(qtype, cols))))
@@ -160,17 +172,28 @@ class MatVecTuner:
                   if with_blocks and self.times_blocks(key, glu) else None)
         if blocks is not None:
             ctx.upload(blocks.done, counters)
+        norm = None
+        if residual:   # the next norm's weight: ones
+            norm = NormBlocks(ctx.alloc(x8_bytes(1, rows)), ctx.alloc(counters.nbytes), ctx.alloc(4 * rows), 1e-5)
+            ctx.upload(norm.done, counters)
+            ctx.upload(norm.weight, np.ones(rows, np.float32))
 
         def records(weights, x, y):
             for shape in candidates(ctx.info):
                 tuned = [replace(w, mat_vec_shape=shape, glu_shape=shape) for w in weights]
+                if norm is not None:
+                    if folds_norm(ctx, tuned[0], [], 1):
+                        yield shape, record(ctx, tuned, x, y, x8=x8, y_accumulate=True, next_norm=norm)
+                    continue
                 writes = blocks is not None and writes_blocks(ctx, tuned[0], tuned[0], 1)
                 yield shape, record(ctx, tuned, x, y, x8=x8, **({"blocks_out": blocks} if writes else {}))
         try:
             medians = time_on_copies(ctx, key, copies, np.ones(cols, np.float32), 4 * rows, records,
                                      budget.warmup_seconds, budget.runs)
         finally:
-            for buffer in [x8] + ([blocks.x8, blocks.done] if blocks is not None else []):
+            extra = ([blocks.x8, blocks.done] if blocks is not None else []) + (
+                [norm.x8, norm.done, norm.weight] if norm is not None else [])
+            for buffer in [x8] + extra:
                 if buffer is not None:
                     ctx.free(buffer)
         self.measured += 1
@@ -185,8 +208,16 @@ class MatVecTuner:
         x, rows of whole 32-row blocks (every candidate's workgroups tile them)."""
         return glu and self._x8(key) and key[1] % X8_BLOCK_VALUES == 0
 
-    def _name(self, key: Key, glu: bool = False) -> str:
+    def times_norm_blocks(self, key: Key) -> bool:
+        """Whether a residual product of `key` is timed writing the next norm's input (NormBlocks):
+        over 8-bit x, rows of whole 32-row blocks."""
+        return self._x8(key) and key[1] % X8_BLOCK_VALUES == 0
+
+    def _name(self, key: Key, glu: bool = False, residual: bool = False) -> str:
         qtype, rows, cols = key
         x8 = ("_x8_blocks" if self.times_blocks(key, glu) else "_x8") if self._x8(key) else ""
+        if residual:
+            x8 = "_x8_rms_blocks"
         kernel = f"mul_mat_vec{'_glu' if glu else ''}{x8}_{qtype.name.lower()}"
-        return f"{'glu ' if glu else ''}{qtype.name} {rows}x{cols} {self.cache.kernel_hash(kernel)}"
+        kind = "glu " if glu else "residual " if residual else ""
+        return f"{kind}{qtype.name} {rows}x{cols} {self.cache.kernel_hash(kernel)}"

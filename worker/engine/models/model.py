@@ -69,6 +69,23 @@ def glu_keys(model_file) -> set:
             and (up.ggml_type, up.shape) == (info.ggml_type, info.shape)}
 
 
+# The weights whose one-column decode product is a residual one that writes the next RMSNorm's
+# input (record_residual's NormBlocks, where the model's config lets it: `residual_keys`).
+RESIDUAL_WEIGHTS = (".attn_output.weight", ".ffn_down.weight")
+
+
+def residual_keys(model_file) -> set:
+    """(type, rows, K) of the attention output and dense feed-forward down weights of a model
+    whose residual products can write the next norm's input: no post norms (a norm between
+    the product and the residual add) and no experts (the attention output's, no bias either)."""
+    c = model_file.config
+    if c.has_post_norms or c.n_expert:
+        return set()
+    suffixes = RESIDUAL_WEIGHTS[1:] if c.has_attn_out_bias else RESIDUAL_WEIGHTS
+    return {(info.ggml_type, int(info.shape[1]), int(info.shape[0]))
+            for name, info in model_file.tensors.items() if name.endswith(suffixes)}
+
+
 def mat_vec_keys(model_file) -> set:
     """(type, rows, K) of every weight the dense mat-vec multiplies: all matrices except the
     embedding table, which is looked up by row unless it is also the output head, and the
@@ -88,7 +105,7 @@ def mat_vec_keys(model_file) -> set:
 
 class Model:
     def __init__(self, placement, model_file, config, n_ctx: int, kv, progress=None,
-                 mat_vec_shapes: list[tuple[dict, dict]] | None = None, coopmat_tiles: list[dict] | None = None,
+                 mat_vec_shapes: list[tuple[dict, dict, dict]] | None = None, coopmat_tiles: list[dict] | None = None,
                  cols_shapes: list[dict] | None = None):
         """`placement`: the Stages (worker/engine/placement.py) whose contexts hold each layer's
         tensors; the embedding table goes to the first, the other global tensors (output norm
@@ -101,8 +118,9 @@ class Model:
         {(columns, gate+up): tuned 8-bit mat-cols shape} (worker/engine/kernels/cols_tuning.py)."""
         self.stages, self.config, self.n_ctx, self.kv = placement, config, n_ctx, kv
         first, last = placement[0].ctx, placement[-1].ctx
-        # context -> (mat-vec shapes, gate+up shapes, coopmat tiles, 8-bit mat-cols shapes) its tensors run with
-        self._tuned = {id(stage.ctx): (*(mat_vec_shapes[stage.index] if mat_vec_shapes else ({}, {})),
+        # context -> (mat-vec shapes, gate+up shapes, residual products' shapes, coopmat tiles,
+        # 8-bit mat-cols shapes) its tensors run with
+        self._tuned = {id(stage.ctx): (*(mat_vec_shapes[stage.index] if mat_vec_shapes else ({}, {}, {})),
                                        coopmat_tiles[stage.index] if coopmat_tiles else {},
                                        cols_shapes[stage.index] if cols_shapes else {})
                        for stage in placement}
@@ -151,8 +169,10 @@ class Model:
         tensor = upload_tensor(ctx, info.name, info.ggml_type, info.shape, info.data)
         self._owned.append((ctx, tensor))
         key = tensor.key
-        shapes, glu_shapes, tiles, cols = self._tuned[id(ctx)]
-        tensor.mat_vec_shape, tensor.glu_shape = shapes.get(key), glu_shapes.get(key)
+        shapes, glu_shapes, residual_shapes, tiles, cols = self._tuned[id(ctx)]
+        residual = info.name.endswith(RESIDUAL_WEIGHTS) and key in residual_shapes
+        tensor.mat_vec_shape = residual_shapes[key] if residual else shapes.get(key)
+        tensor.glu_shape = glu_shapes.get(key)
         tensor.coopmat_tile, tensor.cols_shapes = tiles.get(key), cols.get(key, {})
         return tensor
 
@@ -166,7 +186,7 @@ class Model:
             return
         fused, views = joined
         self._owned.append((ctx, fused))
-        shapes, _, tiles, cols = self._tuned[id(ctx)]
+        shapes, _, _, tiles, cols = self._tuned[id(ctx)]
         fused.mat_vec_shape, fused.cols_shapes = shapes.get(fused.key), cols.get(fused.key, {})
         fused.coopmat_tile = tiles.get(fused.key)
         for view in views:   # alone they serve the mmq path's products
