@@ -29,7 +29,8 @@ def h200(float_atomic_add: bool = True):
 @pytest.mark.parametrize("qtype, mats", [(T.Q4_K, 1), (T.Q4_K, 2), (T.Q6_K, 1)], ids=["Q4_K", "Q4_K-glu", "Q6_K"])
 def test_candidates_start_with_the_default_and_fit(qtype, mats):
     """Over Llama-8B's down product (K = 14336): ranges of K for one weight only, each a whole tile
-    of items or more, none where the device cannot add floats atomically."""
+    of items or more, none where the device cannot add floats atomically; a gate+up's workgroups
+    of 1 to 8 subgroups, one weight's of 4 and 8."""
     ctx, k = h200(), 14336
     for cols in MAT_COLS_X8_TUNED:
         shapes = candidates(ctx, cols, mats, qtype, k)
@@ -41,6 +42,7 @@ def test_candidates_start_with_the_default_and_fit(qtype, mats):
             assert mat_cols_x8_tile_bytes(cols, shape, qtype) <= 49152
             assert splits * lanes * tile <= k // X8_ITEM_VALUES[qtype]
         assert {s[4] for s in shapes} == ({1} if mats == 2 else {1, 2, 4, 8, 16})
+        assert {s[0] // 32 for s in shapes[1:]} == ({1, 2, 4, 8} if mats == 2 else {4, 8})
         assert {s[4] for s in candidates(h200(float_atomic_add=False), cols, mats, qtype, k)} == {1}
 
 

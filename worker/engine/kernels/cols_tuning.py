@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 Shape = tuple[int, int, int, int, int]
 SUBGROUPS = (4, 8)
+# The gate+up cannot split K for more workgroups; smaller ones are its only way there (the H100's
+# best at 8 and 16 columns was the grid's smallest, 4 subgroups of 8 one-row lane groups: 448
+# workgroups for the 8B's 14336 rows).
+GLU_SUBGROUPS = (1, 2, 4, 8)
 ROWS = (1, 2)
 ROW_LANES = (4, 8, 16)
 TILES = (1, 2)
@@ -59,12 +63,13 @@ def candidates(ctx, cols: int, mats: int, qtype, k: int) -> list[Shape]:
     whole subgroups within its workgroup limit, lanes per row dividing the subgroup, the tile of
     x within shared memory, ranges of K only where floats add atomically), sums and raw words
     within twice the default's register budget; ranges of K (of `k` values) for one weight only
-    (SwiGLU needs whole sums), each range a whole tile of items at least."""
+    (SwiGLU needs whole sums, so a gate+up has workgroups of fewer subgroups instead), each range a
+    whole tile of items at least."""
     default = mat_cols_x8_shape(ctx, cols, mats, qtype)
     items = k // X8_ITEM_VALUES[qtype]
+    subgroups, splits_grid = (SUBGROUPS, SPLITS) if mats == 1 else (GLU_SUBGROUPS, (1,))
     grid = [(s * ctx.info.subgroup_size, r, lanes, t, splits)
-            for s, r, lanes, t, splits in itertools.product(SUBGROUPS, ROWS, ROW_LANES, TILES,
-                                                            SPLITS if mats == 1 else (1,))
+            for s, r, lanes, t, splits in itertools.product(subgroups, ROWS, ROW_LANES, TILES, splits_grid)
             if r * mats * cols <= SUMS and t * r * mats * X8_ITEM_RAW_WORDS[qtype] <= 2 * MAT_COLS_X8_RAW_WORDS
             and splits * lanes * t <= max(items, lanes * t)]
     return [shape for shape in dict.fromkeys([default, *grid]) if x8_shape_runs(ctx, cols, shape, qtype)]
