@@ -203,15 +203,18 @@ class MatVecTuner:
         qtype, _, cols = key
         return product_path(self.ctx, 1, cols, qtype=qtype) == "mat_vec_x8"
 
+    def _x8_whole_blocks(self, key: Key) -> bool:
+        """Over 8-bit x, rows of whole 32-row blocks (every candidate's workgroups tile them): a
+        product decode has write 8-bit blocks besides its output."""
+        return self._x8(key) and key[1] % X8_BLOCK_VALUES == 0
+
     def times_blocks(self, key: Key, glu: bool) -> bool:
-        """Whether a gate+up of `key` is timed writing its 8-bit blocks (BlocksOut): over 8-bit
-        x, rows of whole 32-row blocks (every candidate's workgroups tile them)."""
-        return glu and self._x8(key) and key[1] % X8_BLOCK_VALUES == 0
+        """Whether a gate+up of `key` is timed writing its 8-bit blocks (BlocksOut)."""
+        return glu and self._x8_whole_blocks(key)
 
     def times_norm_blocks(self, key: Key) -> bool:
-        """Whether a residual product of `key` is timed writing the next norm's input (NormBlocks):
-        over 8-bit x, rows of whole 32-row blocks."""
-        return self._x8(key) and key[1] % X8_BLOCK_VALUES == 0
+        """Whether a residual product of `key` is timed writing the next norm's input (NormBlocks)."""
+        return self._x8_whole_blocks(key)
 
     def _name(self, key: Key, glu: bool = False, residual: bool = False) -> str:
         qtype, rows, cols = key
