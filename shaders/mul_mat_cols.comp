@@ -53,6 +53,18 @@ const uint TILE_BLOCKS = TILE_SPAN * ITEM_BLOCKS;
 shared ivec4 xs[NUM_COLS * 3 * TILE_BLOCKS];
 
 ivec4 x_word(uint c, uint h, uint s, uint t) { return xs[((c * 3 + h) * ITEM_BLOCKS + s) * TILE_SPAN + t]; }
+const uint X_WORDS = NUM_COLS * 3 * TILE_BLOCKS, X_EACH = (X_WORDS + BLOCK_SIZE - 1) / BLOCK_SIZE;
+
+// The words of xs this thread stages for the tile from item i0 (of the items before `items`; past
+// them 0), as xs lays them out.
+void load_x_tile(out ivec4 words[X_EACH], uint i0, uint items, uint col0, uint x_blocks) {
+    [[unroll]] for (uint e = 0; e < X_EACH; e++) {
+        const uint i = gl_LocalInvocationID.x + e * BLOCK_SIZE;
+        const uint t = i % TILE_SPAN, s = i / TILE_SPAN % ITEM_BLOCKS, h = i / TILE_BLOCKS % 3;
+        const uint c = min(i / (3 * TILE_BLOCKS), NUM_COLS - 1), b = (i0 + t) * ITEM_BLOCKS + s;
+        words[e] = i < X_WORDS && i0 + t < items ? x8[x8_word(clamped_col(col0 + c), x_blocks, b, h)] : ivec4(0);
+    }
+}
 #else
 // 16-value slices of x per tile and column: the shared tile is NUM_COLS x TILE_SLICES x 64 bytes.
 layout(constant_id = 3) const uint TILE_SLICES = 32;
@@ -86,16 +98,23 @@ void main() {
     const uint begin = 0, items = p.ncols / ITEM_VALUES;   // this workgroup's items: begin .. items - 1
 #endif
     ITEM_ROW_BYTES(row_byte, row_base, groups)
+    // This thread's words of the tile of x (xs[tid], xs[tid + BLOCK_SIZE], ...), loaded a tile
+    // ahead: the next tile's are in flight during this one's math.
+    ivec4 x_next[X_EACH];
+    load_x_tile(x_next, begin, items, col0, x_blocks);
     for (uint i0 = begin; i0 < items; i0 += TILE_SPAN) {
         // This tile's weights first, in flight while x is staged.
         LOAD_ITEMS(raw, TILE_ITEMS, i0 + j, ROW_LANES, items, row_byte)
         barrier();   // the previous tile's reads are done
-        for (uint i = tid; i < NUM_COLS * 3 * TILE_BLOCKS; i += BLOCK_SIZE) {
-            const uint t = i % TILE_SPAN, s = i / TILE_SPAN % ITEM_BLOCKS, h = i / TILE_BLOCKS % 3;
-            const uint c = i / (3 * TILE_BLOCKS), b = (i0 + t) * ITEM_BLOCKS + s;
-            xs[i] = i0 + t < items ? x8[x8_word(clamped_col(col0 + c), x_blocks, b, h)] : ivec4(0);
+        [[unroll]] for (uint e = 0; e < X_EACH; e++) {
+            if (tid + e * BLOCK_SIZE < X_WORDS) {
+                xs[tid + e * BLOCK_SIZE] = x_next[e];
+            }
         }
         barrier();
+        if (i0 + TILE_SPAN < items) {
+            load_x_tile(x_next, i0 + TILE_SPAN, items, col0, x_blocks);
+        }
         [[unroll]] for (uint u = 0; u < TILE_ITEMS; u++) {
             const uint t = u * ROW_LANES + j, item = i0 + t;
             if (item >= items) {
