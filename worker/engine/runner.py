@@ -97,14 +97,13 @@ class Runner:
 
     # -- recordings -------------------------------------------------------------------------------
     def _staged(self, n: int, record_stage, inputs: dict[str, int], profile: bool = False) -> StagedPass:
-        """A pass over n tokens: record_stage(rec, stage, ws, mark) records each stage's part,
-        `mark` the word it sets where the timeline may queue the next stage (None: no timeline)."""
+        """A pass over n tokens: record_stage(rec, stage, ws) records each stage's part."""
         recordings = []
         for stage, ws in zip(self.stages, self.workspaces):
             rec = stage.ctx.recording(max_timestamps=2, profile=profile)
             if not profile:
                 rec.timestamp("start")
-            record_stage(rec, stage, ws, self._timeline.marks[stage.ctx] if self._timeline else None)
+            record_stage(rec, stage, ws)
             if not profile:
                 rec.timestamp("forward")
             recordings.append(rec.finish())
@@ -121,14 +120,14 @@ class Runner:
         inputs = {step: 8 * n, **({"rows": 4 * rows} if rows else {})}
         if self.workspace.attention_tiles is not None:
             inputs["attention_tiles"] = self.workspace.attention_tiles.size
-        return self._staged(n, lambda rec, stage, ws, mark: self._record_stage(
-            rec, stage, ws, mark, n, select, logits, rows, ids, step, best, distinct), inputs, profile)
+        return self._staged(n, lambda rec, stage, ws: self._record_stage(rec, stage, ws, n, select, logits, rows,
+                                                                         ids, step, best, distinct), inputs, profile)
 
-    def _record_stage(self, rec, stage, ws, mark, n: int, select: str, logits, rows: int | None, ids: str, step: str,
+    def _record_stage(self, rec, stage, ws, n: int, select: str, logits, rows: int | None, ids: str, step: str,
                       best: str, distinct: bool):
         row_logits = ws.logits if rows is None else ws.batch_logits
         self.model.record_forward(rec, ws, stage, n, logits or row_logits, all_logits=logits is not None, rows=rows,
-                                  ids=ids, step=step, distinct=distinct, mark=mark)
+                                  ids=ids, step=step, distinct=distinct)
         if not stage.last:
             return
         vocab = self.model.config.vocab_size
@@ -163,9 +162,9 @@ class Runner:
     def _record_greedy(self, slot: int) -> StagedPass:
         step, ids, best = self._greedy_slot(slot)
 
-        def record_stage(rec, stage, ws, mark):
+        def record_stage(rec, stage, ws):
             rec.barrier()   # the token comes from the argmax of the step submitted before this one
-            self.model.record_forward(rec, ws, stage, 1, ws.logits, ids=ids, step=step, mark=mark)
+            self.model.record_forward(rec, ws, stage, 1, ws.logits, ids=ids, step=step)
             if stage.last:
                 rec.barrier()
                 argmax(rec, ws.logits, getattr(ws, best), 1, self.model.config.vocab_size, ws.select)

@@ -221,15 +221,14 @@ class Model:
                    for shape, cache in zip(self.layer_shapes, self.kv.layers))
 
     def record_forward(self, rec, ws, stage, n: int, logits=None, all_logits: bool = False, ids: str = "ids",
-                       step: str = "step", rows: int | None = None, distinct: bool = False, mark=None):
+                       step: str = "step", rows: int | None = None, distinct: bool = False):
         """Stage `stage`'s part of the pass, into its recording `rec` over its workspace `ws`:
         tokens in the workspace's buffer named `ids` (the first stage's) with the (slot, position)
         pairs of the one named `step` -> logits of the last token, of all (all_logits), or of the
         `rows` tokens that ws.rows names (a batched pass; 0: no logits), into `logits` (the last
         stage's). A stage after the first starts from the hidden state in ws.handoff, one before
         the last leaves its own there (memory the stages share, Runner). `distinct`: each token is
-        the only one of its sequence (record_attention). `mark`: a host-visible word the stage sets
-        to 1 as its last layer starts (vk/linked.py's Timeline queues the next stage then)."""
+        the only one of its sequence (record_attention)."""
         assert n <= ws.n and (rows is None or rows <= ws.sequences)
         c = self.config
         if stage.first:
@@ -244,8 +243,6 @@ class Model:
         head = stage.last and not gathered and not all_logits
         ready = None   # the next norm's input, where the residual product before it wrote it
         for i in stage.layers:
-            if mark is not None and i == stage.layers[-1]:
-                rec.fill(mark, 4, 1)
             layer = self.layers[i]
             ready = self.record_attention(rec, ws, getattr(ws, step), i, layer, n, ready, distinct)
             after = (self.layers[i + 1]["attn_norm"], self._projections(self.layers[i + 1])) if i + 1 in stage.layers \

@@ -12,24 +12,13 @@
   round trip between them. An opaque fd only travels between devices with the same UUIDs
   (the spec's compatibility rule), so contexts on different GPUs order their stages through
   the host instead (`staged.py`).
-- **Pace** (`Timeline.marks`): a stage queued behind a running stage of another context on the
-  same GPU costs the running one: once it has run ~1 ms, the GPU switches to the other context
-  (whose stage waits) and back, ~330 us lost mid-kernel. So each stage sets its context's mark
-  (a host-visible word) as its last layer starts, and the timeline queues a submission only once
-  the one before it has set its mark (or ended): the next stage waits on the GPU for one layer's
-  time, the host's submission hidden behind that layer.
 
 H200, 2026-12-02 (an experiment: two VkDevices, stages of 5 ms of copies each): the next stage
 started 212 us after the one before ended when the host polled its fence and submitted it, 553 us
 when it blocked on the fence, 10 us when the GPU waited on the shared timeline; each switch
 between the devices still cost the GPU 90-126 us (stages of 0.16 to 5 ms), which one device
-never pays. H100, 2026-12-06 (llama-3.1-8b split over two contexts, one decode pass, the second
-stage queued some time after the first, which took 1.52 ms alone): queued 0 to 1.2 ms after it,
-the first stage took 1.85-1.93 ms, one of its dispatches ~335 us longer (the same one whatever
-the delay); queued 1.3 ms or later, 1.52 ms, none longer."""
+never pays."""
 import mmap
-
-import numpy as np
 
 from vkllm.errors import VkllmError
 from worker.engine.intmath import round_up
@@ -76,8 +65,7 @@ def shares_timeline(ctxs) -> bool:
 class Timeline:
     """One timeline semaphore, created in the first context (exportable where there are others)
     and imported by the others; `submit` queues a recording after everything submitted through
-    it before. `marks`: a host-visible word per context, which its recordings set to 1 (a fill)
-    where their successor may be queued; a recording that sets none is followed once it ends."""
+    it before."""
 
     def __init__(self, ctxs):
         kind = vk.VkSemaphoreTypeCreateInfo(semaphoreType=vk.VK_SEMAPHORE_TYPE_TIMELINE)
@@ -93,34 +81,16 @@ class Timeline:
             import_fd = vk.vkGetDeviceProcAddr(ctx.device, "vkImportSemaphoreFdKHR")
             import_fd(ctx.device, vk.VkImportSemaphoreFdInfoKHR(semaphore=semaphore, handleType=_OPAQUE_FD, fd=fd))
         self.value = 0   # signalled by the last submission
-        self.marks = {ctx: ctx.alloc_host(4) for ctx in ctxs}
-        self._last = None   # the context of the last submission
 
     def submit(self, recording, fence: list | None = None):
         """Queues `recording` (on its own context) to start once the submission before it is
-        done, and returns once it is queued: when that submission has set its mark or ended.
-        `fence` (Context.new_fence's), if given, signals when it is done."""
-        if self._last is not None:
-            self._await_mark(self._last)
-        ctx = recording.ctx
-        # the context's submission before this one has ended: the one before this waits for it
-        self.marks[ctx].view(np.uint32)[0] = 0
-        infos, values = recording.timeline_submit_infos(self.semaphores[ctx])
+        done; `fence` (Context.new_fence's), if given, signals when it is."""
+        infos, values = recording.timeline_submit_infos(self.semaphores[recording.ctx])
         values[0], values[1] = self.value, self.value + 1
         self.value += 1
-        vk.vkQueueSubmit(ctx.queue, 1, infos, fence[0] if fence else None)
-        self._last = ctx
-
-    def _await_mark(self, ctx):
-        """Polls until the last submission (on `ctx`) has set its mark or ended."""
-        mark, semaphore = self.marks[ctx].view(np.uint32), self.semaphores[ctx]
-        while not mark[0] and vk.vkGetSemaphoreCounterValue(ctx.device, semaphore) < self.value:
-            pass
+        vk.vkQueueSubmit(recording.ctx.queue, 1, infos, fence[0] if fence else None)
 
     def destroy(self):
-        for ctx, mark in self.marks.items():
-            ctx.free(mark)
-        self.marks = {}
         for ctx, semaphore in self.semaphores.items():
             vk.vkDestroySemaphore(ctx.device, semaphore, None)
         self.semaphores = {}
