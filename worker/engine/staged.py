@@ -21,7 +21,13 @@ one, ~330 us longer (the whole pass 3.58 ms against 3.16): a different kernel fr
 later in the stage when the second stage was submitted 2 ms after the first (on an idle clock);
 with the host ordering the stages no dispatch was. So the GPU interrupts a running stage, mid-kernel, to look at the other
 context's queued stage, and comes back: a pass of two stages in flight pays it once a stage,
-two GPUs (a scheduler each) never. Host ordering still loses more in decode (tg128, runs
+two GPUs (a scheduler each) never. Queuing each stage late instead (2026-12-06, reverted: the
+host polled a word each stage set 1 to 8 layers before its end, then queued the next) moves the
+loss, not removes it: with 1-3 layers of lead no dispatch was slower but the GPU idled ~170 us
+between the stages (tg128 301.4, 301.0, 300.9 tok/s against 301.4 queued at once, runs
+alternating), with 4 or more the switch mid-stage came back (266-249 tok/s). So each switch
+between the contexts costs the one GPU ~200 us, wherever it falls, two a token: 0.88x of the
+unsplit 342 tok/s. Host ordering still loses more in decode (tg128, runs
 alternating: one context 340.4 and 340.5 tok/s, the timeline 299.0 and 298.9, host-ordered
 286.4 and 291.4 with 457-516 us of host time a token).
 A CPU device (lavapipe) runs the stage on the host's cores, from which a poll would take one:
