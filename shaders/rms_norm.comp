@@ -10,13 +10,18 @@
 // blocks, for rows of a multiple of 32 values: store4 below; with F32 as well, in f32 into out and
 // in blocks into the fourth buffer). With GATHER,
 // out[r] = that of x[rows[r]] (the output norm of a batched pass, over the tokens that get logits).
-// With ADD, out[r] += that instead (a post norm's residual add: Gemma's).
+// With ADD, out[r] += that instead (a post norm's residual add: Gemma's). With F16 (and no X8), out
+// in f16, 4 values a uvec2: the cooperative-matrix kernel's input (kernels/halves.py's layout for
+// rows of a multiple of 8 values), with no conversion dispatch between.
 // Rows whose length is a multiple of 4 are read as 4-vectors; each invocation keeps its first
 // 4-vector (a whole row of up to 4 x workgroup-size values) and that 4-vector's weight in
 // registers, the weight loaded before the reduction so that its memory latency overlaps it
 // (decode runs one row: a chain of dependent loads would be the kernel's whole cost).
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 0) readonly buffer X4 { vec4 x4[]; };
+#if defined(F16) && !defined(X8)
+layout(std430, binding = 1) writeonly buffer OH { uvec2 oh[]; };
+#endif
 #if defined(ADD)
 #define OUT_ACCESS
 #else
@@ -47,6 +52,8 @@ void store4(uint i4, vec4 v) {
 #endif
     store_x8(i4, v, p.cols, 0.0);
 }
+#elif defined(F16)   // (F16 rows are a multiple of 8 values: only store4)
+void store4(uint i4, vec4 v) { oh[i4] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
 #elif defined(ADD)
 void store4(uint i4, vec4 v) { o4[i4] += v; }
 void store1(uint i, float v) { o[i] += v; }
@@ -81,7 +88,7 @@ void main() {
         }
         return;
     }
-#if !defined(X8)   // (X8 rows are a multiple of 32 values)
+#if !defined(X8) && !defined(F16)   // (X8 rows are a multiple of 32 values, F16 ones of 8)
     const uint base = in_row * p.cols, out_base = gl_WorkGroupID.x * p.cols;
     float sum = 0.0;
     for (uint c = tid; c < p.cols; c += size) {

@@ -39,6 +39,20 @@ def test_geglu(dev):
                                rtol=1e-5, atol=1e-6)
 
 
+def test_swiglu_and_geglu_in_f16(dev):
+    """The f16 variants (a cooperative-matrix product's input): four values an invocation, each
+    within f16 rounding of the float64 reference."""
+    rng = np.random.default_rng(6)
+    gate, up = 4 * f32(rng, 3, 2048), f32(rng, 3, 2048)
+    gate[0, :3] = [-100.0, 100.0, 0.0]
+    g = gate.astype(np.float64)
+    for op, want in ((elementwise.swiglu, g / (1 + np.exp(-g)) * up), (elementwise.geglu, gelu_tanh(g) * up)):
+        out = dev.empty(gate.size * 2)
+        dev.run(lambda rec: op(rec, dev.put(gate), dev.put(up), out, gate.size, f16=True))
+        got = dev.get(out, np.float16, count=gate.size).reshape(gate.shape)
+        np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -14)
+
+
 def test_many_elements_take_several_per_invocation(dev):
     """Past the workgroup-count limit the grid-stride loop covers the rest."""
     n = min(dev.ctx.info.max_workgroup_count, 65535) * threads(dev.ctx) + 77

@@ -50,3 +50,16 @@ def test_rms_norm_add_adds_into_the_output(dev, cols):
     v = x.astype(np.float64)
     want = res + v / np.sqrt((v * v).mean(axis=1, keepdims=True) + 1e-6) * w
     np.testing.assert_allclose(dev.get(out, count=x.size).reshape(3, cols), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows, cols", [(3, 4096), (2, 96)])
+def test_rms_norm_in_f16(dev, rows, cols):
+    """The norm straight into a cooperative-matrix product's f16 input: within f16 rounding."""
+    rng = np.random.default_rng(cols + 2)
+    x, w = 3 * f32(rng, rows, cols), f32(rng, cols)
+    out = dev.empty(x.size * 2)
+    dev.run(lambda rec: norm.rms_norm_f16(rec, dev.put(x), dev.put(w), out, rows, cols, 1e-5))
+    v = x.astype(np.float64)
+    want = v / np.sqrt((v * v).mean(axis=1, keepdims=True) + 1e-5) * w
+    got = dev.get(out, np.float16, count=x.size).reshape(rows, cols)
+    np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -14)

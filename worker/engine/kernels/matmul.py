@@ -22,8 +22,8 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.coopmat import coopmat_splits, coopmat_tile
-from worker.engine.kernels.halves import Halves, halves
-from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_x8
+from worker.engine.kernels.halves import VECTOR_VALUES, Halves, halves
+from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_f16, rms_norm_x8
 from worker.engine.kernels.mat_vec import (mat_vec_columns, mat_vec_kernel, mat_vec_name, mat_vec_shape,
                                            workgroup_rows)
 from worker.engine.kernels.mat_cols import (MAT_COLS_X8_VARIANTS, X8_ITEM_VALUES, mat_cols_columns,
@@ -173,13 +173,14 @@ def folds_norm(ctx, residual: DeviceTensor, consumers: list[DeviceTensor], n: in
 
 
 def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: int, cols: int, eps: float,
-                 consumers: list[DeviceTensor], glu: bool = False,
-                 x8: Buffer | None = None) -> tuple[Buffer | Quantized, FoldedNorm | None]:
+                 consumers: list[DeviceTensor], glu: bool = False, x8: Buffer | None = None,
+                 xh: Buffer | None = None) -> tuple[Buffer | Quantized | Halves, FoldedNorm | None]:
     """The input of the products of rms_norm(x) * weight over n rows of cols by the `consumers`
     (through the fused gate+up kernel: `glu`): where they all take the mat-vec kernel (matmul's
     rule) with item loops, x itself and the norm for them to fold (no dispatch); where they all
-    take the 8-bit one, the norm quantized into `x8` in the same dispatch; otherwise the norm is
-    recorded into `scratch`; either of the last two then a barrier."""
+    take the 8-bit one, the norm quantized into `x8` in the same dispatch; where they all take
+    the cooperative-matrix one (and rows need no padding), the norm in f16 into `xh` likewise;
+    otherwise the norm is recorded into `scratch`; any of the last three then a barrier."""
     folding = GLU_ITEM_LOOP_TYPES if glu else ITEM_LOOP_TYPES
     taken = {product_path(rec.ctx, n, w.cols, qtype=w.ggml_type) for w in consumers}
     if taken == {"mat_vec"} and all(w.ggml_type in folding for w in consumers):
@@ -188,6 +189,10 @@ def normed_input(rec: Recording, x: Buffer, weight: Buffer, scratch: Buffer, n: 
         rms_norm_x8(rec, x, weight, x8, n, cols, eps)
         rec.barrier()
         return Quantized(x8), None
+    if taken == {"coopmat"} and xh is not None and cols % VECTOR_VALUES == 0:
+        rms_norm_f16(rec, x, weight, xh, n, cols, eps)
+        rec.barrier()
+        return Halves(xh), None
     rms_norm(rec, x, weight, scratch, n, cols, eps)
     rec.barrier()
     return scratch, None
@@ -422,7 +427,8 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
 def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: Buffer, out: Buffer, n: int,
                   up: Buffer, gelu: bool = False, norm: FoldedNorm | None = None, path: str | None = None,
                   cols_shape: tuple[int, ...] | None = None, x8: Buffer | None = None,
-                  blocks_out: BlocksOut | None = None, xh: Buffer | None = None):
+                  blocks_out: BlocksOut | None = None, xh: Buffer | None = None,
+                  halves_out: bool = False) -> Halves | None:
     """out[t, r] = silu(W_gate x[t])[r] * (W_up x[t])[r]; x f32 [n, cols], out f32 [n, rows]: the
     gate and up products of a feed-forward block and its SwiGLU (with `gelu`, GeGLU: GELU's tanh
     form in place of silu). Where the mat-vec kernel would
@@ -435,7 +441,10 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     or `path`), its fused variant does the same (`cols_shape` as matmul's). On the mmq path both
     products take x quantized once into `x8`, on the cooperative-matrix path x converted once
     into `xh`. `blocks_out` (SwiGLU, where `writes_blocks`): the
-    output in 8-bit blocks too (BlocksOut)."""
+    output in 8-bit blocks too (BlocksOut). `halves_out` (the next product takes the
+    cooperative-matrix kernel): where the SwiGLU is a dispatch of its own and rows need no
+    padding, its output goes in f16 into `xh` instead of out (x's f16 copy is read by then),
+    and that is returned as Halves; otherwise None."""
     if (w_gate.rows, w_gate.cols) != (w_up.rows, w_up.cols):
         raise ValueError(f"gate {w_gate.rows}x{w_gate.cols} and up {w_up.rows}x{w_up.cols} differ in shape")
     ctx = rec.ctx
@@ -473,8 +482,9 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
             matmul(rec, w_up, x, up, n, norm=norm, path=None if path in X8_PATHS else path,
                    cols_shape=cols_shape, x8=x8)
         rec.barrier()
-        (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, out, n * w_gate.rows)
-        return
+        f16 = halves_out and xh is not None and w_gate.rows % VECTOR_VALUES == 0
+        (elementwise.geglu if gelu else elementwise.swiglu)(rec, out, up, xh if f16 else out, n * w_gate.rows, f16)
+        return Halves(xh) if f16 else None
     op = "geglu" if gelu else "glu"
     rms = "" if eps is None else "_rms"
     variant = ("_x8_blocks" if blocks_out is not None else "_x8") + rms if path == "mat_vec_x8" \

@@ -44,6 +44,13 @@ def rms_norm_x8(rec: Recording, x: Buffer, weight: Buffer, x8: Buffer, rows: int
         _dispatch(rec, "rms_norm_f32_x8", [x, out, weight, x8], rows, cols, eps)
 
 
+def rms_norm_f16(rec: Recording, x: Buffer, weight: Buffer, xh: Buffer, rows: int, cols: int, eps: float):
+    """rms_norm's output in f16 into xh (kernels/halves.py's layout), for cooperative-matrix
+    products: no conversion dispatch. cols: a multiple of 8 (rows need no padding)."""
+    assert cols % 8 == 0, cols
+    _dispatch(rec, "rms_norm_f16", [x, xh, weight], rows, cols, eps)
+
+
 def rms_norm(rec: Recording, x: Buffer, weight: Buffer, out: Buffer, rows: int, cols: int, eps: float,
              gather: Buffer | None = None):
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight; out may be x. With `gather` (uint32

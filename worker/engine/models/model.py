@@ -261,7 +261,8 @@ class Model:
             rows = n if all_logits else 1
             last = ws.x if all_logits else ws.x.sub((n - 1) * c.n_embd * 4, c.n_embd * 4)
             x_in, folded = (ready, None) if ready is not None else normed_input(
-                rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps, [self.output], x8=ws.x8)
+                rec, last, self.globals["output_norm"], ws.xb, rows, c.n_embd, c.norm_eps, [self.output], x8=ws.x8,
+                xh=ws.xh)
         matmul(rec, self.output, x_in, logits, rows, norm=folded, x8=ws.x8, xh=ws.xh)
 
     @staticmethod
@@ -276,7 +277,7 @@ class Model:
         c = self.config
         projections = self._projections(layer)
         x_in, folded = (ready, None) if ready is not None else normed_input(
-            rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections, x8=ws.x8)
+            rec, ws.x, layer["attn_norm"], ws.xb, n, c.n_embd, c.norm_eps, projections, x8=ws.x8, xh=ws.xh)
         matmul_qkv(rec, layer.get("attn_qkv"), projections, x_in, [ws.q, ws.k, ws.v], n, norm=folded, x8=ws.x8,
                    xh=ws.xh)
         rec.barrier()
@@ -333,13 +334,16 @@ class Model:
             return None
         gate, up, down = layer["ffn_gate"], layer["ffn_up"], layer["ffn_down"]
         x_in, folded = (ready, None) if ready is not None else normed_input(
-            rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps, [gate, up], glu=True, x8=ws.x8)
+            rec, ws.x, layer[c.ffn_norm], ws.xb, n, c.n_embd, c.norm_eps, [gate, up], glu=True, x8=ws.x8, xh=ws.xh)
         # the SwiGLU's output in 8-bit blocks from the gate+up product itself where the down
-        # product takes them (one column over 8-bit x), else quantized by the down product's call
+        # product takes them (one column over 8-bit x), else quantized by the down product's
+        # call; in f16 from the SwiGLU's dispatch where it takes the cooperative-matrix kernel
+        down_path = product_path(rec.ctx, n, down.cols, qtype=down.ggml_type)
         blocks = (ws.x8_ffn is not None and not c.ffn_gelu and folded is None and writes_blocks(rec.ctx, gate, up, n)
-                  and product_path(rec.ctx, n, down.cols, qtype=down.ggml_type) == "mat_vec_x8")
-        matmul_swiglu(rec, gate, up, x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu, norm=folded, x8=ws.x8,
-                      blocks_out=BlocksOut(ws.x8_ffn, ws.done) if blocks else None, xh=ws.xh)
+                  and down_path == "mat_vec_x8")
+        halves = matmul_swiglu(rec, gate, up, x_in, ws.gate, n, up=ws.up, gelu=c.ffn_gelu, norm=folded, x8=ws.x8,
+                               blocks_out=BlocksOut(ws.x8_ffn, ws.done) if blocks else None, xh=ws.xh,
+                               halves_out=down_path == "coopmat")
         rec.barrier()
-        return self.record_residual(rec, ws, layer, "ffn_down", Quantized(ws.x8_ffn) if blocks else ws.gate,
-                                    "post_ffw_norm", n, after)
+        inp = halves or (Quantized(ws.x8_ffn) if blocks else ws.gate)
+        return self.record_residual(rec, ws, layer, "ffn_down", inp, "post_ffw_norm", n, after)
