@@ -6,6 +6,7 @@ from gguf import GGMLQuantizationType as T
 
 from tests.kernel_io import Device
 from tests.test_kernels_matmul import assert_close, offered, product, random_weights, run_matmul
+from worker.engine.kernels import elementwise, norm
 from worker.engine.kernels.halves import convert_f16, f16_bytes
 
 
@@ -29,6 +30,30 @@ def test_convert_f16_pads_rows_to_eight_values(vk_ctx, k):
     expected[:, :k] = x.astype(np.float16)
     np.testing.assert_array_equal(got[:n * padded].reshape(n, padded), expected)
     assert (got[n * padded:] == 7.0).all()
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "swiglu", "geglu"])
+def test_f16_outputs_are_the_conversion_of_the_f32_ones(vk_ctx, op):
+    """The norm's and the SwiGLU's own f16 outputs (a cooperative-matrix product's input with no
+    convert_f16 between) are, byte for byte, convert_f16 of their f32 outputs: that kernel's layout."""
+    n, k = 3, 96
+    rng = np.random.default_rng(len(op))
+    a, b = (3 * rng.standard_normal((n, k))).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
+    dev = Device(vk_ctx)
+    try:
+        ba, bb, f32_out = dev.put(a), dev.put(b), dev.empty(a.nbytes)
+        via, direct = dev.empty(a.size * 2), dev.empty(a.size * 2)
+        if op == "rms_norm":
+            dev.run(lambda rec: norm.rms_norm(rec, ba, bb, f32_out, n, k, 1e-5))
+            dev.run(lambda rec: norm.rms_norm_f16(rec, ba, bb, direct, n, k, 1e-5))
+        else:
+            glu = getattr(elementwise, op)
+            dev.run(lambda rec: glu(rec, ba, bb, f32_out, n * k))
+            dev.run(lambda rec: glu(rec, ba, bb, direct, n * k, f16=True))
+        dev.run(lambda rec: convert_f16(rec, f32_out, via, n, k))
+        np.testing.assert_array_equal(dev.get(direct, np.uint16, a.size), dev.get(via, np.uint16, a.size))
+    finally:
+        dev.close()
 
 
 def test_convert_f16_refuses_short_scratch(vk_ctx):
