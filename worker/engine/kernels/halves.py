@@ -2,7 +2,11 @@
 each column's row padded with zeros to a multiple of 8 values. That kernel copies them into its
 tiles as they are; converting f32 x there bounded it (mul_mat_coopmat.comp has the figures).
 kernels/matmul.py converts x once per product, or once for the products that share it (Q/K/V,
-gate and up), into the scratch it is given (`xh`, f16_bytes of it), then a barrier."""
+gate and up), into the scratch it is given (`xh`, f16_bytes of it), then a barrier; or the
+dispatch before writes f16 itself (rms_norm_f16, swiglu_f16: rows of a multiple of 8, no
+padding) and the products take Halves. H100, llama-3.1-8b, batched decode of 32 sequences:
+12.76-12.84 ms of GPU a step in 342 dispatches against 13.18-13.24 in 438 (2480 tok/s against
+2422), pp512 9390 tok/s against 9176."""
 from dataclasses import dataclass
 
 from worker.engine.intmath import cdiv
