@@ -14,7 +14,8 @@ and record a barrier before the product, unless x is already `Quantized` (normed
 writes its output so for products that all take mat_vec_x8); the caller's barrier after a
 product frees that scratch for the next. The cooperative-matrix ("coopmat") mat-mat kernel takes f16
 activations, converted alike into the scratch `xh` (kernels/halves.py), once for the products
-that share x."""
+that share x, unless the dispatch before wrote them so (x is `Halves`: normed_input's norm,
+matmul_swiglu's SwiGLU with halves_out)."""
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as T
