@@ -66,10 +66,7 @@ def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buff
         fits = tile is not None
     if not fits:
         raise ValueError(f"mat-cols workgroup {shape} does not fit {cols} columns of {w.cols} on {ctx.info.name}")
-    if splits > 1 and not push["accumulate"]:   # the ranges add to zeros
-        for y, nbytes in outputs or [(bindings[0][-1], 4 * n * w.rows)]:
-            rec.fill(y, nbytes)
-        rec.barrier()
+    _zero_for_ranges(rec, splits, push, outputs or [(bindings[0][-1], 4 * n * w.rows)])
     kernel = ctx.kernel(f"{op}{'_split' if splits > 1 else ''}_c{cols}_{w.ggml_type.name.lower()}",
                         {0: threads, 1: rows, 3: tile, 4: row_lanes})
     lanes = ctx.info.subgroup_size
@@ -77,6 +74,15 @@ def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buff
     for buffers, (_, first, count) in zip(bindings, w.parts):
         x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group) * cdiv(n, cols))
         rec.dispatch(kernel, buffers, (x_groups, y_groups, splits), push | dict(rows=count, y_offset=first))
+
+
+def _zero_for_ranges(rec: Recording, splits: int, push: dict, outputs: list[tuple[Buffer, int]]):
+    """A product split over ranges of K (splits > 1) that overwrites its outputs ((buffer,
+    bytes)) has them zeroed first, then a barrier: the ranges add to zeros."""
+    if splits > 1 and not push["accumulate"]:
+        for y, nbytes in outputs:
+            rec.fill(y, nbytes)
+        rec.barrier()
 
 
 def _groups(ctx, count: int) -> tuple[int, int, int]:
@@ -268,10 +274,7 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
         splits = coopmat_splits(ctx, w, n, (bm, bn, bk))
-        if splits > 1 and not push["accumulate"]:   # the ranges add to zeros
-            for y, nbytes in outputs or [(buffers[-1], 4 * n * w.rows)]:
-                rec.fill(y, nbytes)
-            rec.barrier()
+        _zero_for_ranges(rec, splits, push, outputs or [(buffers[-1], 4 * n * w.rows)])
         kernel = ctx.kernel(f"mul_mat_coopmat{variant}{'_split' if splits > 1 else ''}_{type_name}",
                             {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
                              10: stages})
