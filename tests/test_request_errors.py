@@ -16,7 +16,8 @@ from vkllm import protocol
 
 @pytest.fixture(scope="module")
 def worker(start_worker):
-    return start_worker("requests-w1")
+    # one sequence at a time, so jobs submitted ahead keep a later one queued (batched, it would run at once)
+    return start_worker("requests-w1", env={"VKLLM_MAX_SEQUENCES": "1"})
 
 
 def index_size(app) -> int:
@@ -153,8 +154,9 @@ def test_last_event_id_past_the_end_replays_from_the_start(client, finished_job,
 
 
 def test_a_whole_completion_whose_client_hangs_up_is_cancelled(client, worker, live_url):
-    """Jobs ahead keep the worker busy, so the completion is still waiting when its client leaves."""
-    ahead = [submit(client, max_tokens=240, prompt="Once")["id"] for _ in range(5)]
+    """Jobs ahead keep the worker busy, so the completion is still queued when its client leaves
+    (it could not finish before the server looks at the connection again)."""
+    ahead = [submit(client, max_tokens=240, prompt="Once", ignore_eos=True)["id"] for _ in range(3)]
     try:
         address = urlparse(live_url)
         body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 200}).encode()
