@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def worker(start_worker):
-    return start_worker("limits-w1")
+    # one sequence at a time: jobs past the first wait in the queue (batched, the worker takes them all)
+    return start_worker("limits-w1", env={"VKLLM_MAX_SEQUENCES": "1"})
 
 
 def limited_app(redis_url, **config):
@@ -48,8 +49,8 @@ def test_a_full_queue_refuses_with_429(redis_url, worker):
     accepted, refused = [], None
     try:
         for _ in range(8):   # each keeps the worker busy for seconds: the queue fills up
-            r = client.post("/api/v1/jobs", json={"model": "tiny-llama", "prompt": "Once", "max_tokens": 240},
-                            headers=AUTH)
+            body = {"model": "tiny-llama", "prompt": "Once", "max_tokens": 240, "ignore_eos": True}
+            r = client.post("/api/v1/jobs", json=body, headers=AUTH)
             if r.status_code != 202:
                 refused = r
                 break
