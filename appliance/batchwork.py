@@ -12,7 +12,7 @@ import uuid
 
 from flask import current_app
 
-from appliance import filestore, openai_api, queue
+from appliance import filestore, openai_api, queue, requestbody
 from appliance.batchlines import Line, read_lines, result_lines
 from appliance.batchstore import (
     CHUNK,
@@ -160,6 +160,7 @@ def _checked(batch: dict, lines: list[Line]) -> list[tuple[str, dict, dict]]:
     for line in lines:
         job_id = protocol.batch_job_id(batch["id"], line.number)
         try:
+            requestbody.check(line.body)
             _, gen, n = openai_api.parse(line.body, chat)
         except Invalid as e:
             refused[line.number] = json.dumps({

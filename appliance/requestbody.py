@@ -21,12 +21,13 @@ def read() -> dict:
         raise Invalid(f"the body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise Invalid("the body must be a JSON object (Content-Type: application/json)")
-    _check(body)
+    check(body)
     return body
 
 
-def _check(body: dict) -> None:
-    """Walk the body without recursion: depth, and every string (keys too) encodable as UTF-8."""
+def check(body: dict) -> None:
+    """Walk a request body without recursion (an API request's, or a batch line's): depth, and
+    every string (keys too) encodable as UTF-8; Invalid otherwise."""
     todo = [(body, 1)]
     while todo:
         value, depth = todo.pop()

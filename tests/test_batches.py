@@ -142,12 +142,14 @@ def test_completions_batch_and_refused_lines_go_to_the_error_file(oai):
              {"custom_id": "hot", "method": "POST", "url": "/v1/completions",
               "body": {"model": "tiny-llama", "prompt": "x", "temperature": 9}},
              {"custom_id": "nobody", "method": "POST", "url": "/v1/completions",
-              "body": {"model": "no-such-model", "prompt": "x"}}]
+              "body": {"model": "no-such-model", "prompt": "x"}},
+             {"custom_id": "surrogate", "method": "POST", "url": "/v1/completions",   # a lone surrogate
+              "body": {"model": "tiny-llama", "prompt": "a\udfff"}}]
     batch = oai.batches.create(input_file_id=upload(oai, lines).id, endpoint="/v1/completions",
                                completion_window="24h")
     done = wait_status(oai, batch.id)
     assert done.status == "completed"
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (3, 1, 2)
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (4, 1, 3)
     [ok] = read_file(oai, done.output_file_id)
     body = Completion.model_validate(ok["response"]["body"])
     direct = oai.completions.create(**lines[0]["body"])
@@ -158,6 +160,8 @@ def test_completions_batch_and_refused_lines_go_to_the_error_file(oai):
     assert "temperature must be between" in errors["hot"]["response"]["body"]["error"]["message"]
     assert errors["nobody"]["response"]["status_code"] == 404
     assert "unknown model" in errors["nobody"]["response"]["body"]["error"]["message"]
+    assert errors["surrogate"]["response"]["status_code"] == 400
+    assert "lone surrogate" in errors["surrogate"]["response"]["body"]["error"]["message"]
 
 
 def test_a_malformed_file_fails_the_batch_naming_its_lines(oai):
