@@ -58,9 +58,10 @@ def key_ok(presented: str | None) -> bool:
 
 
 def presented_keys() -> list[str]:
-    """The bearer token and the X-API-Key header, either of which may carry the key."""
-    header = request.headers.get("Authorization", "")
-    keys = [header[7:].strip()] if header.startswith("Bearer ") else []
+    """The bearer token (the scheme's name in any case, RFC 7235) and the X-API-Key header, either
+    of which may carry the key."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    keys = [token.strip()] if scheme.lower() == "bearer" else []
     return keys + [request.headers.get("X-API-Key", "")]
 
 

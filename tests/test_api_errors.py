@@ -30,6 +30,13 @@ def test_x_api_key_header_works(client):
     assert client.get("/api/v1/models", headers={"X-API-Key": AUTH["Authorization"][7:]}).status_code == 200
 
 
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer"])
+def test_the_bearer_scheme_in_any_case_works(client, scheme):
+    key = AUTH["Authorization"][7:]
+    assert client.get("/api/v1/models", headers={"Authorization": f"{scheme} {key}"}).status_code == 200
+    assert client.get("/api/v1/models", headers={"Authorization": f"Basic {key}"}).status_code == 401
+
+
 @pytest.mark.parametrize("body,status,param,words", [
     ({"prompt": "x"}, 400, "model", "model is required"),
     ({"model": "nope", "prompt": "x"}, 404, "model", "unknown model 'nope'"),
