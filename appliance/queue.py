@@ -14,6 +14,7 @@ from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 from rq import Queue
 from rq.job import Job, JobStatus
+from rq.utils import now, utcformat
 
 from vkllm import orphans, protocol
 
@@ -356,6 +357,7 @@ def cancel(job: Job) -> str:
     r.set(protocol.cancel_key(job.id), 1, ex=current_app.config["RESULT_TTL"])
     if st == "queued":
         job.cancel()
+        r.hset(job.key, "ended_at", utcformat(now()))   # RQ's cancel leaves it unset
         key = protocol.stream_key(job.id)
         r.xadd(key, protocol.record(protocol.END, finish_reason="cancelled", usage=None, timings=None))
         r.expire(key, current_app.config["RESULT_TTL"])

@@ -106,7 +106,8 @@ def test_cancel_queued_job(client, worker):
     assert r.status_code == 200 and r.json["state"] == "cancelled"
     events = sse_events(client.get(f"/api/v1/jobs/{queued['id']}/stream", headers=AUTH).get_data(as_text=True))
     assert [(kind, d["finish_reason"]) for _, kind, d in events] == [("end", "cancelled")]
-    assert wait(client, queued["id"])["output"] == ""
+    job = wait(client, queued["id"])
+    assert job["output"] == "" and job["ended_at"] >= job["created_at"]
 
 
 def test_fifty_jobs_all_finish_once(client, worker, redis_url):
