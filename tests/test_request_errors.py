@@ -103,7 +103,28 @@ BAD = [   # (path, raw JSON body, words in the error)
      "min_tokens (5) must not be above max_tokens (4)"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"min_tokens": -1}', "min_tokens must be between 0"),
+    # parameters not implemented: refused rather than ignored (unless they ask for nothing)
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "echo": true}', "echo is not supported"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "echo": 0}', "echo is not supported"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "suffix": "end"}', "suffix is not supported"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "best_of": 3}', "best_of is not supported"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "n": 2, "best_of": 3}', "best_of is not supported"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"logit_bias": {"50256": -100}}', "logit_bias is not supported"),
 ]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"echo": False, "suffix": "", "best_of": 2, "n": 2, "logit_bias": {}}),
+    ("/v1/completions", {"echo": None, "suffix": None, "best_of": None, "logit_bias": None}),
+    ("/v1/chat/completions", {"logit_bias": {}}),
+])
+def test_unimplemented_parameters_that_ask_for_nothing_are_accepted(client, worker, path, body):
+    """Clients send some of them by default (LangChain's logit_bias: {}, best_of equal to n)."""
+    prompt = {"prompt": "Hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]}
+    r = client.post(path, json={"model": "tiny-llama", "max_tokens": 2} | prompt | body, headers=AUTH)
+    assert r.status_code == 200, r.json
+    assert len(r.json["choices"]) == body.get("n", 1)
 
 
 @pytest.mark.parametrize("path,raw,words", BAD, ids=[f"{p}:{w}:{i}" for i, (p, _, w) in enumerate(BAD)])
