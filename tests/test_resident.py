@@ -8,8 +8,8 @@ import pytest
 
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
-from worker.engine.engine import Engine
-from worker.engine.memplan import MemoryPlan
+from worker.engine.engine import Engine, prefill_chunks
+from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan
 from worker.engine.modelfile import ModelFile
 from worker.engine.resident import load_resident
 from worker.engine.sampling import SamplingParams
@@ -37,21 +37,28 @@ def tight(vk_settings):
     return replace(vk_settings, gpu_memory_utilization=BUDGET / total)
 
 
-def one_context_bytes(path) -> int:
+@pytest.fixture(scope="module")
+def chunk(vk_session) -> int:
+    """The prefill chunk an engine's memory plan starts from on this device."""
+    return prefill_chunks([vk_session])[0]
+
+
+def one_context_bytes(path, chunk: int) -> int:
     model = ModelFile.open(path)
-    return MemoryPlan.compute(model, model.config, N_CTX).total
+    return MemoryPlan.compute(model, model.config, N_CTX, chunk=chunk).total
 
 
 def test_without_room_kept_the_first_pool_takes_what_the_second_model_needs(two_models, tight):
     """What load_resident prevents: loaded alone, the first model's KV pool grows into 90% of
-    what its weights leave, and the second, at the same context, no longer fits."""
+    what its weights leave, and the second, at the same context, no longer fits (both in chunks
+    of PREFILL_CHUNK: the 10% left would hold a plan of CPU_PREFILL_CHUNK's smaller scratch)."""
     ctx = Context(tight)
     try:
-        first = Engine.load(two_models[0], tight, n_ctx=N_CTX, ctx=ctx)
+        first = Engine.load(two_models[0], tight, n_ctx=N_CTX, ctx=ctx, max_batch=PREFILL_CHUNK)
         try:
-            assert ctx.available(tight.gpu_memory_utilization) < one_context_bytes(two_models[1])
+            assert ctx.available(tight.gpu_memory_utilization) < one_context_bytes(two_models[1], PREFILL_CHUNK)
             with pytest.raises(VkllmError, match="model does not fit"):
-                Engine.load(two_models[1], tight, n_ctx=N_CTX, ctx=ctx)
+                Engine.load(two_models[1], tight, n_ctx=N_CTX, ctx=ctx, max_batch=PREFILL_CHUNK)
         finally:
             first.close()
     finally:
@@ -90,7 +97,7 @@ def greedy(engine) -> list[int]:
     return [e.token_id for e in engine.generate("Hello there", params) if e.token_id is not None]
 
 
-def test_a_broken_file_or_a_model_that_cannot_fit_fails_the_load_naming_why(two_models, tight, tmp_path):
+def test_a_broken_file_or_a_model_that_cannot_fit_fails_the_load_naming_why(two_models, tight, tmp_path, chunk):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 20)
     with pytest.raises(VkllmError, match="broken.gguf"):   # every file is read before anything loads
@@ -98,7 +105,7 @@ def test_a_broken_file_or_a_model_that_cannot_fit_fails_the_load_naming_why(two_
     # a quarter of the budget holds one model's context but not two: the first, keeping room for
     # the second, is refused
     quarter = replace(tight, gpu_memory_utilization=tight.gpu_memory_utilization / 4)
-    assert BUDGET / 4 > one_context_bytes(two_models[0])
+    assert BUDGET / 4 > one_context_bytes(two_models[0], chunk)
     with pytest.raises(VkllmError, match=r"first.gguf: model does not fit: .* is kept for the models loaded "
                                          r"after it: second.gguf"):
         load_resident(two_models, quarter, N_CTX)

@@ -27,6 +27,7 @@ from worker.engine.kernels.tile_tuning import model_tiles
 from worker.engine.kernels.tuning import model_shapes
 from worker.engine.kvcache import KVCache
 from worker.engine.memplan import (
+    CPU_PREFILL_CHUNK,
     MATRIX_UNIT_CHUNKS,
     POOL_SHARE,
     PREFILL_CHUNK,
@@ -44,6 +45,15 @@ from worker.engine.toolcalls import format_for
 from worker.engine.workspace import Workspace
 
 DEFAULT_CONTEXT = 4096
+
+
+def prefill_chunks(ctxs) -> tuple[int, ...]:
+    """The prefill chunks a model's memory plan may take on these contexts, smallest first
+    (memplan.plan_split): bigger ones only where every device's prefill takes its matrix units,
+    CPU_PREFILL_CHUNK where one is a CPU driver."""
+    if all(mat_mat_path(c) == "coopmat" for c in ctxs):
+        return MATRIX_UNIT_CHUNKS
+    return (CPU_PREFILL_CHUNK if any(c.info.kind == "cpu" for c in ctxs) else PREFILL_CHUNK,)
 
 
 class Engine:
@@ -92,11 +102,10 @@ class Engine:
         first context's. Mat-vec shapes and cooperative-matrix tiles are tuned
         (worker/engine/kernels/tuning.py, tile_tuning.py) before the weights are uploaded, while
         the memory they will take is free for the timing copies. `max_batch` is the prefill
-        chunk; without it the memory plan picks one for the device (memplan.plan_split: bigger on
-        matrix units). On each device the model takes what Context.available leaves under
-        settings.gpu_memory_utilization, less its share of `reserve` (bytes kept for models loaded
-        after it), its KV pool at most `pool_share` of what one context leaves of that
-        (worker/engine/resident.py)."""
+        chunk; without it the memory plan picks one of `prefill_chunks` for the device. On each device the model takes what
+        Context.available leaves under settings.gpu_memory_utilization, less its share of
+        `reserve` (bytes kept for models loaded after it), its KV pool at most `pool_share` of
+        what one context leaves of that (worker/engine/resident.py)."""
         model_file = path if isinstance(path, ModelFile) else ModelFile.open(path)
         config = model_file.config
         tokenizer = Tokenizer.from_metadata(model_file.metadata)
@@ -114,11 +123,7 @@ class Engine:
                                      [c.info.index for c in ctxs])
             budgets = [b - reserve * b // max(1, sum(budgets)) for b in budgets]
             placement = stages(ctxs, split_layers(config.n_layer, settings.split or layer_shares(model_file, budgets)))
-            if max_batch is not None:
-                chunks = (max_batch,)
-            else:
-                # bigger chunks only where every device's prefill takes its matrix units
-                chunks = MATRIX_UNIT_CHUNKS if all(mat_mat_path(c) == "coopmat" for c in ctxs) else (PREFILL_CHUNK,)
+            chunks = (max_batch,) if max_batch is not None else prefill_chunks(ctxs)
             sequences = settings.max_sequences
             plans = plan_split(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, budgets,
                                [stage.layers for stage in placement],
