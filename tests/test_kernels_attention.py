@@ -8,8 +8,8 @@ import pytest
 from tests.kernel_io import f32
 from tests.paged_io import Paged, step_buffer
 from worker.engine.kernels.attention import attention, split_scratch_bytes
-from worker.engine.kernels.matmul import quantize_x8, x8_bytes
 from worker.engine.kernels.shapes import AttentionShape
+from worker.engine.kernels.x8 import quantize_x8, x8_bytes
 
 
 def attention_reference(q, k, v, pos, scale, window=0):

@@ -12,8 +12,8 @@ from tests.test_kernels_attention import attention_reference
 from tests.test_kernels_attention_sinks import sink_reference
 from tests.test_kernels_rope_store import llama3_freq_factors, rope_reference
 from worker.engine.kernels.attention import OwnKV, attention, split_scratch_bytes, takes_rope, takes_tiles
-from worker.engine.kernels.matmul import quantize_x8, x8_bytes
 from worker.engine.kernels.shapes import AttentionShape
+from worker.engine.kernels.x8 import quantize_x8, x8_bytes
 
 CASES = [  # pos, n_head, n_head_kv, head_dim, rope_dim, neox, llama3, bias, n_ctx, splits (None: automatic)
     (650, 4, 2, 64, 64, False, False, False, 700, None),      # split: the last used split holds the token

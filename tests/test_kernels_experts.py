@@ -13,9 +13,9 @@ from tests.test_kernels_matmul import assert_close, random_weights
 from tests.test_kernels_mmq import exact_activations
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import experts
-from worker.engine.kernels.matmul import Quantized, quantize_x8, x8_bytes
 from worker.engine.kernels.paths import paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.kernels.x8 import Quantized, quantize_x8, x8_bytes
 from worker.engine.weight_types import row_bytes
 
 

@@ -21,10 +21,11 @@ from tests.test_kernels_experts import expert_weights, oai_reference, upload_exp
 from tests.test_kernels_matmul import assert_close
 from tests.test_kernels_mmq import exact_activations
 from worker.engine.kernels import experts
-from worker.engine.kernels.matmul import MAT_MAT_TILE, x8_bytes
+from worker.engine.kernels.matmul import MAT_MAT_TILE
 from worker.engine.kernels.paths import mat_mat_path, paths
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import free_tensor
+from worker.engine.kernels.x8 import x8_bytes
 from worker.engine.modelfile import ModelFile
 from worker.engine.vk.device import COOPMAT, INTEGER_DOT, DeviceInfo
 from worker.engine.weight_types import row_bytes

@@ -18,11 +18,12 @@ from worker.engine.kernels.coopmat import coopmat_splits, few_cols_tile
 from worker.engine.kernels.embedding import get_rows
 from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.mat_vec import mat_vec_shape
-from worker.engine.kernels.matmul import matmul, x8_bytes
+from worker.engine.kernels.matmul import matmul
 from worker.engine.kernels.paths import paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.tile_tuning import candidates as tile_candidates
 from worker.engine.kernels.tuning import candidates
+from worker.engine.kernels.x8 import x8_bytes
 
 RTOL = 1e-5
 F16_RTOL = 1e-4

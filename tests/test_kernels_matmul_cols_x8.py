@@ -25,9 +25,10 @@ from worker.engine.kernels.mat_cols import (
     mat_cols_x8_shape,
     mat_cols_x8_tile_bytes,
 )
-from worker.engine.kernels.matmul import matmul, matmul_qkv, matmul_swiglu, x8_bytes
+from worker.engine.kernels.matmul import matmul, matmul_qkv, matmul_swiglu
 from worker.engine.kernels.paths import x8_cols_types
 from worker.engine.kernels.tensor import free_tensor, upload_rows, upload_tensor
+from worker.engine.kernels.x8 import x8_bytes
 
 TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
 COUNTS = (2, 3, 4, 8, 16, 32, 33)

@@ -25,11 +25,12 @@ from tests.kernel_io import own_context
 from tests.test_kernels_matmul import assert_close, random_weights, run_matmul
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
-from worker.engine.kernels.matmul import BlocksOut, matmul, matmul_swiglu, quantize_x8, x8_bytes
+from worker.engine.kernels.matmul import BlocksOut, matmul, matmul_swiglu
 from worker.engine.kernels.norm import rms_norm_x8
 from worker.engine.kernels.paths import mat_mat_path, mmq_types, paths, product_path
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.tuning import candidates
+from worker.engine.kernels.x8 import quantize_x8, x8_bytes
 from worker.engine.vk.device import INTEGER_DOT, DeviceInfo
 
 MMQ_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)

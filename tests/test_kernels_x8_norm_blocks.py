@@ -10,8 +10,9 @@ from gguf import GGMLQuantizationType as T
 
 from tests.test_kernels_matmul import assert_close, random_weights
 from tests.test_kernels_mmq import FLOAT_RTOL, assert_blocks, block_shapes, cols_of, dequantized, exact_activations
-from worker.engine.kernels.matmul import NormBlocks, Quantized, matmul, matmul_qkv, x8_bytes
+from worker.engine.kernels.matmul import NormBlocks, matmul, matmul_qkv
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
+from worker.engine.kernels.x8 import Quantized, x8_bytes
 
 ROWS, EPS = 512, 1e-5   # the hidden size: 16 blocks of 32, each from several workgroups
 

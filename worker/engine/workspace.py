@@ -104,7 +104,7 @@ class Workspace:
         stages depend on its workgroup size, an expert tile's slots on its shared memory)."""
         from worker.engine.kernels import attention, experts, select
         from worker.engine.kernels.halves import f16_bytes
-        from worker.engine.kernels.matmul import x8_bytes
+        from worker.engine.kernels.x8 import x8_bytes
         from worker.engine.kernels.paths import (MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, decode_x8, mat_mat_path,
                                                  may_take_mat_mat, paths)
         vocab, c = config.vocab_size, config

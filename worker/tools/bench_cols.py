@@ -20,10 +20,10 @@ from worker.engine.intmath import cdiv
 from worker.engine.kernels.cols_tuning import MAT_COLS_X8_TUNED, ColsTuner
 from worker.engine.kernels.mat_cols import MAT_COLS_X8_VARIANTS, mat_cols_columns, mat_cols_shape, mat_cols_tile
 from worker.engine.kernels.halves import f16_bytes
-from worker.engine.kernels.matmul import x8_bytes
 from worker.engine.kernels.paths import MAT_COLS_X8_MAX, MAT_VEC_MAX_COLS, mmq_types, paths, x8_cols_types
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import median_seconds, random_weights, record_glu_products, record_products
+from worker.engine.kernels.x8 import x8_bytes
 from worker.engine.weight_types import row_bytes
 
 # Llama-3.1-8B Q4_K_M, per layer (32): Q/K/V as one product, the output projection, gate+up

@@ -22,11 +22,11 @@ from worker.engine.config import Settings
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.mat_vec import mat_vec_shape
-from worker.engine.kernels.matmul import Quantized, quantize_x8, x8_bytes
 from worker.engine.kernels.paths import mmq_types, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.timing import median_seconds, random_weights, record_products
 from worker.engine.kernels.tuning import MatVecTuner, shape_label
+from worker.engine.kernels.x8 import Quantized, quantize_x8, x8_bytes
 from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 from worker.tools import bench_cols, bench_glu
 from worker.tools.bench_cols import parse_cols

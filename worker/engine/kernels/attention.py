@@ -33,10 +33,10 @@ import numpy as np
 
 from worker.engine import compilers
 from worker.engine.intmath import cdiv, round_up
-from worker.engine.kernels.matmul import quantize_x8
 from worker.engine.kernels.paged import PagedCache
 from worker.engine.kernels.paths import X8_BLOCK_VALUES
 from worker.engine.kernels.shapes import AttentionShape
+from worker.engine.kernels.x8 import quantize_x8
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
 

@@ -32,11 +32,11 @@ import numpy as np
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.mat_cols import (MAT_COLS_X8_RAW_WORDS, MAT_COLS_X8_TUNED, X8_ITEM_RAW_WORDS,
                                             X8_ITEM_VALUES, mat_cols_x8_shape, x8_shape_runs)
-from worker.engine.kernels.matmul import x8_bytes
 from worker.engine.kernels.paths import product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
 from worker.engine.kernels.tuning import CPU_BUDGET, Budget, Key, wanted
+from worker.engine.kernels.x8 import x8_bytes
 from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,10 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.launch import stride_groups, threads
-from worker.engine.kernels.matmul import MAT_MAT_THREADS, MAT_MAT_TILE, Quantized, quantize_x8
+from worker.engine.kernels.matmul import MAT_MAT_THREADS, MAT_MAT_TILE
 from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, mat_mat_path, mmq_types, paths
 from worker.engine.kernels.tensor import DeviceTensor
+from worker.engine.kernels.x8 import Quantized, quantize_x8
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
 from worker.engine.weight_types import QUANTIZED_TYPES

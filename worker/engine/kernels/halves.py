@@ -10,6 +10,7 @@ padding) and the products take Halves. H100, llama-3.1-8b, batched decode of 32 
 from dataclasses import dataclass
 
 from worker.engine.intmath import cdiv
+from worker.engine.kernels.launch import grid
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
 
@@ -33,11 +34,8 @@ def convert_f16(rec: Recording, x: Buffer, xh: Buffer | None, n: int, k: int):
     if xh is None or xh.size < f16_bytes(n, k):
         raise ValueError(f"the cooperative-matrix kernel needs {f16_bytes(n, k)} bytes of scratch for "
                          f"{n} x {k} f16 activations")
-    vectors = n * cdiv(k, VECTOR_VALUES)
-    groups = cdiv(vectors, CONVERT_THREADS)
-    x_groups = min(groups, rec.ctx.info.max_workgroup_count)
-    rec.dispatch(rec.ctx.kernel("convert_f16", {0: CONVERT_THREADS}), [x, xh], (x_groups, cdiv(groups, x_groups), 1),
-                 dict(ncols=k, n=n))
+    groups = grid(rec.ctx, cdiv(n * cdiv(k, VECTOR_VALUES), CONVERT_THREADS))
+    rec.dispatch(rec.ctx.kernel("convert_f16", {0: CONVERT_THREADS}), [x, xh], groups, dict(ncols=k, n=n))
 
 
 def halves(rec: Recording, x: Buffer | Halves, xh: Buffer | None, n: int, k: int) -> Buffer:

@@ -9,7 +9,7 @@ pays: they take the raw x and a `FoldedNorm` and normalise it on load; elsewhere
 loops, the mat-mat kernels of prefill) the products take the norm kernel's output.
 
 The "mmq" mat-mat kernel and the "mat_vec_x8" mat-vec kernel (decode, `decode_x8`) take 8-bit
-activations: their products quantize x into the scratch they are given (`x8`, x8_bytes of it)
+activations (kernels/x8.py): their products quantize x into the scratch they are given (`x8`)
 and record a barrier before the product, unless x is already `Quantized` (normed_input's norm
 writes its output so for products that all take mat_vec_x8); the caller's barrier after a
 product frees that scratch for the next. The cooperative-matrix ("coopmat") mat-mat kernel takes f16
@@ -24,14 +24,15 @@ from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
 from worker.engine.kernels.coopmat import coopmat_splits, coopmat_tile
 from worker.engine.kernels.halves import VECTOR_VALUES, Halves, halves
+from worker.engine.kernels.launch import grid
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_f16, rms_norm_x8
 from worker.engine.kernels.mat_vec import (mat_vec_columns, mat_vec_kernel, mat_vec_name, mat_vec_shape,
                                            workgroup_rows)
 from worker.engine.kernels.mat_cols import (MAT_COLS_X8_VARIANTS, X8_ITEM_VALUES, mat_cols_columns,
                                             mat_cols_shape, mat_cols_tile, mat_cols_x8_shape, x8_shape_runs)
-from worker.engine.kernels.paths import (X8_BLOCK_BYTES, X8_BLOCK_VALUES, X8_PATHS, coopmat_shape,
-                                         mmq_types, product_path)
+from worker.engine.kernels.paths import X8_BLOCK_VALUES, X8_PATHS, coopmat_shape, mmq_types, product_path
 from worker.engine.kernels.tensor import DeviceTensor
+from worker.engine.kernels.x8 import Quantized, quantize_x8
 from worker.engine.vk.commands import Recording
 from worker.engine.vk.memory import Buffer
 
@@ -39,7 +40,6 @@ from worker.engine.vk.memory import Buffer
 # threads load weights, so TILE must be over 32 to leave some for loading x.
 MAT_MAT_TILE = 64
 MAT_MAT_THREADS = (MAT_MAT_TILE // 4) ** 2
-QUANTIZE_X8_THREADS = 64
 
 
 def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buffer]], n: int, push: dict,
@@ -72,7 +72,7 @@ def _mat_cols(rec: Recording, op: str, w: DeviceTensor, bindings: list[list[Buff
     lanes = ctx.info.subgroup_size
     rows_per_group = rows * (threads // lanes) * (lanes // row_lanes)
     for buffers, (_, first, count) in zip(bindings, w.parts):
-        x_groups, y_groups, _ = _groups(ctx, cdiv(count, rows_per_group) * cdiv(n, cols))
+        x_groups, y_groups, _ = grid(ctx, cdiv(count, rows_per_group) * cdiv(n, cols))
         rec.dispatch(kernel, buffers, (x_groups, y_groups, splits), push | dict(rows=count, y_offset=first))
 
 
@@ -85,11 +85,6 @@ def _zero_for_ranges(rec: Recording, splits: int, push: dict, outputs: list[tupl
         rec.barrier()
 
 
-def _groups(ctx, count: int) -> tuple[int, int, int]:
-    x = min(count, ctx.info.max_workgroup_count)
-    return x, cdiv(count, x), 1
-
-
 def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool, norm: FoldedNorm | None = None,
           eps: float | None = None) -> dict:
     """The push constants of the product kernels (one block, shaders/mul_mat_push.glsl; the
@@ -97,11 +92,6 @@ def _push(w: DeviceTensor, first: int, count: int, n: int, accumulate: bool, nor
     push = dict(ncols=w.cols, rows=count, n=n, y_offset=first, y_stride=w.rows, accumulate=int(accumulate))
     eps = norm.eps if norm is not None else eps
     return push if eps is None else push | dict(eps=float(eps))
-
-
-def x8_bytes(n: int, k: int) -> int:
-    """Scratch of the mmq path's 8-bit activations for n columns of K values."""
-    return n * cdiv(k, X8_BLOCK_VALUES) * X8_BLOCK_BYTES
 
 
 def _norm_suffix(norm: FoldedNorm | None) -> str:
@@ -119,16 +109,6 @@ def _norm_buffers(norm: FoldedNorm | None) -> list[Buffer]:
 # kernel's 5 us: those take its output.
 ITEM_LOOP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.MXFP4})
 GLU_ITEM_LOOP_TYPES = frozenset({T.MXFP4})
-
-
-@dataclass(frozen=True)
-class Quantized:
-    """Activations already in 8-bit blocks (normed_input's, through rms_norm_x8): the 8-bit
-    mat-vec products take them as they are. With an `eps`, the blocks are an RMSNorm's input not
-    yet scaled, which a residual product wrote (`NormBlocks`): the one-column 8-bit mat-vec
-    products over them (their _rms variants) scale by 1 / rms themselves."""
-    x8: Buffer
-    eps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -320,20 +300,9 @@ def _mat_vec(rec: Recording, w: DeviceTensor, op: str, x: Buffer, y: Buffer, n: 
     cols = mat_vec_columns(rec.ctx, n, shape, norm is not None or eps is not None)
     kernel = mat_vec_kernel(rec.ctx, mat_vec_name(op if eps is None else f"{op}_rms", w.ggml_type, cols), shape, cols)
     for buffer, first, count in w.parts:
-        x_groups, y_groups, _ = _groups(rec.ctx, cdiv(count, workgroup_rows(shape)))
+        x_groups, y_groups, _ = grid(rec.ctx, cdiv(count, workgroup_rows(shape)))
         rec.dispatch(kernel, [buffer, x, y, *(tail or _norm_buffers(norm))], (x_groups, y_groups, cdiv(n, cols)),
                      _push(w, first, count, n, accumulate, norm, eps))
-
-
-def quantize_x8(rec: Recording, x: Buffer, x8: Buffer | None, n: int, k: int):
-    """x8 = x (f32 [n, k], k a multiple of 32) in 8-bit blocks of 32 (shaders/x8.glsl)."""
-    if k % X8_BLOCK_VALUES:
-        raise ValueError(f"8-bit activations take rows of a multiple of {X8_BLOCK_VALUES} values, not {k}")
-    if x8 is None or x8.size < x8_bytes(n, k):
-        raise ValueError(f"the mmq kernel needs {x8_bytes(n, k)} bytes of scratch for {n} x {k} 8-bit activations")
-    kernel = rec.ctx.kernel("quantize_x8", {0: QUANTIZE_X8_THREADS})
-    groups = _groups(rec.ctx, cdiv(n * k // X8_BLOCK_VALUES, QUANTIZE_X8_THREADS))
-    rec.dispatch(kernel, [x, x8], groups, dict(ncols=k, n=n))
 
 
 def _mmq_products(rec: Recording, products: list[tuple[DeviceTensor, Buffer]], x: Buffer, n: int,
@@ -423,7 +392,7 @@ def _mat_vec_qkv(rec: Recording, fused: DeviceTensor, op: str, x: Buffer, outs: 
     y_q, y_k = outs[0], outs[1]
     y_v = outs[2] if members == 3 else outs[1]   # bound, never written: no row is past v_first
     for buffer, first, count in fused.parts:
-        x_groups, y_groups, _ = _groups(ctx, cdiv(count, workgroup_rows(shape)))
+        x_groups, y_groups, _ = grid(ctx, cdiv(count, workgroup_rows(shape)))
         rec.dispatch(kernel, [buffer, x, y_q, y_k, y_v, *_norm_buffers(norm)], (x_groups, y_groups, cdiv(n, cols)),
                      _push(fused, first, count, n, False, norm, eps) | dict(k_first=k_first, v_first=v_first))
 
@@ -498,6 +467,6 @@ def matmul_swiglu(rec: Recording, w_gate: DeviceTensor, w_up: DeviceTensor, x: B
     kernel = mat_vec_kernel(ctx, mat_vec_name(f"mul_mat_vec_{op}{variant}", w_gate.ggml_type, cols), shape, cols)
     tail = _norm_buffers(norm) if blocks_out is None else [blocks_out.x8, blocks_out.done]
     for (gate, first, count), (up_part, _, _) in zip(w_gate.parts, w_up.parts):
-        x_groups, y_groups, _ = _groups(ctx, cdiv(count, workgroup_rows(shape)))
+        x_groups, y_groups, _ = grid(ctx, cdiv(count, workgroup_rows(shape)))
         rec.dispatch(kernel, [gate, up_part, x, out, *tail], (x_groups, y_groups, cdiv(n, cols)),
                      _push(w_gate, first, count, n, False, norm, eps))

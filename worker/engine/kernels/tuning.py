@@ -40,10 +40,11 @@ from gguf import GGMLQuantizationType
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.mat_vec import CPU_MAT_VEC_SHAPE, GPU_MAT_VEC_SHAPE
-from worker.engine.kernels.matmul import BlocksOut, NormBlocks, folds_norm, writes_blocks, x8_bytes
+from worker.engine.kernels.matmul import BlocksOut, NormBlocks, folds_norm, writes_blocks
 from worker.engine.kernels.paths import MAT_VEC_MAX_COLS, X8_BLOCK_VALUES, product_path
 from worker.engine.kernels.timing import record_glu_products, record_products
 from worker.engine.kernels.tunecache import TuneCache, time_on_copies
+from worker.engine.kernels.x8 import x8_bytes
 from worker.engine.weight_types import row_bytes
 
 log = logging.getLogger(__name__)

@@ -27,11 +27,12 @@ from gguf import GGMLQuantizationType as T
 from worker.engine.kernels import attention as attn_ops
 from worker.engine.kernels import elementwise, norm, rope
 from worker.engine.kernels.embedding import get_rows
-from worker.engine.kernels.matmul import (BlocksOut, NormBlocks, Quantized, folds_norm, matmul, matmul_qkv,
-                                          matmul_swiglu, normed_input, writes_blocks)
+from worker.engine.kernels.matmul import (BlocksOut, NormBlocks, folds_norm, matmul, matmul_qkv, matmul_swiglu,
+                                          normed_input, writes_blocks)
 from worker.engine.kernels.paths import X8_PATHS, product_path
 from worker.engine.kernels.shapes import AttentionShape
 from worker.engine.kernels.tensor import DeviceTensor, free_tensor, upload_rows, upload_tensor
+from worker.engine.kernels.x8 import Quantized
 from worker.engine.models.moe import record_moe_ffn
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")

@@ -13,8 +13,9 @@ kernels, its gate logit one more mat-vec row, both recorded with the router (the
 input); its down product is weighed by the gate's sigmoid into the residual after the chosen
 experts' sum."""
 from worker.engine.kernels import experts, norm
-from worker.engine.kernels.matmul import Quantized, matmul, matmul_swiglu, quantize_x8
+from worker.engine.kernels.matmul import matmul, matmul_swiglu
 from worker.engine.kernels.paths import product_path
+from worker.engine.kernels.x8 import Quantized, quantize_x8
 
 
 def record_moe_ffn(rec, ws, layer, config, n: int):
