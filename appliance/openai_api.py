@@ -19,7 +19,7 @@ MAX_N = 8                # choices a request may ask for, each a job of its own
 MAX_TOP_LOGPROBS = 20    # OpenAI's limit for chat (5 for completions; vLLM allows 20 on both)
 # OpenAI parameters this server does not implement, with the values that ask for nothing (clients
 # send some of them by default): any other value is refused rather than silently ignored.
-NOT_IMPLEMENTED = {"logit_bias": ({},), "echo": (False,), "suffix": ("",)}
+NOT_IMPLEMENTED = {"logit_bias": {}, "echo": False, "suffix": ""}
 
 
 @bp.get("/models")
@@ -42,7 +42,8 @@ def parse(body: dict, chat: bool) -> tuple[dict, dict, int]:
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N):
         raise schema.Invalid(f"n must be an integer between 1 and {MAX_N}", "n")
     for param, nothing in NOT_IMPLEMENTED.items():
-        if body.get(param) is not None and not any(body[param] == v and type(body[param]) is type(v) for v in nothing):
+        value = body.get(param)
+        if value is not None and (type(value) is not type(nothing) or value != nothing):
             raise schema.Invalid(f"{param} is not supported by this server (leave it out)", param)
     best_of = body.get("best_of")
     if best_of is not None and (best_of is True or best_of != (n or 1)):
