@@ -51,6 +51,8 @@ def read_lines(batch: dict, most: int) -> tuple[list[Line], list[dict]]:
 def _line(raw: bytes, number: int, endpoint: str, seen: set) -> Line | tuple[str, str, str | None]:
     try:
         item = json.loads(raw)
+    except RecursionError:   # nesting beyond Python's recursion limit
+        return "invalid_json_line", "the line nests too deep", None
     except ValueError as e:
         return "invalid_json_line", f"the line is not JSON: {e}", None
     if not isinstance(item, dict):

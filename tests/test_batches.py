@@ -167,13 +167,14 @@ def test_completions_batch_and_refused_lines_go_to_the_error_file(oai):
 def test_a_malformed_file_fails_the_batch_naming_its_lines(oai):
     good = chat_line("a", "hi")
     raw = (json.dumps(good) + "\n" + "not json\n" + json.dumps(good) + "\n"
-           + json.dumps(chat_line("b", "hi") | {"url": "/v1/completions"}) + "\n").encode()
+           + json.dumps(chat_line("b", "hi") | {"url": "/v1/completions"}) + "\n"
+           + "[" * 50_000 + "]" * 50_000 + "\n").encode()   # deeper than Python's recursion limit
     uploaded = oai.files.create(file=("bad.jsonl", raw), purpose="batch")
     batch = oai.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
     failed = wait_status(oai, batch.id)
     assert failed.status == "failed" and failed.failed_at
     assert [(e.line, e.code) for e in failed.errors.data] == [
-        (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "mismatched_url")]
+        (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "mismatched_url"), (5, "invalid_json_line")]
     assert failed.output_file_id is None and failed.error_file_id is None
 
 
