@@ -102,13 +102,15 @@ def _usage(ends: list[dict]) -> dict:
 
 def _completion_logprobs(entries: list[dict], offset: int) -> dict:
     """Chat-style token entries as the completions API's parallel lists; text_offset counts
-    characters of the completion from `offset`."""
+    characters of the completion from `offset`. As OpenAI documents (and vLLM does), each
+    top_logprobs object also holds the sampled token, up to logprobs + 1 entries."""
     offsets = []
     for entry in entries:
         offsets.append(offset)
         offset += len(entry["token"])
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} | {e["token"]: e["logprob"]}
+                             for e in entries],
             "text_offset": offsets}
 
 

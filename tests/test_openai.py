@@ -154,6 +154,34 @@ def test_completion_logprobs_agree_with_the_engines_log_softmax(oai, engine):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
 
 
+def test_completion_top_logprobs_always_hold_the_sampled_token(oai, engine):
+    """As OpenAI documents for completions (and vLLM does): each top_logprobs object holds the
+    sampled token with its logprob besides the k most likely, up to k + 1 entries; logprobs: 0
+    gives the sampled token alone. Sampled hot, so some tokens are not the most likely one."""
+    import numpy as np
+    from worker.engine.sampling import SamplingParams
+    ask = {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 3, "max_tokens": 8}
+    prompt = engine.tokenizer.encode("Once upon")
+    tokens = [e.token_id for e in engine.generate("Once upon", SamplingParams(**ask)) if e.token_id is not None]
+    rows = log_softmax(engine.logits(prompt + tokens))[len(prompt) - 1:-1]
+    texts = [engine.tokenizer.token_bytes(t).decode("utf-8", "replace") for t in tokens]
+    assert any(row.argmax() != token for row, token in zip(rows, tokens))
+    for k in (0, 1):
+        request = {p: ask[p] for p in ("temperature", "top_p", "seed", "max_tokens")} | {
+            "model": "tiny-llama", "prompt": "Once upon", "logprobs": k, "extra_body": {"top_k": 0, "min_p": 0.0}}
+        lp = oai.completions.create(**request).choices[0].logprobs
+        streamed = [top for c in oai.completions.create(**request, stream=True) if c.choices[0].logprobs
+                    for top in c.choices[0].logprobs.top_logprobs]
+        assert streamed == lp.top_logprobs
+        assert lp.tokens == texts
+        for top, token, text, row in zip(lp.top_logprobs, tokens, texts, rows):
+            best = [engine.tokenizer.token_bytes(int(i)).decode("utf-8", "replace") for i in np.argsort(-row)[:k]]
+            assert sorted(top) == sorted(set(best + [text]))
+            assert top[text] == pytest.approx(row[token], abs=1e-3)
+            np.testing.assert_allclose([top[b] for b in best], np.sort(row)[::-1][:k], atol=1e-3)
+        assert [top[text] for top, text in zip(lp.top_logprobs, lp.tokens)] == lp.token_logprobs
+
+
 def test_content_parts_and_developer_and_tool_roles(oai, engine):
     def ask(messages):
         answer = oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=4, temperature=0)
