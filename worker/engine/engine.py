@@ -56,6 +56,27 @@ def prefill_chunks(ctxs) -> tuple[int, ...]:
     return (CPU_PREFILL_CHUNK if any(c.info.kind == "cpu" for c in ctxs) else PREFILL_CHUNK,)
 
 
+def kernel_scratch(ctxs, config, sequences: int) -> Callable[[int, int], int]:
+    """Bytes of the kernels' scratch for a prefill chunk and a context (chunk, n_ctx) -> bytes:
+    the most any of these contexts' devices takes."""
+    return lambda chunk, n_ctx: max(sum(Workspace.kernel_sizes(c, config, chunk, AttentionShape.from_config(
+        config, n_ctx), sequences).values()) for c in ctxs)
+
+
+def plan_memory(model_file, ctxs, settings: Settings, n_ctx: int | None, budgets: list[int], ranges: list,
+                max_batch: int | None = None, pool_share: float = POOL_SHARE) -> list[MemoryPlan]:
+    """The memory plans a model loads with on these contexts, each holding the layers of `ranges`
+    within its share of `budgets` (memplan.plan_split): the prefill chunk `max_batch`, else the
+    largest of `prefill_chunks` that fits. Engine.load loads with them; `vkllm models inspect`
+    shows them."""
+    config = model_file.config
+    chunks = (max_batch,) if max_batch is not None else prefill_chunks(ctxs)
+    return plan_split(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, budgets, ranges,
+                      kernel_scratch(ctxs, config, settings.max_sequences), settings.max_sequences,
+                      settings.kv_type, min(c.max_binding_range for c in ctxs)
+                      // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim), pool_share)
+
+
 class Engine:
     def __init__(self, placement, model_file, config, tokenizer, plans: list[MemoryPlan], owns_ctx: bool,
                  progress: bool = False, mat_vec_shapes: list[tuple[dict, dict, dict]] | None = None,
@@ -102,10 +123,10 @@ class Engine:
         first context's. Mat-vec shapes and cooperative-matrix tiles are tuned
         (worker/engine/kernels/tuning.py, tile_tuning.py) before the weights are uploaded, while
         the memory they will take is free for the timing copies. `max_batch` is the prefill
-        chunk; without it the memory plan picks one of `prefill_chunks` for the device. On each device the model takes what
-        Context.available leaves under settings.gpu_memory_utilization, less its share of
-        `reserve` (bytes kept for models loaded after it), its KV pool at most `pool_share` of
-        what one context leaves of that (worker/engine/resident.py)."""
+        chunk; without it `plan_memory` picks one of `prefill_chunks` for the device. On each
+        device the model takes what Context.available leaves under settings.gpu_memory_utilization,
+        less its share of `reserve` (bytes kept for models loaded after it), its KV pool at most
+        `pool_share` of what one context leaves of that (worker/engine/resident.py)."""
         model_file = path if isinstance(path, ModelFile) else ModelFile.open(path)
         config = model_file.config
         tokenizer = Tokenizer.from_metadata(model_file.metadata)
@@ -123,16 +144,8 @@ class Engine:
                                      [c.info.index for c in ctxs])
             budgets = [b - reserve * b // max(1, sum(budgets)) for b in budgets]
             placement = stages(ctxs, split_layers(config.n_layer, settings.split or layer_shares(model_file, budgets)))
-            chunks = (max_batch,) if max_batch is not None else prefill_chunks(ctxs)
-            sequences = settings.max_sequences
-            plans = plan_split(model_file, config, n_ctx, DEFAULT_CONTEXT, chunks, budgets,
-                               [stage.layers for stage in placement],
-                               lambda chunk, n: max(sum(Workspace.kernel_sizes(c, config, chunk,
-                                                                               AttentionShape.from_config(config, n),
-                                                                               sequences).values()) for c in ctxs),
-                               sequences, settings.kv_type,
-                               min(c.max_binding_range for c in ctxs)
-                               // row_bytes(settings.kv_type, config.n_head_kv * config.head_dim), pool_share)
+            plans = plan_memory(model_file, ctxs, settings, n_ctx, budgets, [stage.layers for stage in placement],
+                                max_batch, pool_share)
             # per context: kernels' shapes fit its device (two on one device share its cached timings)
             shapes = [model_shapes(c, settings, mat_vec_keys(model_file), glu_keys(model_file),
                                    residual_keys(model_file)) for c in ctxs]

@@ -32,34 +32,56 @@ def register(sub):
     synth.set_defaults(func=_synth)
 
 
-def _device(settings, config, n_ctx: int):
-    """(bytes available, device description, bytes of the kernels' scratch on it, its index), or (None,
-    why not, 0, None): without a device the plan leaves out the kernels' scratch, which depends on it."""
+def _open(settings) -> tuple[list, str]:
+    """The contexts of settings' devices (as Engine.load opens them), or none and why: without a
+    driver or device the plan leaves out what depends on it (the chunk, the kernels' scratch)."""
     try:
-        from worker.engine.kernels.shapes import AttentionShape
-        from worker.engine.memplan import PREFILL_CHUNK
-        from worker.engine.vk.context import Context
-        from worker.engine.workspace import Workspace
-        ctx = Context(settings)
-        try:
-            free, (_, total) = ctx.available(settings.gpu_memory_utilization), ctx.memory_budget()
-            index = ctx.info.index
-            shape = AttentionShape.from_config(config, n_ctx)
-            scratch = sum(Workspace.kernel_sizes(ctx, config, PREFILL_CHUNK, shape).values())
-        finally:
-            ctx.close()
+        from worker.engine.engine import open_contexts
+        return open_contexts(settings), ""
     except ImportError as e:
-        return None, f"unavailable ({e})", 0, None
+        return [], f"unavailable ({e})"
     except Exception as e:   # no driver, no device: inspect still shows the plan
-        return None, f"unavailable ({type(e).__name__}: {e})", 0, None
+        return [], f"unavailable ({type(e).__name__}: {e})"
+
+
+def _budget(settings, ctx) -> tuple[int, str]:
+    """Bytes available on a context's device, and their description."""
+    free, (_, total) = ctx.available(settings.gpu_memory_utilization), ctx.memory_budget()
     share = settings.gpu_memory_utilization
     limit = "" if share == 1 else f" (--gpu-memory-utilization {share:g})"
-    return free, f"{_size(free)} available of {_size(total)}{limit}", scratch, index
+    return free, f"{_size(free)} available of {_size(total)}{limit}"
+
+
+def _plans(model, ctxs: list, settings, n_ctx: int, budgets: list[int], ranges: list):
+    """A plan of one context of n_ctx tokens per device of `ranges` (n_ctx as asked: the engine
+    caps it at the model's), and Engine.load's plans with their KV pool (None: they do not fit).
+    Both take the prefill chunk and the scratch the engine takes on these devices."""
+    from vkllm.errors import VkllmError
+    from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan
+    c, pool, chunk, scratch = model.config, None, PREFILL_CHUNK, 0
+    if ctxs:
+        from worker.engine.engine import kernel_scratch, plan_memory, prefill_chunks
+        try:
+            pool = plan_memory(model, ctxs, settings, n_ctx, budgets, ranges)
+        except VkllmError:   # the one-context plans say why
+            pass
+        chunk = pool[0].chunk if pool else prefill_chunks(ctxs)[0]
+        scratch = kernel_scratch(ctxs, c, settings.max_sequences)(chunk, n_ctx)
+    sequences = pool[0].sequences if pool else settings.max_sequences
+    plans = [MemoryPlan.compute(model, c, n_ctx, chunk, scratch, sequences, layers=layers, first=i == 0,
+                                last=i == len(ranges) - 1) for i, layers in enumerate(ranges)]
+    return plans, pool
+
+
+def _chunk_row(plan, known: bool) -> str:
+    from worker.engine.memplan import CPU_PREFILL_CHUNK, MATRIX_UNIT_CHUNKS
+    why = (f"the scratch holds a pass of them, with logits rows for {plan.sequences} sequences" if known else
+           f"no device, which decides: {CPU_PREFILL_CHUNK} on a CPU driver, up to {MATRIX_UNIT_CHUNKS[-1]} "
+           "on matrix units")
+    return f"prefill chunk   {plan.chunk} tokens ({why})"
 
 
 def _inspect(args):
-    from vkllm.errors import VkllmError
-    from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan, plan_context
     from worker.engine.modelfile import ModelFile
     model = ModelFile.open(args.file)
     c = model.config
@@ -102,53 +124,56 @@ def _inspect(args):
         print(f"  {name:7} {count:5} tensors  {_size(n_bytes):>12}")
     from worker.tools.devices import settings as command_settings
     settings = command_settings(args)
-    if settings.devices is not None:
-        _inspect_split(model, n_ctx, settings)
-        return
-    budget, device, kernel_scratch, _ = _device(settings, c, n_ctx)
-    plan = MemoryPlan.compute(model, c, n_ctx, kernel_scratch=kernel_scratch)
+    ctxs, unavailable = _open(settings)
+    try:
+        (_inspect_split if settings.devices is not None else _inspect_one)(model, n_ctx, settings, ctxs, unavailable)
+    finally:
+        for ctx in ctxs:
+            ctx.close()
+
+
+def _inspect_one(model, n_ctx: int, settings, ctxs: list, unavailable: str):
+    from vkllm.errors import VkllmError
+    budget, device = _budget(settings, ctxs[0]) if ctxs else (None, unavailable)
+    (plan,), pool = _plans(model, ctxs, settings, n_ctx, [budget], [None])
     print(f"memory plan     n_ctx {n_ctx}: weights {_size(plan.weights_bytes)} + KV cache "
           f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}")
+    print(_chunk_row(plan, bool(ctxs)))
     print(f"device budget   {device}")
-    if budget is not None:
-        try:
-            plan.check(budget)
-            print("fits            yes")
-        except VkllmError as e:
-            print(f"fits            no: {e}")
-            return
-        pool = plan_context(model, c, n_ctx, n_ctx, PREFILL_CHUNK, budget, lambda n: kernel_scratch,
-                            settings.max_sequences, settings.kv_type)
-        print(f"batching        {pool.sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
-              f"{settings.kv_type} KV pool of {pool.kv_tokens} tokens = {_size(pool.kv_bytes)}")
+    if budget is None:
+        return
+    try:
+        plan.check(budget)
+    except VkllmError as e:
+        print(f"fits            no: {e}")
+        return
+    print("fits            yes")
+    print(f"batching        {pool[0].sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
+          f"{settings.kv_type} KV pool of {pool[0].kv_tokens} tokens = {_size(pool[0].kv_bytes)}")
 
 
-def _inspect_split(model, n_ctx: int, settings):
+def _inspect_split(model, n_ctx: int, settings, ctxs: list, unavailable: str):
     """The plan of each device of settings.devices: the layers it takes (by settings.split, else
     in proportion to free memory) and what it holds; refused, naming the largest context that
     fits them all, when the model cannot be placed."""
-    from dataclasses import replace
-
     from vkllm.errors import VkllmError
-    from worker.engine.memplan import PREFILL_CHUNK, MemoryPlan, check_split, layer_range, layer_shares, plan_split
+    from worker.engine.memplan import NO_LIMIT, check_split, layer_range, layer_shares
     from worker.engine.placement import shared_budgets, split_layers
-    c = model.config
-    devices = [_device(replace(settings, device=d), c, n_ctx) for d in settings.devices]
-    known = all(budget is not None for budget, *_ in devices)
-    budgets = shared_budgets([budget for budget, *_ in devices], [index for *_, index in devices]) if known \
-        else [1 << 62] * len(devices)
-    ranges = split_layers(c.n_layer, settings.split or (layer_shares(model, budgets) if known else [1] * len(devices)))
-    scratch = max(kernel_scratch for _, _, kernel_scratch, _ in devices)
-    plans = [MemoryPlan.compute(model, c, n_ctx, kernel_scratch=scratch, layers=layers, first=i == 0,
-                                last=i == len(ranges) - 1) for i, layers in enumerate(ranges)]
+    c, count = model.config, len(settings.devices)
+    free = [_budget(settings, ctx) for ctx in ctxs]
+    budgets = shared_budgets([f for f, _ in free], [ctx.info.index for ctx in ctxs]) if ctxs else [NO_LIMIT] * count
+    devices = [d for _, d in free] or [unavailable] * count
+    ranges = split_layers(c.n_layer, settings.split or (layer_shares(model, budgets) if ctxs else [1] * count))
+    plans, pool = _plans(model, ctxs, settings, n_ctx, budgets, ranges)
     print(f"memory plan     n_ctx {n_ctx}, layers split across {len(ranges)} devices")
-    for i, (plan, budget, (_, device, _, _)) in enumerate(zip(plans, budgets, devices)):
-        share = f"{_size(budget)} of the device's " if known else ""
+    for i, (plan, budget, device) in enumerate(zip(plans, budgets, devices)):
+        share = f"{_size(budget)} of the device's " if ctxs else ""
         print(f"  device {i} ({settings.devices[i]}): {layer_range(ranges[i])}{' + embeddings' if i == 0 else ''}"
               f"{' + output' if i == len(ranges) - 1 else ''}: weights {_size(plan.weights_bytes)} + KV cache "
               f"{_size(plan.kv_bytes)} + scratch {_size(plan.scratch_bytes)} = {_size(plan.total)}; "
               f"budget {share}{device}")
-    if not known:
+    print(_chunk_row(plans[0], bool(ctxs)))
+    if not ctxs:
         return
     try:
         check_split(plans, budgets)
@@ -156,10 +181,8 @@ def _inspect_split(model, n_ctx: int, settings):
         print(f"fits            no: {e}")
         return
     print("fits            yes")
-    pool = plan_split(model, c, n_ctx, n_ctx, (PREFILL_CHUNK,), budgets, ranges, lambda chunk, n: scratch,
-                      settings.max_sequences, settings.kv_type)[0]
-    print(f"batching        {pool.sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
-          f"{settings.kv_type} KV pool of {pool.kv_tokens} tokens on every device")
+    print(f"batching        {pool[0].sequences} sequences (VKLLM_MAX_SEQUENCES {settings.max_sequences}), "
+          f"{settings.kv_type} KV pool of {pool[0].kv_tokens} tokens on every device")
 
 
 def _sampling(model, n_ctx: int) -> str:
