@@ -31,7 +31,7 @@ def rewrite(src, dst, arch=None, drop=(), extra_tensor=None):
         writer.add_key_value(name, field.contents(), field.types[0], sub)
     for t in reader.tensors:
         if t.name not in drop:
-            writer.add_tensor(t.name, np.asarray(t.data).reshape(-1).view(np.uint8),
+            writer.add_tensor(t.name, np.asarray(t.data).view(np.uint8),   # bytes in the tensor's shape
                               raw_dtype=t.tensor_type)
     if extra_tensor:
         name, data, qtype = extra_tensor
@@ -154,6 +154,17 @@ def test_unknown_tensor_type_id(tmp_path, good):
 def test_missing_tensor(tmp_path, good):
     path = rewrite(good, tmp_path / "missing.gguf", drop=("blk.1.attn_k.bias",))
     assert error_of(path) == "required tensor 'blk.1.attn_k.bias' is missing (qwen2 model)"
+
+
+def test_tensor_of_the_wrong_shape(tmp_path, good):
+    """A q projection with half the rows its metadata says (a valid header, a wrong tensor) is
+    refused with both shapes, as the file's own tensor list gives them, before anything runs."""
+    q = next(t for t in GGUFReader(good).tensors if t.name == "blk.0.attn_q.weight")
+    row_length, rows = (int(d) for d in q.shape)
+    half = np.asarray(q.data)[:rows // 2].view(np.uint8)
+    path = rewrite(good, tmp_path / "short.gguf", drop=(q.name,), extra_tensor=(q.name, half, q.tensor_type))
+    assert error_of(path) == (f"tensor 'blk.0.attn_q.weight' has shape ({row_length}, {rows // 2}), "
+                              f"expected ({row_length}, {rows}) (qwen2 model)")
 
 
 def test_missing_metadata_key(tmp_path, good):

@@ -291,27 +291,42 @@ class ModelConfig:
                   for i in range(self.n_layer) for t in per_layer]
         return names
 
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each tensor the forward pass reads by its config's sizes (GGUF order: row length
+        first), per layer keyed by its name after `blk.N.`; a file's `output.weight` too."""
+        q, kv, e = self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.n_embd
+        whole = {"token_embd.weight": (e, self.vocab_size), "output.weight": (e, self.vocab_size),
+                 "output_norm.weight": (e,)}
+        layer = {"attn_norm.weight": (e,), "attn_q.weight": (e, q), "attn_k.weight": (e, kv),
+                 "attn_v.weight": (e, kv), "attn_output.weight": (q, e), f"{self.ffn_norm}.weight": (e,),
+                 "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,), "attn_output.bias": (e,),
+                 "attn_q_norm.weight": (self.head_dim,), "attn_k_norm.weight": (self.head_dim,),
+                 "post_attention_norm.weight": (e,), "post_ffw_norm.weight": (e,), "attn_sinks.weight": (self.n_head,)}
+        if self.n_expert:
+            layer |= {"ffn_gate_inp.weight": (e, self.n_expert), "ffn_gate_exps.weight": (e, self.n_ff_exp, self.n_expert),
+                      "ffn_up_exps.weight": (e, self.n_ff_exp, self.n_expert),
+                      "ffn_down_exps.weight": (self.n_ff_exp, e, self.n_expert)}
+        else:
+            layer |= {"ffn_gate.weight": (e, self.n_ff), "ffn_up.weight": (e, self.n_ff), "ffn_down.weight": (self.n_ff, e)}
+        if self.n_ff_shexp:   # the shared expert's gate is one row (llama.cpp: 1-D)
+            layer |= {"ffn_gate_inp_shexp.weight": (e,), "ffn_gate_shexp.weight": (e, self.n_ff_shexp),
+                      "ffn_up_shexp.weight": (e, self.n_ff_shexp), "ffn_down_shexp.weight": (self.n_ff_shexp, e)}
+        return whole | {f"blk.{i}.{name}": shape for i in range(self.n_layer) for name, shape in layer.items()}
+
     def check_tensors(self, tensors: Mapping[str, Any]) -> None:
-        """Raise GGUFError naming the first required tensor the file lacks, or the first expert
-        tensor whose shape is not the config's (GGUF order; a trailing 1 is the same shape to
-        ggml) or whose gate and up types differ (the fused kernel reads both alike)."""
+        """Raise GGUFError naming the first required tensor the file lacks, the first tensor
+        the forward pass reads whose shape is not the config's (GGUF order; a trailing 1 is the
+        same shape to ggml), or the first layer whose expert gate and up types differ (the fused
+        kernel reads both alike)."""
         for name in self.required_tensors():
             if name not in tensors:
                 raise GGUFError(f"required tensor '{name}' is missing ({self.arch} model)")
-        shapes = {"ffn_gate_inp": (self.n_embd, self.n_expert),
-                  "ffn_gate_exps": (self.n_embd, self.n_ff_exp, self.n_expert),
-                  "ffn_up_exps": (self.n_embd, self.n_ff_exp, self.n_expert),
-                  "ffn_down_exps": (self.n_ff_exp, self.n_embd, self.n_expert)} if self.n_expert else {}
-        if self.n_ff_shexp:   # the shared expert's gate is one row (llama.cpp: 1-D)
-            shapes |= {"ffn_gate_inp_shexp": (self.n_embd,), "ffn_gate_shexp": (self.n_embd, self.n_ff_shexp),
-                       "ffn_up_shexp": (self.n_embd, self.n_ff_shexp), "ffn_down_shexp": (self.n_ff_shexp, self.n_embd)}
-        for i in range(self.n_layer):
-            for base, shape in shapes.items():
-                info = tensors[f"blk.{i}.{base}.weight"]
-                if tuple(info.shape) not in (shape, (*shape, 1)):
-                    raise GGUFError(f"tensor 'blk.{i}.{base}.weight' has shape {tuple(info.shape)}, "
-                                    f"expected {shape} ({self.arch} model)")
-            if shapes and tensors[f"blk.{i}.ffn_gate_exps.weight"].ggml_type != tensors[f"blk.{i}.ffn_up_exps.weight"].ggml_type:
+        for name, shape in self.tensor_shapes().items():
+            info = tensors.get(name)
+            if info is not None and tuple(info.shape) not in (shape, (*shape, 1)):
+                raise GGUFError(f"tensor '{name}' has shape {tuple(info.shape)}, expected {shape} ({self.arch} model)")
+        for i in range(self.n_layer if self.n_expert else 0):
+            if tensors[f"blk.{i}.ffn_gate_exps.weight"].ggml_type != tensors[f"blk.{i}.ffn_up_exps.weight"].ggml_type:
                 raise GGUFError(f"layer {i}: ffn_gate_exps and ffn_up_exps differ in type ({self.arch} model)")
 
     def describe(self) -> dict[str, Any]:
