@@ -70,6 +70,19 @@ def test_synth_then_inspect(tmp_path):
     assert "extras          tied embeddings, q/k norm" in vkllm("models", "inspect", str(out)).stdout
 
 
+def test_a_path_that_cannot_be_written_is_one_line(tmp_path):
+    """synth into a folder, fetch-demo under a regular file: the OS's reason, one line, exit 2."""
+    import errno
+    import os
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for args, path, code in ((("models", "synth", "tiny-llama", str(tmp_path)), tmp_path, errno.EISDIR),
+                             (("models", "fetch-demo", str(blocker / "models")), blocker / "models", errno.ENOTDIR)):
+        done = vkllm(*args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.splitlines()[-1] == f"vkllm: error: {path}: {os.strerror(code)}"
+
+
 def test_fetch_demo_is_idempotent(tmp_path, smollm2_path):
     first = fetch_demo(tmp_path)
     assert first == tmp_path / MODEL_NAME

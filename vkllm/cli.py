@@ -42,6 +42,11 @@ def main(argv=None) -> int:
     except VkllmError as e:
         print(f"vkllm: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.filename is None:   # not about a path the user named: a fault worth its traceback
+            raise
+        print(f"vkllm: error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 
