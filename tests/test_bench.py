@@ -6,6 +6,8 @@ import contextlib
 import io
 import re
 
+import pytest
+
 from vkllm.cli import main
 
 
@@ -25,3 +27,15 @@ def test_bench_loads_the_context_asked(tiny_model):
 def test_bench_refuses_a_context_smaller_than_the_run(tiny_model, capsys):
     assert main(["bench", "-m", str(tiny_model), "-p", "8", "-n", "4", "--ctx", "10"]) != 0
     assert "--ctx 10 holds fewer positions than -p 8 and -n 4" in capsys.readouterr().err
+
+
+def test_counts_below_one_are_usage_errors(tiny_model, capsys):
+    """-n 0 divided by zero, -r 0 took the median of nothing, --batch 0 timed nothing: each is
+    now refused by the parser, exit 2, its flag named, before the model is loaded."""
+    for flags, named in ((["-n", "0"], "-n/--n-gen: not a whole number of at least 1: '0'"),
+                         (["-r", "0"], "-r/--repetitions: not a whole number of at least 1: '0'"),
+                         (["--batch", "8,0"], "--batch: not comma-separated whole numbers of at least 1: '8,0'")):
+        with pytest.raises(SystemExit) as done:
+            main(["bench", "-m", str(tiny_model), *flags])
+        assert done.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == f"vkllm bench: error: argument {named}"

@@ -7,23 +7,24 @@ import time
 
 import numpy as np
 
+from vkllm.argtypes import count, counts
 from worker.tools.devices import add_device_arguments, settings
 
 
 def register(sub):
     p = sub.add_parser("bench", help="benchmark a model (pp/tg tokens/s) or the kernels")
     p.add_argument("-m", "--model", action="append", help="GGUF file (repeatable: one table for all)")
-    p.add_argument("-p", "--n-prompt", type=int, default=512)
-    p.add_argument("-n", "--n-gen", type=int, default=128)
-    p.add_argument("-r", "--repetitions", type=int, default=3)
-    p.add_argument("-c", "--ctx", type=int,
+    p.add_argument("-p", "--n-prompt", type=count, default=512)
+    p.add_argument("-n", "--n-gen", type=count, default=128)
+    p.add_argument("-r", "--repetitions", type=count, default=3)
+    p.add_argument("-c", "--ctx", type=count,
                    help="positions the engines' KV caches hold (default: prompt + generated + 16, as llama-bench; "
                         "a worker's default is 4096, and decode attention's split count follows it)")
     p.add_argument("--peer", choices=["llama.cpp"], help="also time llama.cpp's Vulkan backend (cyllama)")
     p.add_argument("--profile", action="store_true",
                    help="also print GPU time per kernel of one decode step and one prefill chunk "
                         "(with --batch: of one decode step of N sequences each)")
-    p.add_argument("--batch", type=lambda text: [int(n) for n in text.split(",")], metavar="N,N,...",
+    p.add_argument("--batch", type=counts, metavar="N,N,...",
                    help="instead: aggregate decode tokens/s of N sequences decoded together "
                         "(prompts of -p tokens, -n tokens each)")
     add_device_arguments(p)

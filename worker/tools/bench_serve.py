@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from vkllm.argtypes import count
 from vkllm.config import CommandDefaults
 from vkllm.errors import VkllmError
 
@@ -46,12 +47,12 @@ def add_arguments(p) -> None:
     p.add_argument("--api-key", default=env.api_key)
     p.add_argument("--model", help="the model's name (API mode)")
     p.add_argument("--engine", help="GGUF file: drive its engine's batch in this process instead of the API")
-    p.add_argument("-n", "--num-jobs", type=int, default=8)
-    p.add_argument("-p", "--prompt-tokens", type=int, default=128, help="tokens per prompt, after the prefix")
+    p.add_argument("-n", "--num-jobs", type=count, default=8)
+    p.add_argument("-p", "--prompt-tokens", type=count, default=128, help="tokens per prompt, after the prefix")
     p.add_argument("--prefix-tokens", type=int, default=0,
                    help="tokens of a prefix every prompt starts with; then also the TTFT of a job alone and of the "
                         "next one sharing its prefix")
-    p.add_argument("-o", "--output-tokens", type=int, default=256)
+    p.add_argument("-o", "--output-tokens", type=count, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--peer", choices=["llama.cpp"],
                    help="with --engine: the same prompts as parallel sequences of llama.cpp's Vulkan backend (cyllama)")

@@ -1,6 +1,7 @@
 """`vkllm generate`: stream a completion to stdout, timings to stderr."""
 import sys
 
+from vkllm.argtypes import count
 from vkllm.sampling_defaults import SERVER, describe
 from worker.tools.devices import add_device_arguments, settings
 
@@ -11,8 +12,8 @@ def register(sub):
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--system", help="system message (with --chat)")
-    p.add_argument("-n", "--max-tokens", type=int, default=128)
-    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: 4096 or the model's)")
+    p.add_argument("-n", "--max-tokens", type=count, default=128)
+    p.add_argument("-c", "--ctx-size", type=count, default=None, help="context length (default: 4096 or the model's)")
     for name, default in SERVER.items():   # left out: the model's default (Engine.sampling_defaults)
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=None, help=describe(name))
     p.add_argument("--seed", type=int, default=None)

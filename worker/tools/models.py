@@ -2,6 +2,7 @@
 model, write synthetic ones."""
 from collections import defaultdict
 
+from vkllm.argtypes import count
 from worker.engine.config import Settings
 from worker.engine.memplan import human_bytes as _size
 from worker.tools.devices import add_device_arguments
@@ -13,7 +14,7 @@ def register(sub):
 
     inspect = cmds.add_parser("inspect", help="architecture, size, quant mix and memory plan of a GGUF")
     inspect.add_argument("file")
-    inspect.add_argument("-c", "--ctx", type=int, help="context for the memory plan "
+    inspect.add_argument("-c", "--ctx", type=count, help="context for the memory plan "
                          "(default: the model's context length)")
     add_device_arguments(inspect)
     inspect.set_defaults(func=_inspect)
