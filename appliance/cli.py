@@ -1,6 +1,7 @@
 """The appliance's commands: `up`, `submit`, `jobs`, `follow`, `apikey rotate`.
 
 Imports stay inside the command functions: `vkllm --help` loads neither Flask nor Redis."""
+from vkllm.argtypes import redis_url
 from vkllm.config import CommandDefaults
 from vkllm.sampling_defaults import SERVER as SAMPLING_DEFAULTS
 from vkllm.sampling_defaults import describe
@@ -47,7 +48,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("apikey", help="manage the API key")
     p.add_argument("action", choices=("rotate",))
-    p.add_argument("--redis-url", default=env.redis_url)
+    p.add_argument("--redis-url", type=redis_url, default=env.redis_url)
     p.set_defaults(func=_apikey, key_in_env=env.api_key is not None)
 
 
@@ -63,9 +64,14 @@ def _client_command(args):
 
 def _apikey(args):
     from redis import Redis
+    from redis.exceptions import ConnectionError
 
     from appliance.auth import rotate
-    key = rotate(Redis.from_url(args.redis_url))
+    from vkllm.errors import VkllmError
+    try:
+        key = rotate(Redis.from_url(args.redis_url))
+    except ConnectionError as e:
+        raise VkllmError(f"cannot reach Redis at {args.redis_url}: {e}") from None
     print(f"new API key (shown only now): {key}")
     if args.key_in_env:
         print("note: VKLLM_API_KEY is set in this environment and wins over the stored key")

@@ -3,6 +3,7 @@ library HTTP, so it runs anywhere the CLI does)."""
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from vkllm.errors import VkllmError
@@ -13,6 +14,8 @@ class Client:
     def __init__(self, url: str, api_key: str | None):
         if not api_key:
             raise VkllmError("an API key is needed: pass --api-key or set VKLLM_API_KEY")
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise VkllmError(f"--url must be an http:// or https:// address, not {url!r}")
         self.url, self.headers = url.rstrip("/"), {"Authorization": f"Bearer {api_key}"}
 
     def _open(self, method: str, path: str, body: dict | None = None, timeout: float | None = 30):

@@ -103,3 +103,23 @@ def _children(pid: int) -> list[int]:
 def _models(url, key):
     req = urllib.request.Request(f"{url}/api/v1/models", headers={"Authorization": f"Bearer {key}"})
     return json.dumps(json.load(urllib.request.urlopen(req, timeout=10)))
+
+
+def test_unusable_urls_are_one_line_and_exit_2(tmp_path):
+    """A URL without a scheme, a Redis URL of another scheme, a Redis that is not there: one
+    'error:' line naming it, exit 2 (each was a traceback)."""
+    import socket
+    with socket.socket() as s:   # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        closed = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    for args, line in (
+            (("jobs", "--url", "localhost:8000", "--api-key", "k"),
+             "vkllm: error: --url must be an http:// or https:// address, not 'localhost:8000'"),
+            (("apikey", "rotate", "--redis-url", "localhost:6379"),
+             "vkllm apikey: error: argument --redis-url: not a redis://, rediss:// or unix:// URL: 'localhost:6379'"),
+            (("worker", "-m", "x.gguf", "--redis-url", "localhost:6379"),
+             "vkllm worker: error: argument --redis-url: not a redis://, rediss:// or unix:// URL: 'localhost:6379'"),
+            (("apikey", "rotate", "--redis-url", closed), f"vkllm: error: cannot reach Redis at {closed}: ")):
+        done = vkllm(*args, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.splitlines()[-1].startswith(line), done.stderr

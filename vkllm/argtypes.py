@@ -1,7 +1,9 @@
-"""argparse types for the commands' counts (tokens, repetitions, context positions, sequences):
-a value below 1 is refused as that flag's usage error, where it would otherwise end in a
-division by zero or an empty range deep inside a run."""
+"""argparse types for the commands' counts (tokens, repetitions, context positions, sequences)
+and Redis URLs: a value below 1 or a URL of another scheme is refused as that flag's usage
+error, where it would otherwise end in a division by zero, an empty range or a ValueError deep
+inside a run."""
 import argparse
+import urllib.parse
 
 
 def count(text: str) -> int:
@@ -21,3 +23,10 @@ def counts(text: str) -> list[int]:
         return [count(part) for part in text.split(",")]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"not comma-separated whole numbers of at least 1: {text!r}") from None
+
+
+def redis_url(text: str) -> str:
+    """A URL redis-py connects to (its schemes; redis-py would fail later with a traceback)."""
+    if urllib.parse.urlsplit(text).scheme not in ("redis", "rediss", "unix"):
+        raise argparse.ArgumentTypeError(f"not a redis://, rediss:// or unix:// URL: {text!r}")
+    return text

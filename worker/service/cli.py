@@ -1,7 +1,7 @@
 """`vkllm worker`: serve generation jobs for one or more models on this GPU.
 
 Imports stay inside the command function: `vkllm --help` loads neither RQ nor the engine."""
-from vkllm.argtypes import count
+from vkllm.argtypes import count, redis_url
 from vkllm.config import CommandDefaults
 from worker.tools.devices import add_device_arguments
 
@@ -12,7 +12,7 @@ def register(sub) -> None:
     p = sub.add_parser("worker", help="serve generation jobs for one or more models on this GPU")
     p.add_argument("-m", "--model", action="append", required=True,
                    help="GGUF file, or its name in the models folder (repeatable)")
-    p.add_argument("--redis-url", default=env.redis_url)
+    p.add_argument("--redis-url", type=redis_url, default=env.redis_url)
     p.add_argument("-c", "--n-ctx", type=count, default=None, help="context length (default: the engine's)")
     p.add_argument("--name", help="worker name (default: host-pid)")
     p.add_argument("--metrics-port", type=int, default=env.metrics_port,
