@@ -134,6 +134,24 @@ def test_split_plans_hold_each_devices_layers(smollm2, smollm2_path):
     assert layer_shares(smollm2, [10**9, 10**9, 10**9]) == [10**9 - embd, 10**9, 10**9 - embd - out_norm]
 
 
+def test_a_budget_below_the_weights_is_refused_as_a_model_that_does_not_fit(smollm2_path, vk_settings):
+    """Under a utilization that leaves less than the weights (here a KiB), the load is refused by
+    the memory plan's message, on one device and on two, not by the layer split before it."""
+    from dataclasses import replace
+
+    from worker.engine.engine import Engine
+    from worker.engine.vk.context import Context
+    probe = Context(vk_settings)
+    try:
+        used, total = probe.memory_budget()
+    finally:
+        probe.close()
+    settings = replace(vk_settings, gpu_memory_utilization=(used + 1024) / total)
+    for devices in ((vk_settings.device,), (vk_settings.device,) * 2):
+        with pytest.raises(VkllmError, match="model does not fit: .*the weights alone leave no room"):
+            Engine.load(smollm2_path, replace(settings, devices=devices), n_ctx=256)
+
+
 def test_split_refusal_names_the_device_and_the_largest_context_all_fit(smollm2):
     """A small second device: the plan is refused on it, naming the context every device fits."""
     from worker.engine.memplan import plan_split

@@ -129,10 +129,12 @@ NO_LIMIT = 1 << 62
 def layer_shares(model_file, budgets: list[int]) -> list[int]:
     """What each device of a split has for layers, in proportion to which they are placed when no
     split is asked for: its budget less the tensors outside the layers that it holds (the
-    embeddings on the first, the output on the last)."""
+    embeddings on the first, the output on the last). Where none has room for a layer, equal
+    shares: the memory plan then refuses the model, saying what it needs and what fits."""
     n = len(budgets)
-    return [max(0, budget - stage_weight_bytes(model_file, range(0), i == 0, i == n - 1))
-            for i, budget in enumerate(budgets)]
+    shares = [max(0, budget - stage_weight_bytes(model_file, range(0), i == 0, i == n - 1))
+              for i, budget in enumerate(budgets)]
+    return shares if any(shares) else [1] * n
 
 
 def layer_range(layers: range) -> str:
