@@ -32,14 +32,20 @@ TERMINAL = {"finished", "failed", "cancelled"}
 
 FOLLOW_BLOCK_MS = 5000   # how long a stream read waits for news before a keep-alive
 TOKENIZE_TIMEOUT = 2.0   # seconds a submit waits for a worker to count its prompt's tokens
+COMMAND_TIMEOUT = TOKENIZE_TIMEOUT + 3   # seconds a command may take before Redis counts as unavailable
 
 
 def init_app(app) -> None:
-    # the socket timeout must outlast a blocking stream read (redis-py's default does not); a
-    # request gives up on an unreachable Redis within a second (redis-py's default: several)
-    app.extensions["vkllm_redis"] = Redis.from_url(
-        app.config["REDIS_URL"], socket_timeout=FOLLOW_BLOCK_MS / 1000 + 25, socket_connect_timeout=2,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3))
+    # A request gives up on a refused connection within a second (redis-py's default: several)
+    # and on a Redis that answers nothing (paused, its host gone) after one command's timeout:
+    # timeouts are not retried. Blocking stream reads take a client of their own, whose
+    # timeout outlasts their block.
+    def client(socket_timeout: float) -> Redis:
+        return Redis.from_url(app.config["REDIS_URL"], socket_timeout=socket_timeout, socket_connect_timeout=2,
+                              retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3,
+                                          supported_errors=(ConnectionError,)))
+    app.extensions["vkllm_redis"] = client(COMMAND_TIMEOUT)
+    app.extensions["vkllm_redis_follow"] = client(FOLLOW_BLOCK_MS / 1000 + 25)
 
 
 def get_redis() -> Redis:
@@ -190,7 +196,8 @@ def stream_records(job_id: str, after: str = "-", block_ms: int | None = None) -
         start = "-" if after == "-" else f"({after}"
         entries = r.xrange(key, min=start)
     else:
-        found = r.xread({key: "0-0" if after == "-" else after}, block=block_ms, count=256)
+        found = current_app.extensions["vkllm_redis_follow"].xread({key: "0-0" if after == "-" else after},
+                                                                   block=block_ms, count=256)
         entries = found[0][1] if found else []
     return [(eid.decode(), *protocol.parse(fields)) for eid, fields in entries]
 

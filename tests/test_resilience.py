@@ -220,6 +220,25 @@ def test_a_followed_stream_ends_with_an_error_event_when_redis_stays_away(redis_
     assert worker.proc.wait(30) == 0
 
 
+def test_a_redis_that_stops_answering_gets_503_within_seconds(redis_server, served):
+    """A paused Redis (docker pause, a host gone without a reset) keeps its connections open and
+    answers nothing: each request waited out a 30 s socket timeout four times; now one
+    command's timeout, then the redis_unavailable 503. Streams keep their longer wait."""
+    url, _ = served
+    assert http(f"{url}/api/v1/models")[0] == 200
+    os.kill(redis_server.proc.pid, signal.SIGSTOP)
+    try:
+        for path, unavailable in (("/readyz", {"status": "unavailable", "redis": "unreachable"}),
+                                  ("/api/v1/models", "redis_unavailable"), ("/metrics", "redis_unavailable")):
+            start = time.monotonic()
+            status, body = http(f"{url}{path}", timeout=60)
+            assert status == 503 and unavailable in (body, body.get("error", {}).get("code")), (path, body)
+            assert time.monotonic() - start < 10, path
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+    assert http(f"{url}/api/v1/models")[0] == 200
+
+
 def test_prompts_stay_out_of_the_worker_log(served, workers):
     url, app = served
     worker = workers("quiet-w1")
