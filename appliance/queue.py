@@ -379,7 +379,10 @@ def _model_queues() -> dict[str, Queue]:
 
 
 def queue_depths() -> dict[str, int]:
-    return {name: q.count for name, q in _model_queues().items()}
+    """Jobs waiting per model: every model a worker serves or served (0 before its first job,
+    which is when RQ first lists its queue) and every queue RQ knows."""
+    known = dict.fromkeys(sorted(m.decode() for m in get_redis().hkeys(protocol.MODELS)), 0)
+    return known | {name: q.count for name, q in _model_queues().items()}
 
 
 def job_counts() -> dict[str, int]:

@@ -122,3 +122,17 @@ def test_gunicorn_processes_share_one_metrics_view(redis_url, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_served_model_has_its_queue_depth_before_any_job(tmp_path, tiny_model, tmp_path_factory):
+    """A fresh appliance: the dashboard's queue panel (and the admin dashboard, from the same
+    queue.queue_depths) shows the model a worker serves at 0 waiting, not nothing until its
+    first job (RQ lists a queue only from then)."""
+    from appliance.app import create_app
+    from tests.conftest import API_KEY, private_redis, worker_starter
+    with private_redis(tmp_path) as url, worker_starter(url, tiny_model, tmp_path_factory, tmp_path) as start:
+        start("fresh-w1")
+        app = create_app({"REDIS_URL": url, "API_KEY": API_KEY, "SECRET_KEY": "s", "TESTING": True,
+                          "MODELS_DIR": str(tiny_model.parent)})
+        scraped = samples(app.test_client().get("/metrics").get_data(as_text=True))
+        assert value(scraped, "vkllm_queue_depth", model="tiny-llama") == 0
