@@ -84,6 +84,17 @@ def test_dashboard_asks_only_for_existing_series(scraped):
     assert exprs
     used = {m for e in exprs for m in re.findall(r"\bvkllm_[a-z_]+\b", e)}
     assert used and used <= exposed, used - exposed
+    # a legend names labels its series carry; a target of a bare series names all of them, so that
+    # no two series (two models on one worker, say) share a legend
+    labels = {}
+    for name, pairs in list(worker) + list(api):
+        labels.setdefault(name, set()).update(k for k, _ in pairs)
+    for target in (t for p in dashboard["panels"] for t in p.get("targets", [])):
+        named = set(re.findall(r"{{(\w+)}}", target.get("legendFormat", "")))
+        carried = set().union(*(labels[m] for m in re.findall(r"\bvkllm_[a-z_]+\b", target["expr"])))
+        assert named <= carried, (target["expr"], named - carried)
+        if target["expr"] in labels:
+            assert named == labels[target["expr"]], (target["expr"], labels[target["expr"]] - named)
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("tokens/s", "time to first token", "time per output token", "vram", "kv cache", "queue depth",
                   "jobs by state"):
