@@ -44,10 +44,11 @@ def rewrite(src, dst, arch=None, drop=(), extra_tensor=None):
 
 
 def error_of(path) -> str:
+    """The one-line error opening path gives, which names the file."""
     with pytest.raises(GGUFError) as info:
         ModelFile.open(path)
     message = str(info.value)
-    assert "\n" not in message
+    assert "\n" not in message and str(path) in message
     return message
 
 
@@ -107,7 +108,7 @@ def test_truncated_tensor_data(tmp_path, good):
     data = good.read_bytes()
     path.write_bytes(data[: len(data) * 2 // 3])
     need = max(t.data_offset + t.n_bytes for t in GGUFReader(good).tensors)
-    assert error_of(path) == f"truncated file: {len(data) * 2 // 3} bytes, but its tensor data needs {need}"
+    assert error_of(path) == f"{path}: truncated file: {len(data) * 2 // 3} bytes, but its tensor data needs {need}"
 
 
 def test_truncated_header(tmp_path, good):
@@ -125,20 +126,20 @@ def test_tensor_outside_the_file(tmp_path, good):
     reader.data.flush()
     del reader
     message = error_of(path)
-    assert message.startswith("tensor 'blk.1.ffn_up.weight' data (bytes ")
+    assert message.startswith(f"{path}: tensor 'blk.1.ffn_up.weight' data (bytes ")
     assert message.endswith(f"lies outside the file ({path.stat().st_size} bytes)")
 
 
 def test_unsupported_architecture(tmp_path, good):
     path = rewrite(good, tmp_path / "falcon.gguf", arch="falcon")
-    assert error_of(path) == "unsupported architecture 'falcon' (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss)"
+    assert error_of(path) == f"{path}: unsupported architecture 'falcon' (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss)"
 
 
 def test_unsupported_tensor_type(tmp_path, good):
     iq = np.zeros(66 * 2, np.uint8)         # two IQ2_XXS blocks: 512 values
     path = rewrite(good, tmp_path / "iq.gguf", extra_tensor=("extra.weight", iq, T.IQ2_XXS))
     message = error_of(path)
-    assert message.startswith("tensor 'extra.weight' has unsupported type IQ2_XXS (supported: ")
+    assert message.startswith(f"{path}: tensor 'extra.weight' has unsupported type IQ2_XXS (supported: ")
 
 
 def test_unknown_tensor_type_id(tmp_path, good):
@@ -148,12 +149,12 @@ def test_unknown_tensor_type_id(tmp_path, good):
     reader.tensors[0].field.parts[4][0] = 99     # the tensor's ggml type id
     reader.data.flush()
     del reader
-    assert error_of(path) == "tensor 'token_embd.weight' has unknown type id 99"
+    assert error_of(path) == f"{path}: tensor 'token_embd.weight' has unknown type id 99"
 
 
 def test_missing_tensor(tmp_path, good):
     path = rewrite(good, tmp_path / "missing.gguf", drop=("blk.1.attn_k.bias",))
-    assert error_of(path) == "required tensor 'blk.1.attn_k.bias' is missing (qwen2 model)"
+    assert error_of(path) == f"{path}: required tensor 'blk.1.attn_k.bias' is missing (qwen2 model)"
 
 
 def test_tensor_of_the_wrong_shape(tmp_path, good):
@@ -163,13 +164,13 @@ def test_tensor_of_the_wrong_shape(tmp_path, good):
     row_length, rows = (int(d) for d in q.shape)
     half = np.asarray(q.data)[:rows // 2].view(np.uint8)
     path = rewrite(good, tmp_path / "short.gguf", drop=(q.name,), extra_tensor=(q.name, half, q.tensor_type))
-    assert error_of(path) == (f"tensor 'blk.0.attn_q.weight' has shape ({row_length}, {rows // 2}), "
+    assert error_of(path) == (f"{path}: tensor 'blk.0.attn_q.weight' has shape ({row_length}, {rows // 2}), "
                               f"expected ({row_length}, {rows}) (qwen2 model)")
 
 
 def test_missing_metadata_key(tmp_path, good):
     path = rewrite(good, tmp_path / "nokey.gguf", drop=("qwen2.block_count",))
-    assert error_of(path) == "metadata key 'qwen2.block_count' is missing"
+    assert error_of(path) == f"{path}: metadata key 'qwen2.block_count' is missing"
 
 
 def test_cli_prints_one_line(tmp_path, good):

@@ -3,7 +3,7 @@
 gguf.GGUFReader does the parsing; a damaged file makes it fail with whatever numpy raises, so
 the checks that matter to a user (not a GGUF, truncated, tensor data outside the file,
 unsupported architecture or tensor type, missing tensor) run first or wrap it, and each gives
-one GGUFError line naming the problem.
+one GGUFError line naming the file and the problem.
 """
 import struct
 import sys
@@ -158,8 +158,8 @@ class ModelFile:
             reader = _CheckedReader(path)
             metadata = {name: _field_value(field) for name, field in reader.fields.items()
                         if not name.startswith("GGUF.")}
-        except GGUFError:
-            raise
+        except GGUFError as e:
+            raise GGUFError(f"{path}: {e}") from None
         except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
                 MemoryError, struct.error) as e:
             raise GGUFError(f"{path}: truncated or corrupt GGUF header ({type(e).__name__}: "
@@ -170,7 +170,10 @@ class ModelFile:
                    for t in reader.tensors}
         extra = overrides.read(path)
         model = cls(path, metadata | extra, tensors, len(reader.data), tuple(extra))
-        model.config.check_tensors(model.tensors)
+        try:
+            model.config.check_tensors(model.tensors)
+        except GGUFError as e:
+            raise GGUFError(f"{path}: {e}") from None
         return model
 
     @property
