@@ -446,9 +446,13 @@ def _max_token_bytes(tokenizer) -> int:
 
 def resolve_model(spec: str, models_dir: Path) -> Path:
     """A model is given as a path or as a file name (with or without .gguf) in the models folder."""
-    for candidate in (Path(spec), models_dir / spec, models_dir / f"{spec}.gguf"):
+    candidates = (Path(spec), models_dir / spec, models_dir / f"{spec}.gguf")
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
+    for candidate in candidates:
+        if candidate.is_dir():
+            raise VkllmError(f"model {spec!r}: {candidate} is a directory, not a GGUF file")
     raise VkllmError(f"model {spec!r} not found (as a path or in {models_dir})")
 
 
