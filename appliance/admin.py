@@ -8,6 +8,7 @@ from flask import (
     request,
     url_for,
 )
+from werkzeug.exceptions import default_exceptions
 
 from appliance import auth, batchwork, limits, modelfiles, queue, schema
 
@@ -22,6 +23,12 @@ def _template_globals():
 @bp.before_request
 def _csrf():
     auth.check_csrf()
+
+
+@bp.errorhandler(schema.Invalid)
+def _invalid(e):
+    """The API's refusals (a bad query argument) as the HTML error page the UI's other errors get."""
+    return default_exceptions[e.status](e.message)
 
 
 @bp.route("/login", methods=("GET", "POST"))

@@ -1,5 +1,6 @@
 """The admin UI in headless Chromium (Debian's chromium + chromedriver through selenium), plus
 its CSRF and login checks through the test client."""
+import html
 import re
 
 import pytest
@@ -126,3 +127,20 @@ def test_job_page_shows_the_request_parameters_timings_and_usage(browser, live_u
     assert second.get_attribute("open") is not None
     assert second.text == "user (10 characters)\nHi <there>"
     assert "temperature 0" in [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#params tbody tr")]
+
+
+def client_login(client):
+    page = client.get("/admin/login").get_data(as_text=True)
+    token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+    assert client.post("/admin/login", data={"api_key": API_KEY, "csrf": token}).status_code == 302
+    return token
+
+
+def test_a_bad_query_argument_gets_an_html_error_page(client):
+    """The UI's errors are HTML pages, like its 400 for a stale form token (this one was the API's JSON)."""
+    client_login(client)
+    for query, message in (("state=bogus", "state must be one of ['cancelled', 'failed', 'finished', 'queued', 'running']"),
+                           ("limit=0", "offset must be >= 0 and limit between 1 and 100")):
+        r = client.get(f"/admin/jobs?{query}")
+        assert (r.status_code, r.mimetype) == (400, "text/html")
+        assert f"<p>{message}</p>" in html.unescape(r.get_data(as_text=True))
