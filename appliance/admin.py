@@ -111,7 +111,7 @@ def submit():
             flash("max_tokens and temperature must be numbers.")
         except schema.Invalid as e:
             flash(e.message)
-    return render_template("submit.html", models=models, form=request.form)
+    return render_template("submit.html", models=models, priorities=schema.PRIORITIES, form=request.form)
 
 
 @bp.get("/models")

@@ -8,7 +8,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.conftest import API_KEY
 from tests.test_api import AUTH, wait
@@ -144,3 +144,26 @@ def test_a_bad_query_argument_gets_an_html_error_page(client):
         r = client.get(f"/admin/jobs?{query}")
         assert (r.status_code, r.mimetype) == (400, "text/html")
         assert f"<p>{message}</p>" in html.unescape(r.get_data(as_text=True))
+
+
+def test_a_refused_submission_keeps_what_was_chosen(browser, live_url, worker):
+    """The server refuses max_tokens past the context (256); the form comes back with every field
+    as the user set it (the priority went back to normal)."""
+    login(browser, live_url)
+    WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.ID, "workers")))
+    browser.get(f"{live_url}/admin/submit")
+    browser.find_element(By.ID, "prompt").send_keys("The sky is")
+    browser.find_element(By.NAME, "chat").click()
+    browser.find_element(By.ID, "max_tokens").clear()
+    browser.find_element(By.ID, "max_tokens").send_keys("1000")
+    browser.find_element(By.NAME, "temperature").send_keys("0.5")
+    Select(browser.find_element(By.NAME, "priority")).select_by_visible_text("high")
+    browser.find_element(By.ID, "submit").click()
+    flash = WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.CLASS_NAME, "flash")))
+    assert "max_tokens" in flash.text
+    assert Select(browser.find_element(By.NAME, "priority")).first_selected_option.text == "high"
+    assert Select(browser.find_element(By.NAME, "model")).first_selected_option.get_attribute("value") == "tiny-llama"
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "The sky is"
+    assert browser.find_element(By.NAME, "chat").is_selected()
+    assert browser.find_element(By.ID, "max_tokens").get_attribute("value") == "1000"
+    assert browser.find_element(By.NAME, "temperature").get_attribute("value") == "0.5"
