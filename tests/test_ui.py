@@ -22,8 +22,7 @@ def worker(start_worker):
     return start_worker("ui-w1")
 
 
-@pytest.fixture(scope="module")
-def browser():
+def chromium():
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})   # CSP violations are logged there
@@ -32,6 +31,10 @@ def browser():
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     yield driver
     driver.quit()
+
+
+browser = pytest.fixture(scope="module")(chromium)
+fresh_browser = pytest.fixture(chromium)   # one that has asked for nothing yet (Chromium remembers a missing icon)
 
 
 def login(browser, live_url, key=API_KEY):
@@ -167,3 +170,13 @@ def test_a_refused_submission_keeps_what_was_chosen(browser, live_url, worker):
     assert browser.find_element(By.NAME, "chat").is_selected()
     assert browser.find_element(By.ID, "max_tokens").get_attribute("value") == "1000"
     assert browser.find_element(By.NAME, "temperature").get_attribute("value") == "0.5"
+
+
+def test_pages_ask_for_nothing_that_is_not_there(fresh_browser, live_url):
+    """No page's load fails a request, the icon Chromium asks for included (each page got a
+    /favicon.ico 404), nor breaks the Content-Security-Policy."""
+    login(fresh_browser, live_url)
+    WebDriverWait(fresh_browser, 30).until(EC.presence_of_element_located((By.ID, "workers")))
+    for page in ("jobs", "submit", "models", "batches"):
+        fresh_browser.get(f"{live_url}/admin/{page}")
+    assert [e["message"] for e in fresh_browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")] == []
