@@ -30,8 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
 def configure_logging():
     """Informational lines (a first load on a device timing its kernels' shapes, which can take
     minutes) on stderr, where the commands' own output on stdout stays clean; `vkllm worker` puts
-    its timestamped format in place of this one."""
+    its timestamped format in place of this one. The gguf package's INFO lines as it writes a
+    file (byte order, file sizes) are not ours; its warnings still show."""
     logging.basicConfig(level=logging.INFO, format="vkllm: %(message)s", stream=sys.stderr)
+    logging.getLogger("gguf").setLevel(logging.WARNING)
 
 
 def main(argv=None) -> int:
