@@ -1,5 +1,6 @@
 """ModelFile: real files read as the gguf package reads them; each kind of bad file gives its
 one-line GGUFError (and `vkllm` prints it without a traceback)."""
+import re
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize
 
+from vkllm.errors import VkllmError
 from worker.engine.errors import GGUFError
 from worker.engine.modelfile import ModelFile
 from worker.tools.synth import write_model
@@ -181,3 +183,11 @@ def test_cli_prints_one_line(tmp_path, good):
     assert done.returncode == 2
     assert done.stderr.startswith("vkllm: error: ") and done.stderr.count("\n") == 1
     assert "Traceback" not in done.stderr
+
+
+def test_broken_tokenizer_metadata_fails_the_load_naming_the_file(good, tmp_path):
+    """The tokenizer is read at Engine.load, past ModelFile.open: its errors name the file too."""
+    from worker.engine.engine import Engine
+    broken = rewrite(good, tmp_path / "no-merges.gguf", drop={"tokenizer.ggml.merges"})
+    with pytest.raises(VkllmError, match=rf"^{re.escape(str(broken))}: .*needs tokenizer.ggml.merges"):
+        Engine.load(broken)

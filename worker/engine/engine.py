@@ -129,7 +129,10 @@ class Engine:
         `pool_share` of what one context leaves of that (worker/engine/resident.py)."""
         model_file = path if isinstance(path, ModelFile) else ModelFile.open(path)
         config = model_file.config
-        tokenizer = Tokenizer.from_metadata(model_file.metadata)
+        try:
+            tokenizer = Tokenizer.from_metadata(model_file.metadata)
+        except VkllmError as e:   # as ModelFile.open's errors do, it names the file
+            raise VkllmError(f"{model_file.path}: {e}") from None
         owns_ctx = ctx is None
         if owns_ctx:
             ctxs = open_contexts(settings or Settings())
