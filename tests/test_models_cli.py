@@ -29,12 +29,14 @@ def test_inspect_smollm2(smollm2_path):
 
 def test_inspect_shows_the_batching_pool(smollm2_path):
     """With room on the device, the pool takes a full 1024-token context per sequence asked for:
-    4 x 1024 positions of 2 x 30 layers x 3 x 64 f16 values, half that plus the scales in 8 bits."""
+    4 x 1024 positions of 2 x 30 layers x 3 x 64 f16 values, half that plus the scales in 8 bits;
+    the one-context plan a quarter of that, in the same type."""
     import os
-    for kv_type, size in (("f16", "90.00 MiB"), ("q8_0", "47.81 MiB")):
+    for kv_type, size, one in (("f16", "90.00 MiB", "22.50 MiB"), ("q8_0", "47.81 MiB", "11.95 MiB")):
         env = os.environ | {"VKLLM_MAX_SEQUENCES": "4", "VKLLM_KV_TYPE": kv_type}
         done = vkllm("models", "inspect", str(smollm2_path), "--ctx", "1024", env=env)
         assert done.returncode == 0, done.stderr
+        assert f"memory plan     n_ctx 1024: weights 92.10 MiB + KV cache {one} + " in done.stdout, done.stdout
         assert (f"batching        4 sequences (VKLLM_MAX_SEQUENCES 4), {kv_type} KV pool of 4096 tokens = {size}"
                 in done.stdout), done.stdout
 

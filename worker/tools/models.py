@@ -69,8 +69,8 @@ def _plans(model, ctxs: list, settings, n_ctx: int, budgets: list[int], ranges: 
         chunk = pool[0].chunk if pool else prefill_chunks(ctxs)[0]
         scratch = kernel_scratch(ctxs, c, settings.max_sequences)(chunk, n_ctx)
     sequences = pool[0].sequences if pool else settings.max_sequences
-    plans = [MemoryPlan.compute(model, c, n_ctx, chunk, scratch, sequences, layers=layers, first=i == 0,
-                                last=i == len(ranges) - 1) for i, layers in enumerate(ranges)]
+    plans = [MemoryPlan.compute(model, c, n_ctx, chunk, scratch, sequences, settings.kv_type, layers=layers,
+                                first=i == 0, last=i == len(ranges) - 1) for i, layers in enumerate(ranges)]
     return plans, pool
 
 
