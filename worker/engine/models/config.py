@@ -292,8 +292,9 @@ class ModelConfig:
         return names
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Each tensor the forward pass reads by its config's sizes (GGUF order: row length
-        first), per layer keyed by its name after `blk.N.`; a file's `output.weight` too."""
+        """The shape by its config's sizes (GGUF order: row length first) of each tensor the
+        forward pass may read, by name (`output.weight` and the biases and norms of some
+        families among them): check_tensors compares those a file holds."""
         q, kv, e = self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.n_embd
         whole = {"token_embd.weight": (e, self.vocab_size), "output.weight": (e, self.vocab_size),
                  "output_norm.weight": (e,)}
@@ -303,7 +304,8 @@ class ModelConfig:
                  "attn_q_norm.weight": (self.head_dim,), "attn_k_norm.weight": (self.head_dim,),
                  "post_attention_norm.weight": (e,), "post_ffw_norm.weight": (e,), "attn_sinks.weight": (self.n_head,)}
         if self.n_expert:
-            layer |= {"ffn_gate_inp.weight": (e, self.n_expert), "ffn_gate_exps.weight": (e, self.n_ff_exp, self.n_expert),
+            layer |= {"ffn_gate_inp.weight": (e, self.n_expert),
+                      "ffn_gate_exps.weight": (e, self.n_ff_exp, self.n_expert),
                       "ffn_up_exps.weight": (e, self.n_ff_exp, self.n_expert),
                       "ffn_down_exps.weight": (self.n_ff_exp, e, self.n_expert)}
         else:
