@@ -288,12 +288,21 @@ def describe(job: Job, with_output: bool = True) -> dict:
         "queue_position": _queue(job.meta["model"]).get_job_position(job.id) if st == "queued" else None,
         "created_at": job.created_at.timestamp() if job.created_at else None,
         "started_at": job.started_at.timestamp() if job.started_at else None,
-        "ended_at": job.ended_at.timestamp() if job.ended_at else None,
+        "ended_at": _ended_at(job, st),
         "params": asked(job).get("params"),
         "output": text, "finish_reason": end.get("finish_reason") if end else None,
         "usage": end.get("usage") if end else None, "timings": end.get("timings") if end else None,
         "error": error,
     }
+
+
+def _ended_at(job: Job, st: str) -> float | None:
+    """When the job ended. RQ fails a job whose worker died (vkllm.orphans) without setting its
+    ended_at: that job ended when its failure was recorded."""
+    if job.ended_at:
+        return job.ended_at.timestamp()
+    result = job.latest_result() if st == "failed" else None
+    return result.created_at.timestamp() if result else None
 
 
 def asked(job: Job) -> dict:

@@ -5,7 +5,7 @@ import time
 
 from redis import Redis
 from rq import Queue, SimpleWorker
-from rq.job import JobStatus
+from rq.job import Job, JobStatus
 
 from vkllm import orphans, protocol
 
@@ -85,3 +85,30 @@ def test_a_job_rq_fails_itself_names_its_worker_as_the_sweep_does(redis_url):
     job.refresh()
     assert job.get_status() == JobStatus.FAILED
     assert _failure_reason(job) == "the worker running this job (rq-dead) stopped; the text generated before that is kept"
+
+
+def test_a_job_failed_for_its_dead_worker_says_when_it_ended(app, redis_url):
+    """A job failed because its worker died, by the sweep or by RQ's own registry cleanup, shows
+    when it was failed as ended_at (RQ's abandoned-job failure leaves the job's ended_at unset: the
+    API and the admin UI showed null for such failed jobs)."""
+    from appliance.queue import describe
+    r = Redis.from_url(redis_url)
+    queue = Queue("vkllm:orphans-ended-test", connection=r)
+    by_rq, by_sweep = start_jobs(r, queue, "ended-dead", "gone", 2)
+    registry = queue.started_job_registry
+    before_rq = time.time()
+    for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
+        if job_id == by_rq.id:
+            r.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)   # its heartbeat long expired
+    registry.cleanup()
+    after_rq = time.time()
+    assert orphans.reap([queue], 100) == []
+    time.sleep(1.2)
+    before_sweep = time.time()
+    assert orphans.reap([queue], 100) == [by_sweep.id]
+    after_sweep = time.time()
+    with app.app_context():
+        ended = [describe(Job.fetch(job.id, connection=r)) for job in (by_rq, by_sweep)]
+    assert [view["state"] for view in ended] == ["failed", "failed"]
+    assert before_rq - 0.01 <= ended[0]["ended_at"] <= after_rq + 0.01
+    assert before_sweep - 0.01 <= ended[1]["ended_at"] <= after_sweep + 0.01
