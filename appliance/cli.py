@@ -1,7 +1,7 @@
 """The appliance's commands: `up`, `submit`, `jobs`, `follow`, `apikey rotate`.
 
 Imports stay inside the command functions: `vkllm --help` loads neither Flask nor Redis."""
-from vkllm.argtypes import redis_url
+from vkllm.argtypes import port, redis_url
 from vkllm.config import CommandDefaults
 from vkllm.sampling_defaults import SERVER as SAMPLING_DEFAULTS
 from vkllm.sampling_defaults import describe
@@ -12,7 +12,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("up", help="run redis, a worker with the demo model and the web app on this machine")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--data-dir", default=None, help="redis data and logs (default: ~/.local/share/vkllm)")
     p.add_argument("--models-dir", default=env.models_dir, help="GGUF folder (default: VKLLM_MODELS_DIR or ./models)")
     p.add_argument("-m", "--model", action="append", help="model(s) to serve (default: the demo model)")

@@ -123,3 +123,27 @@ def test_unusable_urls_are_one_line_and_exit_2(tmp_path):
         done = vkllm(*args, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.splitlines()[-1].startswith(line), done.stderr
+
+
+def test_ports_and_intervals_out_of_range_are_usage_errors(tmp_path):
+    """up --port 99999 served on port 34463 (99999 - 65536: the socket layer wraps it), worker
+    --metrics-port 99999 ended in an OverflowError traceback once its models had loaded, and
+    --heartbeat-interval 0 (or below) made the heartbeat thread spin without pause: each is refused
+    by the parser, exit 2, its flag named, before anything starts."""
+    for args, line in (
+            (("up", "--port", "99999", "--data-dir", str(tmp_path), "-m", "x.gguf"),
+             "vkllm up: error: argument --port: not a TCP port (0 to 65535): '99999'"),
+            (("up", "--port", "-1", "--data-dir", str(tmp_path), "-m", "x.gguf"),
+             "vkllm up: error: argument --port: not a TCP port (0 to 65535): '-1'"),
+            (("worker", "-m", "x.gguf", "--metrics-port", "99999"),
+             "vkllm worker: error: argument --metrics-port: not a TCP port (0 to 65535): '99999'"),
+            (("worker", "-m", "x.gguf", "--heartbeat-interval", "0"),
+             "vkllm worker: error: argument --heartbeat-interval: not a number of seconds above 0: '0'"),
+            (("worker", "-m", "x.gguf", "--heartbeat-interval", "-5"),
+             "vkllm worker: error: argument --heartbeat-interval: not a number of seconds above 0: '-5'"),
+            (("worker", "-m", "x.gguf", "--heartbeat-interval", "nan"),
+             "vkllm worker: error: argument --heartbeat-interval: not a number of seconds above 0: 'nan'")):
+        done = vkllm(*args, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.splitlines()[-1] == line, done.stderr
+    assert not (tmp_path / "redis").exists()   # refused before redis-server started

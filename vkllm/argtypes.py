@@ -1,7 +1,8 @@
-"""argparse types for the commands' counts (tokens, repetitions, context positions, sequences)
-and Redis URLs: a value below 1 or a URL of another scheme is refused as that flag's usage
-error, where it would otherwise end in a division by zero, an empty range or a ValueError deep
-inside a run."""
+"""argparse types for the commands' counts (tokens, repetitions, context positions, sequences),
+intervals, TCP ports and Redis URLs: a value below 1 (an interval not above 0, a port outside
+0-65535) or a URL of another scheme is refused as that flag's usage error, where it would
+otherwise end in a division by zero, an empty range, a busy loop, another port than asked or a
+ValueError deep inside a run."""
 import argparse
 import urllib.parse
 
@@ -23,6 +24,28 @@ def counts(text: str) -> list[int]:
         return [count(part) for part in text.split(",")]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"not comma-separated whole numbers of at least 1: {text!r}") from None
+
+
+def seconds(text: str) -> float:
+    """A number of seconds above 0 (an interval that a loop waits between rounds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a number of seconds above 0: {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535: the socket layer takes a larger one modulo 65536."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port (0 to 65535): {text!r}")
+    return value
 
 
 def redis_url(text: str) -> str:
