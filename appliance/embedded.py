@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from redis import Redis
-from werkzeug.serving import make_server
+from werkzeug.serving import LISTEN_QUEUE, get_sockaddr, make_server, select_address_family
 
 from appliance import auth
 from vkllm.config import worker_environment
@@ -27,6 +27,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The web app's socket, bound before anything starts: a port in use (or an address not of
+    this machine) is one error line, before a first run generates a key it would never show."""
+    family = select_address_family(host, port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as werkzeug's server does
+    try:
+        sock.bind(get_sockaddr(host, port, family))
+        sock.listen(LISTEN_QUEUE)
+    except OSError as e:
+        sock.close()
+        raise VkllmError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    return sock
 
 
 def _start_redis(data_dir: Path, port: int) -> subprocess.Popen:
@@ -111,6 +126,7 @@ def worker_command(args, redis_url: str, models: list[str]) -> list[str]:
 def run(args, api_key: str | None) -> int:
     from appliance.app import create_app
 
+    listener = _listen(args.host, args.port)
     data_dir = Path(args.data_dir or Path.home() / ".local" / "share" / "vkllm")
     models_dir = Path(args.models_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +147,8 @@ def run(args, api_key: str | None) -> int:
         generated = auth.ensure_key(Redis.from_url(redis_url), api_key)
         app = create_app({"REDIS_URL": redis_url, "API_KEY": api_key, "MODELS_DIR": str(models_dir),
                           "DATA_DIR": str(data_dir)})
-        server = make_server(args.host, args.port, app, threaded=True)
+        server = make_server(args.host, args.port, app, threaded=True, fd=listener.fileno())
+        listener.close()   # the server holds a duplicate
         env = worker_environment(str(models_dir))
         worker_log = open(data_dir / "worker.log", "ab")
         command = worker_command(args, redis_url, models)
@@ -139,7 +156,7 @@ def run(args, api_key: str | None) -> int:
             command, stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True),
             data_dir / "worker.log")
         threading.Thread(target=server.serve_forever, name="vkllm-web", daemon=True).start()
-        print(f"vkllm is up: http://{args.host}:{server.server_port}/  (admin UI at /admin/)", flush=True)
+        print(f"vkllm is up: http://{args.host}:{server.port}/  (admin UI at /admin/)", flush=True)
         if generated:
             print(f"API key (shown only now; `vkllm apikey rotate` makes a new one): {generated}", flush=True)
         elif not api_key:

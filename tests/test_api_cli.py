@@ -147,3 +147,33 @@ def test_ports_and_intervals_out_of_range_are_usage_errors(tmp_path):
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.splitlines()[-1] == line, done.stderr
     assert not (tmp_path / "redis").exists()   # refused before redis-server started
+
+
+def test_up_on_a_port_in_use_is_one_error_line_and_its_first_key_is_shown_on_the_next_run(tmp_path, tiny_model):
+    """A first `vkllm up` whose port is taken stopped with werkzeug's two lines and exit 1, after it had
+    generated and stored the API key without showing it: the next run said 'the one printed on the
+    first run', which none was, and only `apikey rotate` gave a usable key. Now the port is bound
+    before anything starts: one error line, exit 2, no Redis started, and the next run generates and
+    shows the key."""
+    import socket
+    env = {k: v for k, v in os.environ.items() if k != "VKLLM_API_KEY"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = vkllm("up", "--port", str(port), "--data-dir", str(tmp_path), "--models-dir", str(tiny_model.parent),
+                     "-m", tiny_model.name, env=env, timeout=60)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr.splitlines() == [f"vkllm: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert not (tmp_path / "redis").exists()
+    proc = subprocess.Popen([sys.executable, "-c", VKLLM, "up", "--port", "0", "--data-dir", str(tmp_path),
+                             "--models-dir", str(tiny_model.parent), "-m", tiny_model.name],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            preexec_fn=interruptible)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+        url = re.search(r"vkllm is up: (http://\S+)/", lines[0]).group(1)
+        key = re.fullmatch(r"API key \(shown only now; .*\): (\S+)\n", lines[1]).group(1)
+        assert "\"object\": \"list\"" in _models(url, key)   # the key shown is the one in force
+    finally:
+        stop(proc)
