@@ -39,7 +39,7 @@ class Client:
 
     def events(self, job_id: str):
         """(type, data) of the job's Server-Sent Events, until its end."""
-        with self._open("GET", f"/api/v1/jobs/{job_id}/stream", timeout=None) as response:
+        with self._open("GET", f"{job_path(job_id)}/stream", timeout=None) as response:
             kind = None
             for raw in response:
                 line = raw.decode().rstrip("\n")
@@ -51,10 +51,15 @@ class Client:
                         return
 
 
+def job_path(job_id: str) -> str:
+    """The job's URL path: its id as one path segment, whatever characters it holds."""
+    return "/api/v1/jobs/" + urllib.parse.quote(job_id, safe="")
+
+
 def follow(client: Client, job_id: str, out=sys.stdout) -> int:
     """Print the text as it comes; on a terminal, a progress bar on stderr counts the tokens."""
     from tqdm import tqdm
-    job = client.call("GET", f"/api/v1/jobs/{job_id}")
+    job = client.call("GET", job_path(job_id))
     total = (job.get("progress") or {}).get("max_tokens")
     bar = tqdm(total=total, unit="tok", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False)
     status = 0

@@ -177,3 +177,17 @@ def test_up_on_a_port_in_use_is_one_error_line_and_its_first_key_is_shown_on_the
         assert "\"object\": \"list\"" in _models(url, key)   # the key shown is the one in force
     finally:
         stop(proc)
+
+
+def test_follow_sends_the_job_id_as_one_path_segment(live_url):
+    """`vkllm follow` put the id into the URL as typed: 'a b' ended in an InvalidURL traceback,
+    'x?y' read job 'x' and '../models' the model list's URL. Each is now the id it is."""
+    from tests.conftest import API_KEY
+    for job_id, line in (("a b", "vkllm: error: 404: no job 'a b' (never submitted, or expired)"),
+                         ("x?y", "vkllm: error: 404: no job 'x?y' (never submitted, or expired)"),
+                         ("x#y", "vkllm: error: 404: no job 'x#y' (never submitted, or expired)")):
+        done = vkllm("follow", job_id, "--url", live_url, "--api-key", API_KEY, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.splitlines() == [line]
+    done = vkllm("follow", "../models", "--url", live_url, "--api-key", API_KEY, timeout=60)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.startswith("vkllm: error: 404: "), done.stderr
