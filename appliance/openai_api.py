@@ -54,8 +54,6 @@ def parse(body: dict, chat: bool) -> tuple[dict, dict, int]:
     if options is not None and not (isinstance(options, dict)
                                     and isinstance(options.get("include_usage", False), bool)):
         raise schema.Invalid("stream_options must be an object like {\"include_usage\": true}", "stream_options")
-    if chat and body.get("max_completion_tokens") is not None:
-        body = body | {"max_tokens": body["max_completion_tokens"]}
     if not chat and isinstance(body.get("prompt"), list) and len(body["prompt"]) == 1:
         body = body | {"prompt": body["prompt"][0]}
     if not chat and body.get("max_tokens") is None:

@@ -252,11 +252,14 @@ def generation(body, *, chat: bool | None) -> dict:
     # job records what it runs with
     params = sampling_defaults.fill(params, served.get("sampling_defaults"))
     default_max = current_app.config["DEFAULT_MAX_TOKENS"]
-    max_tokens = body.get("max_tokens")   # 0 and false are refused, not taken for unset
-    params["max_tokens"] = _number(body | {"max_tokens": min(default_max, n_ctx) if max_tokens is None else max_tokens},
-                                   "max_tokens", "integer", 1, n_ctx)
+    # OpenAI's chat names it max_completion_tokens (max_tokens deprecated there): that one wins,
+    # and errors name the parameter the request sent
+    limit = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(limit)   # 0 and false are refused, not taken for unset
+    params["max_tokens"] = _number(body | {limit: min(default_max, n_ctx) if max_tokens is None else max_tokens},
+                                   limit, "integer", 1, n_ctx)
     if params.get("min_tokens", 0) > params["max_tokens"]:
-        raise Invalid(f"min_tokens ({params['min_tokens']}) must not be above max_tokens ({params['max_tokens']})",
+        raise Invalid(f"min_tokens ({params['min_tokens']}) must not be above {limit} ({params['max_tokens']})",
                       "min_tokens")
     if body.get("ignore_eos") is not None:
         if not isinstance(body["ignore_eos"], bool):

@@ -43,7 +43,7 @@ BAD = [   # (path, raw JSON body, words in the error)
     ("/api/v1/jobs", '{"model": "tiny-llama", "prompt": "x", "max_tokens": true}', "max_tokens must be an integer"),
     ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "max_tokens": 0}', "max_tokens must be between"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
-     '"max_completion_tokens": false}', "max_tokens must be an integer"),
+     '"max_completion_tokens": false}', "max_completion_tokens must be an integer"),
     ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "stream": "false"}', "stream must be"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"stream": 1}', "stream must be"),
@@ -134,6 +134,25 @@ def test_bad_requests_get_400_and_queue_nothing(app, client, worker, path, raw, 
     assert r.status_code == 400, r.get_data(as_text=True)[:300]
     assert r.json["error"]["type"] == "invalid_request_error" and words in r.json["error"]["message"]
     assert index_size(app) == before
+
+
+@pytest.mark.parametrize("value,words", [
+    (0, "max_completion_tokens must be between 1 and 256, got 0"),
+    (-1, "max_completion_tokens must be between 1 and 256, got -1"),
+    (257, "max_completion_tokens must be between 1 and 256, got 257"),
+    ("8", "max_completion_tokens must be an integer"),
+])
+def test_max_completion_tokens_errors_name_it(client, worker, value, words):
+    """A chat request that bounds its answer with max_completion_tokens (OpenAI's name; max_tokens
+    is deprecated for chat) is told about max_completion_tokens, not a max_tokens it never sent."""
+    r = client.post("/v1/chat/completions", json={"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}],
+                                                  "max_completion_tokens": value}, headers=AUTH)
+    assert r.status_code == 400
+    assert r.json["error"]["param"] == "max_completion_tokens" and r.json["error"]["message"] == words
+    r = client.post("/v1/chat/completions", json={"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}],
+                                                  "max_completion_tokens": 4, "min_tokens": 5}, headers=AUTH)
+    assert r.status_code == 400 and r.json["error"]["param"] == "min_tokens"
+    assert r.json["error"]["message"] == "min_tokens (5) must not be above max_completion_tokens (4)"
 
 
 def test_n_null_means_one(client, worker):
