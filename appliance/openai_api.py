@@ -22,12 +22,24 @@ MAX_TOP_LOGPROBS = 20    # OpenAI's limit for chat (5 for completions; vLLM allo
 NOT_IMPLEMENTED = {"logit_bias": {}, "echo": False, "suffix": ""}
 
 
+def _model(name: str, m: dict) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "vkllm", "context_length": m["n_ctx"],
+            "sampling_defaults": m.get("sampling_defaults")}
+
+
 @bp.get("/models")
 def models():
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "vkllm",
-                                        "context_length": m["n_ctx"],
-                                        "sampling_defaults": m.get("sampling_defaults")}
-                                       for name, m in queue.models().items()]}
+    return {"object": "list", "data": [_model(name, m) for name, m in queue.models().items()]}
+
+
+@bp.get("/models/<path:model>")
+def model(model: str):
+    """One entry of the listing (the openai client's models.retrieve)."""
+    served = queue.models()
+    if model not in served:
+        raise schema.Invalid(f"unknown model {model!r}; served now: {sorted(served) or 'none'}", "model", 404,
+                             "model_not_found")
+    return _model(model, served[model])
 
 
 def _request(chat: bool) -> tuple[dict, dict, int]:

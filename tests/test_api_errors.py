@@ -9,7 +9,7 @@ ENDPOINTS = [
     ("POST", "/api/v1/jobs"), ("GET", "/api/v1/jobs"), ("GET", "/api/v1/jobs/abc"),
     ("GET", "/api/v1/jobs/abc/stream"), ("POST", "/api/v1/jobs/abc/cancel"), ("GET", "/api/v1/models"),
     ("GET", "/api/v1/openapi.json"), ("POST", "/api/v1/tokenize"), ("GET", "/v1/models"),
-    ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/models/tiny-llama"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
 ]
 
 

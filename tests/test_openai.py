@@ -23,6 +23,17 @@ def test_models(oai):
     assert "tiny-llama" in [m.id for m in oai.models.list().data]
 
 
+def test_model_retrieve(oai):
+    """client.models.retrieve (GET /v1/models/{id}) gives the listing's entry; an unknown id is
+    OpenAI's 404 model_not_found."""
+    listed = next(m for m in oai.models.list().data if m.id == "tiny-llama")
+    got = oai.models.retrieve("tiny-llama")
+    assert got.model_dump() == listed.model_dump() and got.object == "model" and got.context_length == 256
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+
+
 def test_completion_whole_and_streamed_agree(oai):
     whole = oai.completions.create(model="tiny-llama", prompt="Once upon", max_tokens=5, temperature=0)
     assert whole.object == "text_completion" and whole.choices[0].finish_reason == "length"
