@@ -9,7 +9,7 @@ from redis import Redis
 from tests.test_resilience import RedisServer
 from vkllm import protocol
 from worker.service.outbox import Outbox
-from worker.service.worker import connect
+from worker.service.redislink import connect
 
 
 @pytest.fixture

@@ -314,3 +314,29 @@ def test_jobs_of_a_batch_that_end_during_an_outage_are_filed_once_redis_is_back(
         assert "".join(e["text"] for _, kind, e in events if kind == "token") == d["output"]
         again = wait_for(url, submit(url, prompt=f"Tale {lengths.index(n)}", max_tokens=n, ignore_eos=True))
         assert (again["output"], again["usage"]) == (d["output"], d["usage"])
+
+
+def test_a_worker_started_while_redis_is_away_says_so_and_serves_once_it_is_up(redis_server, served, tiny_model,
+                                                                             tmp_path, tmp_path_factory):
+    """A worker whose Redis is not there (yet, or a wrong --redis-url) logged 'serving' and then
+    waited in silence, for ever if the URL was wrong: it now logs that Redis is unreachable and
+    that it waits, and serves once Redis is up."""
+    from tests.conftest import WorkerProcess
+    url, _ = served
+    redis_server.stop()
+    w = WorkerProcess(redis_server.url, tiny_model, "late-redis", tmp_path_factory.getbasetemp() / "vkcache-workers",
+                      tmp_path)
+    try:
+        deadline, log = time.monotonic() + 120, ""
+        while "waiting for it" not in log:
+            assert time.monotonic() < deadline and w.proc.poll() is None, log[-3000:]
+            time.sleep(0.2)
+            w.log.seek(0)
+            log = w.log.read()
+        line = next(line for line in log.splitlines() if "waiting for it" in line)
+        assert f"Redis at 127.0.0.1:{redis_server.port} is unreachable" in line, line
+        redis_server.start()
+        w.registration(timeout=60)
+        assert wait_for(url, submit(url, max_tokens=3))["state"] == "finished"
+    finally:
+        w.stop()

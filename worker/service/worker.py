@@ -32,9 +32,6 @@ import uuid
 from pathlib import Path
 
 from redis import Redis
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError, TimeoutError
-from redis.retry import Retry
 from rq import Queue, SimpleWorker, get_current_job
 from rq.job import Job, JobStatus
 from rq.utils import now
@@ -45,10 +42,10 @@ from vkllm.errors import VkllmError
 from worker.service.jobrun import JobRun
 from worker.service.metrics import WorkerMetrics
 from worker.service.outbox import Outbox
+from worker.service.redislink import UNREACHABLE, connect, wait_for_redis
 from worker.service.tokenize import TokenCounter
 
 log = logging.getLogger(__name__)
-UNREACHABLE = (ConnectionError, TimeoutError)
 PROGRESS_INTERVAL = 0.5   # seconds between a running job's progress updates in job.meta
 PUBSUB_POLL = 1.0   # seconds the command channel's thread waits per read (GPUWorker.subscribe)
 # The first job of the first non-empty queue (KEYS in order), popped in one command. RQ's
@@ -66,24 +63,6 @@ def run_job(request: dict) -> None:
     """The RQ job function, enqueued by name by the web app: the request joins the batch of the
     worker running it (a bad request raises here), which files the job when its sequence ends."""
     _current_worker.get().join(get_current_job(), request)
-
-
-class _SharedRetry(Retry):
-    """redis-py copies a client's retry policy into each connection; this one stays one object,
-    so that a stop can cut short the waits already under way (see GPUWorker.request_stop)."""
-
-    def __deepcopy__(self, memo):
-        return self
-
-
-def connect(url: str) -> tuple[Redis, Redis]:
-    """Two clients of the worker's Redis: one whose commands wait out any outage (RQ, the
-    threads), and one that fails at once, for the batch's outbox."""
-    patient = Redis.from_url(url, socket_connect_timeout=5, retry_on_error=list(UNREACHABLE),
-                             retry=_SharedRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1))
-    prompt = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=Retry(
-        ExponentialWithJitterBackoff(), 0))
-    return patient, prompt
 
 
 class GPUWorker(SimpleWorker):
@@ -483,6 +462,7 @@ def serve(args, settings) -> int:
         metrics.batch(model, engine.batch.stats())
     port = metrics.serve(args.metrics_port, args.metrics_host)
     log.info("worker %s serving %s; metrics on %s port %d", name, ", ".join(engines), args.metrics_host, port)
+    wait_for_redis(link)
     worker = GPUWorker(engines, connection, link, metrics=metrics, metrics_port=port,
                        heartbeat_interval=args.heartbeat_interval)
     try:
