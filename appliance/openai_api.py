@@ -16,6 +16,7 @@ bp.before_request(auth.require_key)
 # OpenAI clients know stop and length only; a cancelled generation stopped.
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 MAX_N = 8                # choices a request may ask for, each a job of its own
+MAX_PROMPTS = 64         # prompts one completions request may list (n choices each)
 MAX_TOP_LOGPROBS = 20    # OpenAI's limit for chat (5 for completions; vLLM allows 20 on both)
 # OpenAI parameters this server does not implement, with the values that ask for nothing (clients
 # send some of them by default): any other value is refused rather than silently ignored.
@@ -42,8 +43,16 @@ def model(model: str):
     return _model(model, served[model])
 
 
-def _request(chat: bool) -> tuple[dict, dict, int]:
-    return parse(requestbody.read(), chat)
+def _prompts(body: dict, chat: bool) -> list[dict]:
+    """A request as one body per prompt: a completions prompt may be a list of strings (OpenAI's
+    batched prompt), each answered by n choices, prompt after prompt."""
+    prompt = body.get("prompt")
+    if chat or not isinstance(prompt, list) or len(prompt) == 1:
+        return [body]
+    if not prompt or len(prompt) > MAX_PROMPTS or not all(isinstance(p, str) for p in prompt):
+        raise schema.Invalid(f"prompt must be a string or a list of at most {MAX_PROMPTS} strings "
+                             f"(token ids are not supported)", "prompt")
+    return [body | {"prompt": p} for p in prompt]
 
 
 def parse(body: dict, chat: bool) -> tuple[dict, dict, int]:
@@ -102,10 +111,11 @@ def sequences(gen: dict, n: int) -> list[dict]:
             for i in range(n)]
 
 
-def _usage(ends: list[dict]) -> dict:
-    """One prompt, n completions; zeros for a job that ended before it ran (cancelled)."""
+def _usage(ends: list[dict], n: int) -> dict:
+    """Prompts of n completions each (their ends in that order), each prompt counted once; zeros
+    for a job that ended before it ran (cancelled)."""
     usages = [end.get("usage") or {"prompt_tokens": 0, "completion_tokens": 0} for end in ends]
-    prompt = max((u["prompt_tokens"] for u in usages), default=0)
+    prompt = sum(max(u["prompt_tokens"] for u in usages[i:i + n]) for i in range(0, len(usages), n))
     completion = sum(u["completion_tokens"] for u in usages)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -134,10 +144,10 @@ def _finish(gen: dict, end: dict) -> str:
     return "tool_calls" if _calls(gen, end) else FINISH[end["finish_reason"]]
 
 
-def response(head: dict, chat: bool, gen: dict, results: list[tuple[list[dict], dict]]) -> dict:
+def response(head: dict, chat: bool, gen: dict, results: list[tuple[list[dict], dict]], n: int | None = None) -> dict:
     """The whole (not streamed) answer to a request: head is its id, created and model; results
-    each choice's token records and end record, as its job's stream has them. Batch output
-    lines are this body too."""
+    each choice's token records and end record, as its job's stream has them, n per prompt (all of
+    them one prompt's when None). Batch output lines are this body too."""
     choices = []
     for index, (tokens, end) in enumerate(results):
         text = "".join(t["text"] for t in tokens)
@@ -152,7 +162,7 @@ def response(head: dict, chat: bool, gen: dict, results: list[tuple[list[dict], 
             choice = {"text": text}
         choices.append({"index": index} | choice | {"logprobs": logprobs, "finish_reason": _finish(gen, end)})
     return head | {"object": "chat.completion" if chat else "text_completion", "choices": choices,
-                   "usage": _usage([end for _, end in results])}
+                   "usage": _usage([end for _, end in results], n or len(results))}
 
 
 def _failure(data: dict) -> tuple[dict, int]:
@@ -218,25 +228,26 @@ def _cancel(job_ids: list[str]) -> None:
 
 
 def _respond(chat: bool):
-    body, gen, n = _request(chat)
-    for _ in range(n):   # all admitted before any is queued: a refusal leaves no choice running
+    parsed = [parse(body, chat) for body in _prompts(requestbody.read(), chat)]
+    body, gen, n = parsed[0]   # the prompts' bodies differ in their prompt only
+    for _ in range(n * len(parsed)):   # all admitted before any is queued: a refusal leaves no choice running
         limits.admit(gen["model"])
     jobs = [queue.submit(sequence, priority="normal", metadata={}, kind="chat" if chat else "completion")[0]
-            for sequence in sequences(gen, n)]
+            for _, one, _ in parsed for sequence in sequences(one, n)]
     head = {"id": ("chatcmpl-" if chat else "cmpl-") + jobs[0], "created": int(time.time()), "model": gen["model"]}
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return _stream(jobs, head, chat, include_usage, gen)
+        return _stream(jobs, head, chat, include_usage, gen, n)
     try:
         results = [_collect(job_id) for job_id in jobs]
     except _Abort as abort:
         _cancel(jobs)
         return abort.response
-    return response(head, chat, gen, results)
+    return response(head, chat, gen, results, n)
 
 
-def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, gen: dict) -> Response:
-    """The choices one after the other, each a job's stream as it comes."""
+def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, gen: dict, n: int) -> Response:
+    """The choices one after the other, each a job's stream as it comes (n per prompt)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     logprobs = "logprobs" in gen
 
@@ -277,7 +288,7 @@ def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, gen: d
                         ends.append(data)
                 pending.remove(job_id)
             if include_usage:
-                yield f"data: {json.dumps(head | {'object': obj, 'choices': [], 'usage': _usage(ends)})}\n\n"
+                yield f"data: {json.dumps(head | {'object': obj, 'choices': [], 'usage': _usage(ends, n)})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             _cancel(pending)   # the client went away, or a choice failed: free the GPU

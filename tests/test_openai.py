@@ -45,6 +45,30 @@ def test_completion_whole_and_streamed_agree(oai):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_completion_of_several_prompts(oai):
+    """prompt as a list of strings, as LangChain's OpenAI LLM batches its prompts: n choices per
+    prompt, prompt after prompt, each the answer the prompt alone gets; usage sums the prompts."""
+    prompts = ["Once upon", "The cat sat on the"]
+    singles = [oai.completions.create(model="tiny-llama", prompt=p, max_tokens=4, temperature=0) for p in prompts]
+    both = oai.completions.create(model="tiny-llama", prompt=prompts, max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices] == [s.choices[0].text for s in singles for _ in range(2)]
+    assert both.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert both.usage.completion_tokens == 2 * sum(s.usage.completion_tokens for s in singles)
+    chunks = list(oai.completions.create(model="tiny-llama", prompt=prompts, max_tokens=4, temperature=0, n=2,
+                                         stream=True, stream_options={"include_usage": True}))
+    texts = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {c.index: c.text for c in both.choices}
+    assert chunks[-1].usage == both.usage
+    for bad in (["Once", 7], [[1, 2], [3]], ["x"] * 65):
+        with pytest.raises(openai.BadRequestError, match="a list of at most 64 strings") as e:
+            oai.completions.create(model="tiny-llama", prompt=bad, max_tokens=2)
+        assert e.value.body["param"] == "prompt"
+
+
 def test_chat_whole_and_streamed_agree(oai):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     whole = oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=5, temperature=0)
