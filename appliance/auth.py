@@ -146,6 +146,7 @@ def login_required(view):
     @functools.wraps(view)
     def wrapped(*args, **kwargs):
         if not logged_in():
-            return redirect(url_for("admin.login", next=request.path))
+            # back to the page asked for, its query (a job list's filter and page) too
+            return redirect(url_for("admin.login", next=request.full_path if request.query_string else request.path))
         return view(*args, **kwargs)
     return wrapped
