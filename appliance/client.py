@@ -1,13 +1,22 @@
 """Terminal client of the REST API: `vkllm submit`, `vkllm jobs`, `vkllm follow` (standard
 library HTTP, so it runs anywhere the CLI does)."""
+import http.client
 import json
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 from vkllm.errors import VkllmError
 from vkllm.sampling_defaults import SERVER as SAMPLING_DEFAULTS
+
+RESUME_PATIENCE = 300   # seconds `follow` goes on trying to resume a stream cut short
+RESUME_PAUSE = 1.0      # seconds between those tries
+
+
+class Unavailable(VkllmError):
+    """The server, or its Redis, cannot answer now: asking again later may work."""
 
 
 class Client:
@@ -18,9 +27,10 @@ class Client:
             raise VkllmError(f"--url must be an http:// or https:// address, not {url!r}")
         self.url, self.headers = url.rstrip("/"), {"Authorization": f"Bearer {api_key}"}
 
-    def _open(self, method: str, path: str, body: dict | None = None, timeout: float | None = 30):
+    def _open(self, method: str, path: str, body: dict | None = None, timeout: float | None = 30,
+              headers: dict | None = None):
         data = json.dumps(body).encode() if body is not None else None
-        headers = self.headers | ({"Content-Type": "application/json"} if data else {})
+        headers = self.headers | ({"Content-Type": "application/json"} if data else {}) | (headers or {})
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             return urllib.request.urlopen(req, timeout=timeout)
@@ -29,26 +39,52 @@ class Client:
                 message = json.load(e)["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 message = e.reason
-            raise VkllmError(f"{e.code}: {message}") from None
+            raise (Unavailable if e.code in (502, 503, 504) else VkllmError)(f"{e.code}: {message}") from None
         except urllib.error.URLError as e:
-            raise VkllmError(f"cannot reach {self.url}: {e.reason}") from None
+            raise Unavailable(f"cannot reach {self.url}: {e.reason}") from None
 
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
         with self._open(method, path, body) as response:
             return json.load(response)
 
     def events(self, job_id: str):
-        """(type, data) of the job's Server-Sent Events, until its end."""
-        with self._open("GET", f"{job_path(job_id)}/stream", timeout=None) as response:
-            kind = None
-            for raw in response:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: "):
-                    yield kind, json.loads(line[6:])
-                    if kind in ("end", "error"):
-                        return
+        """(type, data) of the job's Server-Sent Events, until its end. A stream cut short (the
+        server restarting, or its Redis away longer than it waits: an error event of kind
+        "unavailable", which says nothing of the job) is resumed after the last event seen
+        (Last-Event-ID), while tries fail for up to RESUME_PATIENCE seconds."""
+        last, cut_since = None, None
+        while True:
+            try:
+                with self._open("GET", f"{job_path(job_id)}/stream", timeout=None,
+                                headers={"Last-Event-ID": last} if last else None) as response:
+                    cut_since = None
+                    for eid, kind, data in _server_sent_events(response):
+                        if kind == "error" and data.get("kind") == "unavailable":
+                            break
+                        last = eid
+                        yield kind, data
+                        if kind in ("end", "error"):
+                            return
+            except (Unavailable, OSError, http.client.HTTPException):
+                pass
+            cut_since = cut_since or time.monotonic()
+            if time.monotonic() - cut_since > RESUME_PATIENCE:
+                raise VkllmError(f"the stream of job {job_id} was cut off and could not be resumed "
+                                 f"for {RESUME_PATIENCE} s; `vkllm follow {job_id}` tries again")
+            time.sleep(RESUME_PAUSE)
+
+
+def _server_sent_events(response):
+    """(id, type, data) of each event of an SSE response."""
+    eid = kind = None
+    for raw in response:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("id: "):
+            eid = line[4:]
+        elif line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            yield eid, kind, json.loads(line[6:])
 
 
 def job_path(job_id: str) -> str:

@@ -340,3 +340,41 @@ def test_a_worker_started_while_redis_is_away_says_so_and_serves_once_it_is_up(r
         assert wait_for(url, submit(url, max_tokens=3))["state"] == "finished"
     finally:
         w.stop()
+
+
+def test_vkllm_follow_resumes_a_stream_cut_by_a_redis_outage(redis_server, tiny_model, workers):
+    """The web app ends a followed stream with an error event of kind "unavailable" when Redis
+    stays away (the job goes on); `vkllm follow` printed 'job ... failed' and exited 1. It now
+    resumes the stream after the last event it saw once the server answers again, and prints the
+    whole text and the job's end."""
+    import sys
+
+    from werkzeug.serving import make_server
+
+    from appliance.app import create_app
+    from tests.conftest import VKLLM
+    app = create_app({"REDIS_URL": redis_server.url, "API_KEY": API_KEY, "SECRET_KEY": "test-secret",
+                      "TESTING": True, "MODELS_DIR": str(tiny_model.parent), "REDIS_OUTAGE_WAIT": 1})
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        worker = workers("follow-outage")
+        os.kill(worker.proc.pid, signal.SIGSTOP)   # frozen: the job waits in the queue
+        job_id = submit(url, max_tokens=40)
+        follower = subprocess.Popen([sys.executable, "-c", VKLLM, "follow", job_id, "--url", url,
+                                     "--api-key", API_KEY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        time.sleep(2)    # following: keep-alives
+        redis_server.stop()
+        time.sleep(4)    # the server gave up waiting for Redis: its stream ended "unavailable"
+        redis_server.start()
+        os.kill(worker.proc.pid, signal.SIGCONT)
+        out, err = follower.communicate(timeout=120)
+        done = wait_for(url, job_id)
+        assert done["state"] == "finished" and done["output"], done
+        assert follower.returncode == 0, err
+        assert out == done["output"]
+        assert err.splitlines()[-1] == f"[{done['finish_reason']}]", err
+    finally:
+        server.shutdown()
