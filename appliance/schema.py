@@ -318,10 +318,17 @@ def page(args) -> tuple[str | None, int, int]:
     state = args.get("state")
     if state is not None and state not in queue.STATES.values():
         raise Invalid(f"state must be one of {sorted(set(queue.STATES.values()))}", "state")
-    try:
-        offset, limit = int(args.get("offset", 0)), int(args.get("limit", 20))
-    except ValueError:
-        raise Invalid("offset and limit must be integers", "offset") from None
-    if offset < 0 or not 1 <= limit <= 100:
-        raise Invalid("offset must be >= 0 and limit between 1 and 100", "limit")
+    offset, limit = _page_number(args, "offset", 0), _page_number(args, "limit", 20)
+    if offset < 0:
+        raise Invalid(f"offset must be at least 0, got {offset}", "offset")
+    if not 1 <= limit <= 100:
+        raise Invalid(f"limit must be between 1 and 100, got {limit}", "limit")
     return state, offset, limit
+
+
+def _page_number(args, name: str, default: int) -> int:
+    raw = args.get(name)
+    try:
+        return default if raw is None else int(raw)
+    except ValueError:
+        raise Invalid(f"{name} must be an integer, got {raw[:40]!r}", name) from None

@@ -72,6 +72,21 @@ def test_not_json_too_large_unknown(client, worker):
     assert r.status_code == 400 and r.json["error"]["param"] == "n"
 
 
+@pytest.mark.parametrize("query,param,message", [
+    ("offset=-1", "offset", "offset must be at least 0, got -1"),
+    ("offset=x", "offset", "offset must be an integer, got 'x'"),
+    ("limit=0", "limit", "limit must be between 1 and 100, got 0"),
+    ("limit=x", "limit", "limit must be an integer, got 'x'"),
+    ("offset=3&limit=101", "limit", "limit must be between 1 and 100, got 101"),
+])
+def test_bad_listing_arguments_name_the_one_at_fault(client, query, param, message):
+    """A job listing's bad offset was refused as param "limit", and a limit that is not a number as
+    param "offset", each with one message for both."""
+    r = client.get(f"/api/v1/jobs?{query}", headers=AUTH)
+    assert r.status_code == 400
+    assert (r.json["error"]["param"], r.json["error"]["message"]) == (param, message)
+
+
 def test_openapi_document_validates(client):
     doc = client.get("/api/v1/openapi.json", headers=AUTH).json
     validate(doc)

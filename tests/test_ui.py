@@ -143,7 +143,7 @@ def test_a_bad_query_argument_gets_an_html_error_page(client):
     """The UI's errors are HTML pages, like its 400 for a stale form token (this one was the API's JSON)."""
     client_login(client)
     for query, message in (("state=bogus", "state must be one of ['cancelled', 'failed', 'finished', 'queued', 'running']"),
-                           ("limit=0", "offset must be >= 0 and limit between 1 and 100")):
+                           ("limit=0", "limit must be between 1 and 100, got 0")):
         r = client.get(f"/admin/jobs?{query}")
         assert (r.status_code, r.mimetype) == (400, "text/html")
         assert f"<p>{message}</p>" in html.unescape(r.get_data(as_text=True))
