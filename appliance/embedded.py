@@ -156,7 +156,8 @@ def run(args, api_key: str | None) -> int:
             command, stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True),
             data_dir / "worker.log")
         threading.Thread(target=server.serve_forever, name="vkllm-web", daemon=True).start()
-        print(f"vkllm is up: http://{args.host}:{server.port}/  (admin UI at /admin/)", flush=True)
+        host = f"[{args.host}]" if ":" in args.host else args.host   # an IPv6 address, as URLs write it
+        print(f"vkllm is up: http://{host}:{server.port}/  (admin UI at /admin/)", flush=True)
         if generated:
             print(f"API key (shown only now; `vkllm apikey rotate` makes a new one): {generated}", flush=True)
         elif not api_key:

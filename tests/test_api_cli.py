@@ -191,3 +191,18 @@ def test_follow_sends_the_job_id_as_one_path_segment(live_url):
         assert done.stderr.splitlines() == [line]
     done = vkllm("follow", "../models", "--url", live_url, "--api-key", API_KEY, timeout=60)
     assert done.returncode == 2 and done.stdout == "" and done.stderr.startswith("vkllm: error: 404: "), done.stderr
+
+
+def test_up_on_an_ipv6_address_prints_a_url_that_works(tmp_path, tiny_model):
+    """`vkllm up --host ::1` printed http://::1:PORT/, which no browser or client can open: an
+    IPv6 address goes in brackets."""
+    proc = subprocess.Popen([sys.executable, "-c", VKLLM, "up", "--host", "::1", "--port", "0", "--data-dir",
+                             str(tmp_path), "--models-dir", str(tiny_model.parent), "-m", tiny_model.name],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=interruptible)
+    try:
+        url = re.fullmatch(r"vkllm is up: (http://\[::1\]:\d+)/  \(admin UI at /admin/\)\n",
+                           proc.stdout.readline()).group(1)
+        with urllib.request.urlopen(f"{url}/healthz", timeout=10) as r:
+            assert json.load(r) == {"status": "ok"}
+    finally:
+        stop(proc)
