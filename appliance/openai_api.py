@@ -1,5 +1,6 @@
 """OpenAI-compatible endpoints. They go through the same queue as REST jobs: a request is a job,
 and the response (whole or streamed as chunks) is read from the job's stream."""
+import codecs
 import json
 import select
 import socket
@@ -120,18 +121,38 @@ def _usage(ends: list[dict], n: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _completion_logprobs(entries: list[dict], offset: int) -> dict:
-    """Chat-style token entries as the completions API's parallel lists; text_offset counts
-    characters of the completion from `offset`. As OpenAI documents (and vLLM does), each
-    top_logprobs object also holds the sampled token, up to logprobs + 1 entries."""
-    offsets = []
-    for entry in entries:
-        offsets.append(offset)
-        offset += len(entry["token"])
-    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} | {e["token"]: e["logprob"]}
+class _Offsets:
+    """Where a choice's tokens start in its text, in characters: those the bytes of the tokens
+    before make, decoded as the worker decodes them (a token may end inside a character)."""
+
+    def __init__(self):
+        self.chars, self._utf8 = 0, codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def take(self, raw: bytes) -> int:
+        start = self.chars
+        self.chars += len(self._utf8.decode(raw))
+        return start
+
+
+def _token(entry: dict) -> str:
+    """A token as OpenAI's completions API spells it: its text, or "bytes:\\xNN..." where its bytes
+    are not whole UTF-8 characters (as text, alternatives such as an emoji's first bytes would all
+    be one U+FFFD key); a control token, which has no bytes, by its name."""
+    raw = bytes(entry["bytes"])
+    try:
+        return raw.decode() if raw else entry["token"]
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def _completion_logprobs(entries: list[dict], offsets: _Offsets) -> dict:
+    """Chat-style token entries as the completions API's parallel lists, text_offset from the
+    choice's `offsets`. As OpenAI documents (and vLLM does), each top_logprobs object also holds
+    the sampled token, up to logprobs + 1 entries."""
+    return {"tokens": [_token(e) for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{_token(t): t["logprob"] for t in e["top_logprobs"]} | {_token(e): e["logprob"]}
                              for e in entries],
-            "text_offset": offsets}
+            "text_offset": [offsets.take(bytes(e["bytes"])) for e in entries]}
 
 
 def _calls(gen: dict, end: dict) -> list[dict]:
@@ -158,7 +179,7 @@ def response(head: dict, chat: bool, gen: dict, results: list[tuple[list[dict], 
             choice = {"message": {"role": "assistant", "content": text if text or not calls else None}
                       | ({"tool_calls": calls} if calls else {})}
         else:
-            logprobs = _completion_logprobs(entries, 0) if "logprobs" in gen else None
+            logprobs = _completion_logprobs(entries, _Offsets()) if "logprobs" in gen else None
             choice = {"text": text}
         choices.append({"index": index} | choice | {"logprobs": logprobs, "finish_reason": _finish(gen, end)})
     return head | {"object": "chat.completion" if chat else "text_completion", "choices": choices,
@@ -252,12 +273,12 @@ def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, gen: d
     logprobs = "logprobs" in gen
 
     def chunk(index: int, delta: dict, finish: str | None = None, entries: list | None = None,
-              offset: int = 0) -> str:
+              offsets: _Offsets | None = None) -> str:
         if chat:
             choice = {"delta": delta, "logprobs": {"content": entries} if entries else None}
         else:
             choice = {"text": delta.get("content") or "",
-                      "logprobs": _completion_logprobs(entries, offset) if entries else None}
+                      "logprobs": _completion_logprobs(entries, offsets) if entries else None}
         body = head | {"object": obj, "choices": [{"index": index} | choice | {"finish_reason": finish}]}
         return f"data: {json.dumps(body)}\n\n"
 
@@ -266,7 +287,7 @@ def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, gen: d
         try:
             for index, job_id in enumerate(jobs):
                 yield chunk(index, {"role": "assistant", "content": ""})
-                offset = 0
+                offsets = _Offsets()
                 for record in queue.follow(job_id):
                     if record is None:
                         yield ": keep-alive\n\n"
@@ -274,8 +295,7 @@ def _stream(jobs: list[str], head: dict, chat: bool, include_usage: bool, gen: d
                     _, kind, data = record
                     if kind == protocol.TOKEN:
                         entries = [data["logprobs"]] if logprobs and "logprobs" in data else None
-                        yield chunk(index, {"content": data["text"]}, entries=entries, offset=offset)
-                        offset += len(data["text"])
+                        yield chunk(index, {"content": data["text"]}, entries=entries, offsets=offsets)
                     elif kind == protocol.ERROR:
                         yield f"data: {json.dumps(_failure(data)[0])}\n\n"
                         yield "data: [DONE]\n\n"

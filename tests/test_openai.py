@@ -1,4 +1,5 @@
 """The OpenAI-compatible endpoints, driven by the official `openai` client over real HTTP."""
+import codecs
 import json
 import subprocess
 import sys
@@ -96,10 +97,16 @@ def test_errors_are_openai_errors(oai, live_url):
         bad_key.models.list()
 
 
-def test_real_model_answers_through_the_queue(start_worker, smollm2_path, live_url):
-    """SmolLM2-135M-Instruct, its own chat template, greedy: a fact the model knows."""
+@pytest.fixture(scope="module")
+def smollm2(start_worker, smollm2_path, live_url):
+    """An openai client for the appliance with a worker serving SmolLM2-135M-Instruct."""
     start_worker("openai-smollm2", model=smollm2_path)
-    client = openai_client(live_url, 600)
+    return openai_client(live_url, 600)
+
+
+def test_real_model_answers_through_the_queue(smollm2):
+    """SmolLM2-135M-Instruct, its own chat template, greedy: a fact the model knows."""
+    client = smollm2
     answer = client.chat.completions.create(
         model="SmolLM2-135M-Instruct.Q4_1", max_tokens=12, temperature=0,
         messages=[{"role": "user", "content": "What is the capital of France?"}])
@@ -113,6 +120,50 @@ def test_real_model_answers_through_the_queue(start_worker, smollm2_path, live_u
     spelled_out = client.chat.completions.create(**ask, temperature=0.8, top_p=0.95,
                                                  extra_body={"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0})
     assert default.choices[0].message.content == spelled_out.choices[0].message.content
+
+
+def completion_token(raw: bytes) -> str:
+    """A token as OpenAI's completions API spells it: its text, or "bytes:\\xNN..." where its bytes
+    are not whole UTF-8 characters."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def test_completion_logprobs_spell_partial_characters_as_bytes(smollm2, live_url):
+    """SmolLM2 writes an emoji in byte tokens (one character, several tokens). As OpenAI's
+    completions API, such a token is "bytes:\\xNN...", so its k alternatives stay k keys (all
+    spelled U+FFFD they were one), and text_offset is where a token's bytes start in the text, in
+    characters (it counted one per U+FFFD, past the text's end). Reference: the job's own token
+    records (GET /api/v1/jobs/ID/stream), spelled here."""
+    from urllib.request import Request, urlopen
+
+    from tests.conftest import API_KEY
+    from tests.test_api import sse_events
+    ask = {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "Emojis: \U0001F600\U0001F603\U0001F604\U0001F601",
+           "max_tokens": 6, "temperature": 0, "logprobs": 5}
+    answer = smollm2.completions.create(**ask)
+    with urlopen(Request(f"{live_url}/api/v1/jobs/{answer.id.removeprefix('cmpl-')}/stream",
+                         headers={"Authorization": f"Bearer {API_KEY}"}), timeout=60) as r:
+        stream = r.read().decode()
+    entries = [data["logprobs"] for _, kind, data in sse_events(stream) if kind == "token"]
+    raws = [bytes(e["bytes"]) for e in entries]
+    lp = answer.choices[0].logprobs
+    assert lp.tokens == [completion_token(raw) for raw in raws]
+    assert any(token.startswith("bytes:") for token in lp.tokens)   # the case at hand
+    for top, entry in zip(lp.top_logprobs, entries, strict=True):
+        assert top == {completion_token(bytes(t["bytes"])): t["logprob"] for t in entry["top_logprobs"]} | {
+            completion_token(bytes(entry["bytes"])): entry["logprob"]}
+        assert len(top) >= 5
+    text = answer.choices[0].text
+    assert text == b"".join(raws).decode()
+    assert lp.text_offset == [len(b"".join(raws[:i]).decode("utf-8", "ignore")) for i in range(len(raws))]
+    assert all(offset <= len(text) for offset in lp.text_offset)
+    streamed = [c.choices[0].logprobs for c in smollm2.completions.create(**ask, stream=True) if c.choices[0].logprobs]
+    assert [t for s in streamed for t in s.tokens] == lp.tokens
+    assert [t for s in streamed for t in s.top_logprobs] == lp.top_logprobs
+    assert [t for s in streamed for t in s.text_offset] == lp.text_offset
 
 
 # --- messages, logprobs, n and seed (issue 12 points 1 and 4) ---
@@ -181,12 +232,15 @@ def test_completion_logprobs_agree_with_the_engines_log_softmax(oai, engine):
     tokens, rows = reference(engine, "Once upon", 5)
     answer = oai.completions.create(model="tiny-llama", prompt="Once upon", max_tokens=5, temperature=0, logprobs=2)
     lp = answer.choices[0].logprobs
-    assert lp.tokens == [engine.tokenizer.token_bytes(t).decode("utf-8", "replace") for t in tokens]
+    raws = [engine.tokenizer.token_bytes(t) for t in tokens]
+    assert lp.tokens == [completion_token(raw) for raw in raws]
     np.testing.assert_allclose(lp.token_logprobs, rows[np.arange(len(tokens)), tokens], atol=1e-3)
     for top, row in zip(lp.top_logprobs, rows):   # a JSON object, in no order
-        assert_top(engine, sorted(top.items(), key=lambda p: -p[1]), row, 2,
-                   spell=lambda raw: raw.decode("utf-8", "replace"))
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+        assert_top(engine, sorted(top.items(), key=lambda p: -p[1]), row, 2, spell=completion_token)
+    utf8, chars = codecs.getincrementaldecoder("utf-8")(errors="replace"), [0]   # characters before each token
+    for raw in raws:
+        chars.append(chars[-1] + len(utf8.decode(raw)))
+    assert lp.text_offset == chars[:-1]
 
 
 def test_completion_top_logprobs_always_hold_the_sampled_token(oai, engine):
@@ -199,7 +253,7 @@ def test_completion_top_logprobs_always_hold_the_sampled_token(oai, engine):
     prompt = engine.tokenizer.encode("Once upon")
     tokens = [e.token_id for e in engine.generate("Once upon", SamplingParams(**ask)) if e.token_id is not None]
     rows = log_softmax(engine.logits(prompt + tokens))[len(prompt) - 1:-1]
-    texts = [engine.tokenizer.token_bytes(t).decode("utf-8", "replace") for t in tokens]
+    texts = [completion_token(engine.tokenizer.token_bytes(t)) for t in tokens]
     assert any(row.argmax() != token for row, token in zip(rows, tokens))
     for k in (0, 1):
         request = {p: ask[p] for p in ("temperature", "top_p", "seed", "max_tokens")} | {
@@ -210,7 +264,7 @@ def test_completion_top_logprobs_always_hold_the_sampled_token(oai, engine):
         assert streamed == lp.top_logprobs
         assert lp.tokens == texts
         for top, token, text, row in zip(lp.top_logprobs, tokens, texts, rows):
-            best = [engine.tokenizer.token_bytes(int(i)).decode("utf-8", "replace") for i in np.argsort(-row)[:k]]
+            best = [completion_token(engine.tokenizer.token_bytes(int(i))) for i in np.argsort(-row)[:k]]
             assert sorted(top) == sorted(set(best + [text]))
             assert top[text] == pytest.approx(row[token], abs=1e-3)
             np.testing.assert_allclose([top[b] for b in best], np.sort(row)[::-1][:k], atol=1e-3)
