@@ -1,39 +1,72 @@
 // Plain JS for the live parts of the admin UI: the streamed text of a job and page refreshes.
 "use strict";
 
+// A stream cut short (Redis away longer than the web app waits, the web app restarting) says
+// nothing of the job: the page resumes it after the last event shown, as `vkllm follow` does,
+// while tries fail for up to RESUME_PATIENCE_MS.
+const RESUME_PATIENCE_MS = 300000;
+const RESUME_PAUSE_MS = 1000;
+
 function followJob(output) {
   const state = document.getElementById("state");
   const tokens = document.getElementById("tokens");
   const progress = document.getElementById("progress");
   const error = document.getElementById("error");
   const cancel = document.getElementById("cancel-form");
-  const source = new EventSource(output.dataset.stream);
-  let count = 0;
-  source.addEventListener("token", (e) => {
-    output.textContent += JSON.parse(e.data).text;
-    count += 1;
-    if (tokens) tokens.textContent = count;
-    if (progress) progress.value = count;
-    if (state && state.textContent === "queued") state.textContent = "running";
-  });
+  const reconnecting = document.getElementById("reconnecting");
+  let source = null, last = null, cutSince = null, count = 0;
   const finish = (text) => {
     source.close();
+    reconnecting.hidden = true;
     if (state) state.textContent = text;
     if (cancel) cancel.remove();
     output.classList.add("done");
   };
-  source.addEventListener("end", (e) => {
-    const data = JSON.parse(e.data);
-    showFigures(data.usage, data.timings);
-    finish(data.finish_reason === "cancelled" ? "cancelled" : "finished");
-  });
-  source.addEventListener("error", (e) => {
-    if (e.data) {  // our error record; a bare "error" is the connection, which EventSource retries
-      error.textContent = JSON.parse(e.data).error;
-      document.getElementById("error-row").hidden = false;
-      finish("failed");
+  const resume = () => {
+    source.close();
+    reconnecting.hidden = false;
+    cutSince = cutSince || Date.now();
+    if (Date.now() - cutSince > RESUME_PATIENCE_MS) {
+      reconnecting.textContent = "the job's stream was cut off and could not be resumed; reload the page to try again";
+    } else {
+      setTimeout(connect, RESUME_PAUSE_MS);
     }
-  });
+  };
+  const connect = () => {
+    const url = new URL(output.dataset.stream, location.href);
+    if (last) url.searchParams.set("last_event_id", last);
+    source = new EventSource(url);
+    source.addEventListener("open", () => {
+      cutSince = null;
+      reconnecting.hidden = true;
+    });
+    source.addEventListener("token", (e) => {
+      last = e.lastEventId;
+      output.textContent += JSON.parse(e.data).text;
+      count += 1;
+      if (tokens) tokens.textContent = count;
+      if (progress) progress.value = count;
+      if (state && state.textContent === "queued") state.textContent = "running";
+    });
+    source.addEventListener("end", (e) => {
+      const data = JSON.parse(e.data);
+      showFigures(data.usage, data.timings);
+      finish(data.finish_reason === "cancelled" ? "cancelled" : "finished");
+    });
+    source.addEventListener("error", (e) => {
+      if (!e.data) {   // the connection: EventSource retries a dropped one itself, not a refused one (503)
+        if (source.readyState === EventSource.CLOSED) resume();
+        else reconnecting.hidden = false;
+      } else if (JSON.parse(e.data).kind === "unavailable") {
+        resume();
+      } else {
+        error.textContent = JSON.parse(e.data).error;
+        document.getElementById("error-row").hidden = false;
+        finish("failed");
+      }
+    });
+  };
+  connect();
 }
 
 // Usage and timings from a job's end record, as the job page renders them for a finished job.
