@@ -3,6 +3,7 @@ series that exist."""
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -147,3 +148,55 @@ def test_a_served_model_has_its_queue_depth_before_any_job(tmp_path, tiny_model,
                           "MODELS_DIR": str(tiny_model.parent)})
         scraped = samples(app.test_client().get("/metrics").get_data(as_text=True))
         assert value(scraped, "vkllm_queue_depth", model="tiny-llama") == 0
+
+
+def test_a_job_cancelled_during_prefill_counts_no_prompt_tokens_and_no_first_token(tmp_path, tiny_model,
+                                                                                   tmp_path_factory):
+    """As vLLM counts them: a job's prompt tokens once its prefill is done (its first token
+    out), its time to first token only when there is one. A job cancelled in the middle of its
+    prompt counted its whole prompt in vkllm_prompt_tokens_total, and reported a time to first
+    token (the time until it was cancelled) although no token came out."""
+    from redis import Redis
+
+    from appliance.app import create_app
+    from tests.conftest import API_KEY, private_redis, worker_starter
+    from vkllm import protocol
+    from worker.engine.engine import CPU_PREFILL_CHUNK
+    with private_redis(tmp_path) as url, worker_starter(url, tiny_model, tmp_path_factory, tmp_path) as start:
+        worker = start("prefill-w1")
+        client = create_app({"REDIS_URL": url, "API_KEY": API_KEY, "SECRET_KEY": "s", "TESTING": True,
+                             "MODELS_DIR": str(tiny_model.parent)}).test_client()
+        port = worker.registration()["metrics_port"]
+
+        def scrape():
+            found = samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode())
+            return {name: value(found, f"vkllm_{name}", model="tiny-llama", worker="prefill-w1") for name in (
+                "prompt_tokens_total", "tokens_generated_total", "time_to_first_token_seconds_count",
+                "time_to_first_token_seconds_sum", "job_duration_seconds_count")}
+
+        # cancelled as the worker takes it (the cancel key the API sets for a running job, or for a
+        # queued one the worker takes meanwhile): its first prefill chunk runs, then it ends
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+        try:
+            cancelled = submit(client, prompt="Hello there, " * 30, max_tokens=4)["id"]
+            Redis.from_url(url).set(protocol.cancel_key(cancelled), 1)
+        finally:
+            os.kill(worker.proc.pid, signal.SIGCONT)
+        job = wait(client, cancelled)
+        assert (job["state"], job["finish_reason"], job["output"]) == ("cancelled", "cancelled", "")
+        assert job["usage"]["completion_tokens"] == 0 and job["usage"]["prompt_tokens"] > CPU_PREFILL_CHUNK
+        assert job["timings"] == {"time_to_first_token": None, "prompt_tokens_per_second": None,
+                                  "generation_tokens_per_second": 0.0}
+        assert scrape() == {"prompt_tokens_total": 0, "tokens_generated_total": 0,
+                            "time_to_first_token_seconds_count": 0, "time_to_first_token_seconds_sum": 0,
+                            "job_duration_seconds_count": 1}
+
+        done = wait(client, submit(client, max_tokens=2)["id"])
+        assert done["state"] == "finished" and done["usage"]["completion_tokens"] == 2
+        after = scrape()
+        assert after == {"prompt_tokens_total": done["usage"]["prompt_tokens"], "tokens_generated_total": 2,
+                         "time_to_first_token_seconds_count": 1,
+                         "time_to_first_token_seconds_sum": after["time_to_first_token_seconds_sum"],
+                         "job_duration_seconds_count": 2}
+        assert after["time_to_first_token_seconds_sum"] == pytest.approx(done["timings"]["time_to_first_token"],
+                                                                           abs=1e-9)

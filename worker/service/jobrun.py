@@ -78,11 +78,14 @@ class JobRun:
 
     def outcome(self) -> dict:
         t = self.timings
+        # a job that ended before its first token (cancelled while its prompt was prefilled) has
+        # neither a time to first token nor a whole prefill to measure
+        prefilled = t.generated_tokens > 0
         return {
             "text": "".join(self.pieces), "finish_reason": self.finish,
             "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens},
-            "timings": {"time_to_first_token": t.time_to_first_token,
-                        "prompt_tokens_per_second": t.prompt_tokens_per_second,
+            "timings": {"time_to_first_token": t.time_to_first_token if prefilled else None,
+                        "prompt_tokens_per_second": t.prompt_tokens_per_second if prefilled else None,
                         "generation_tokens_per_second": t.generation_tokens_per_second},
             **({"tool_calls": self.tool_calls} if self.tool_calls else {}),
         }

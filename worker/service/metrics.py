@@ -27,7 +27,8 @@ class WorkerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.tokens_generated = Counter("vkllm_tokens_generated", "Tokens generated.", LABELS, registry=r)
-        self.prompt_tokens = Counter("vkllm_prompt_tokens", "Prompt tokens processed.", LABELS, registry=r)
+        self.prompt_tokens = Counter("vkllm_prompt_tokens", "Prompt tokens of jobs whose prefill was done.",
+                                     LABELS, registry=r)
         self.tokens_per_second = Gauge("vkllm_generation_tokens_per_second",
                                        "Decode speed of the last finished job.", LABELS, registry=r)
         self.ttft = Histogram("vkllm_time_to_first_token_seconds", "Time to first token.", LABELS,
@@ -82,11 +83,13 @@ class WorkerMetrics:
         self.tokens_generated.labels(model, self.worker).inc()
 
     def job_done(self, model: str, timings: Timings, seconds: float) -> None:
-        """Called once per job that ran (finished, cancelled or failed after starting)."""
+        """Called once per job that ran (finished, cancelled or failed after starting). As vLLM
+        counts them, its prompt tokens and its time to first token once its prefill is done, its
+        first token out: a job that ended before (cancelled mid-prompt) counts only its duration."""
         labels = (model, self.worker)
-        self.prompt_tokens.labels(*labels).inc(timings.prompt_tokens)
         self.job_duration.labels(*labels).observe(seconds)
         if timings.generated_tokens:
+            self.prompt_tokens.labels(*labels).inc(timings.prompt_tokens)
             self.ttft.labels(*labels).observe(timings.time_to_first_token)
         if timings.generated_tokens > 1 and timings.generation_seconds > 0:
             self.tpot.labels(*labels).observe(timings.generation_seconds / (timings.generated_tokens - 1))
