@@ -178,6 +178,9 @@ def constraint(body: dict, tools: list[dict] | None) -> tuple[dict, str] | None:
     choice = body.get("tool_choice")
     name = _forced_function(choice)
     if choice == "required" or name is not None:
+        if not tools and body.get("tools"):   # offered with a plain prompt, which has no template
+            raise Invalid("tool_choice forces a call of one of the tools, which reach the model only through a "
+                          "chat's template: they need messages, not a prompt", "prompt")
         if not tools:
             raise Invalid("tool_choice forces a tool call, which needs tools", "tool_choice")
         if name is not None and name not in [t["function"]["name"] for t in tools]:
@@ -220,7 +223,10 @@ def _model(body) -> tuple[str, dict]:
 
 
 def _prompt(body: dict, chat: bool | None) -> dict:
-    """{"prompt": text} or {"messages": [...]}; chat=None accepts either, True/False demands one."""
+    """{"prompt": text} or {"messages": [...]}; chat=None accepts either (not both), True/False
+    demands one."""
+    if chat is None and body.get("prompt") is not None and body.get("messages") is not None:
+        raise Invalid("send either prompt or messages, not both", "prompt")
     if chat is not False and "messages" in body:
         tools = _tools(body)
         return {"messages": _messages(body["messages"])} | ({"tools": tools} if tools else {})

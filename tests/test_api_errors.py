@@ -58,6 +58,30 @@ def test_bad_bodies(client, worker, body, status, param, words):
     assert r.json["error"]["param"] == param and words in r.json["error"]["message"]
 
 
+@pytest.mark.parametrize("path,body,param,message", [
+    ("/api/v1/jobs", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "prompt",
+     "send either prompt or messages, not both"),
+    ("/api/v1/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "prompt",
+     "send either prompt or messages, not both"),
+    ("/api/v1/jobs", {"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}],
+                      "tool_choice": "required"}, "prompt",
+     "tool_choice forces a call of one of the tools, which reach the model only through a chat's template: "
+     "they need messages, not a prompt"),
+    ("/v1/completions", {"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}],
+                         "tool_choice": {"type": "function", "function": {"name": "f"}}}, "prompt",
+     "tool_choice forces a call of one of the tools, which reach the model only through a chat's template: "
+     "they need messages, not a prompt"),
+    ("/api/v1/jobs", {"prompt": "x", "tool_choice": "required"}, "tool_choice",
+     "tool_choice forces a tool call, which needs tools"),
+])
+def test_a_body_is_refused_for_what_it_ignores(client, worker, path, body, param, message):
+    """A REST body with both prompt and messages ran the messages and dropped the prompt without
+    a word; tools with a plain prompt and a forced tool_choice were told 'which needs tools'."""
+    r = client.post(path, json={"model": "tiny-llama", "max_tokens": 2} | body, headers=AUTH)
+    assert (r.status_code, r.json) == (400, {"error": {"message": message, "type": "invalid_request_error",
+                                                       "param": param, "code": None}})
+
+
 def test_not_json_too_large_unknown(client, worker):
     r = client.post("/api/v1/jobs", data="model=x", headers=AUTH)
     assert r.status_code == 400 and "JSON object" in r.json["error"]["message"]
