@@ -201,10 +201,12 @@ def worker_starter(redis_url, model, tmp_path_factory, logs):
         started.append(w)
         w.registration()
         return w
-    yield start
-    with ExitStack() as stack:   # every worker is stopped, whichever fails to stop
-        for w in started:
-            stack.callback(w.stop)
+    try:
+        yield start
+    finally:   # also when the test in its `with` fails
+        with ExitStack() as stack:   # every worker is stopped, whichever fails to stop
+            for w in started:
+                stack.callback(w.stop)
 
 
 @pytest.fixture(scope="module")
