@@ -69,13 +69,16 @@ def sse(records) -> Response:
 def stream(job_id):
     """Replays the job's stream from the start, or after Last-Event-ID, then follows it live."""
     _job(job_id)
-    return sse(queue.follow(job_id, _resume_after(job_id)))
+    after = _resume_after(job_id)
+    return sse(queue.follow(job_id, after)) if after is not None else Response(status=204)
 
 
-def _resume_after(job_id: str) -> str:
-    """The stream entry a reconnecting client saw last ("-": none). An id past the stream's end
-    (from another server, or made up) replays the stream from the start: following from there
-    would answer an empty 200, and EventSource would reconnect with it forever."""
+def _resume_after(job_id: str) -> str | None:
+    """The stream entry a reconnecting client saw last ("-": none); None when that was the
+    stream's end or error record: nothing is left to send, and 204 tells EventSource to stop
+    reconnecting. An id past the stream's end (from another server, or made up) replays the
+    stream from the start: following from there would answer an empty 200, and EventSource
+    would reconnect with it forever."""
     raw = (request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "").strip() or "-"
     if raw == "-":
         return raw
@@ -83,8 +86,10 @@ def _resume_after(job_id: str) -> str:
     if parsed is None or any(int(part) >= 2**64 for part in parsed.groups()):
         raise schema.Invalid(f"Last-Event-ID must be an event id from this job's stream (like 1700000000000-0), "
                              f"got {raw[:40]!r}", "Last-Event-ID")
-    last = queue.last_event_id(job_id)
-    return raw if last is not None and tuple(int(p) for p in parsed.groups()) <= last else "-"
+    seen, last = tuple(int(p) for p in parsed.groups()), queue.last_event(job_id)
+    if last is None or seen > last[0]:
+        return "-"
+    return None if seen == last[0] and last[1] else raw
 
 
 @bp.post("/jobs/<job_id>/cancel")

@@ -123,6 +123,8 @@ def document() -> dict:
                 "summary": "Server-Sent Events: token, end and error events; resumable with Last-Event-ID",
                 "parameters": job_id + [{"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],
                 "responses": {"200": _response("Event stream", {"type": "string"}, "text/event-stream"),
+                              "204": {"description": "Last-Event-ID is the stream's end or error event: "
+                                                     "nothing is left (EventSource stops reconnecting)"},
                               **_errors(401, 404)}}},
             "/jobs/{job_id}/cancel": {"post": {"summary": "Cancel a queued or running job", "parameters": job_id,
                                                "responses": {"200": _response("Cancelled or already ended", job),

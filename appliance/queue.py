@@ -174,10 +174,15 @@ def queue_length(model: str) -> int:
     return _queue(model).count
 
 
-def last_event_id(job_id: str) -> tuple[int, int] | None:
-    """The id of the job stream's last entry as (milliseconds, sequence); None when it has none."""
+def last_event(job_id: str) -> tuple[tuple[int, int], bool] | None:
+    """The id of the job stream's last entry as (milliseconds, sequence), and whether that entry
+    ends the stream (an end or error record); None when it has none."""
     last = get_redis().xrevrange(protocol.stream_key(job_id), count=1)
-    return tuple(int(part) for part in last[0][0].decode().split("-")) if last else None
+    if not last:
+        return None
+    eid, fields = last[0]
+    return tuple(int(part) for part in eid.decode().split("-")), protocol.parse(fields)[0] in (protocol.END,
+                                                                                                protocol.ERROR)
 
 
 def fetch(job_id: str) -> Job | None:

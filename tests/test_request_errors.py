@@ -193,6 +193,18 @@ def test_last_event_id_past_the_end_replays_from_the_start(client, finished_job,
     assert sse_events(r.get_data(as_text=True)) == events[3:]
 
 
+def test_resuming_after_the_end_event_is_204(client, finished_job):
+    """204 tells EventSource to stop reconnecting; an empty 200 made it reconnect forever."""
+    job_id, events = finished_job
+    for r in (client.get(f"/api/v1/jobs/{job_id}/stream", headers=AUTH | {"Last-Event-ID": events[-1][0]}),
+              client.get(f"/api/v1/jobs/{job_id}/stream", query_string={"last_event_id": events[-1][0]},
+                         headers=AUTH)):
+        assert r.status_code == 204 and r.get_data() == b""
+    # the event before the end still resumes with the end event
+    r = client.get(f"/api/v1/jobs/{job_id}/stream", headers=AUTH | {"Last-Event-ID": events[-2][0]})
+    assert r.status_code == 200 and sse_events(r.get_data(as_text=True)) == events[-1:]
+
+
 def test_a_whole_completion_whose_client_hangs_up_is_cancelled(client, worker, live_url):
     """Jobs ahead keep the worker busy, so the completion is still queued when its client leaves
     (it could not finish before the server looks at the connection again)."""
