@@ -4,7 +4,7 @@ import sys
 
 from flask import Flask, current_app, jsonify, redirect, request, url_for
 from redis.exceptions import OutOfMemoryError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from appliance import (
     admin,
@@ -114,6 +114,10 @@ def _unavailable(e: Exception):
 def _http_error(e: HTTPException):
     """JSON errors for API clients (413 body too large, 404, 405); the UI keeps HTML pages."""
     if request.path.startswith(("/api/", "/v1/")):
-        body = Invalid(e.description or e.name, status=e.code).body()
-        return jsonify(body), e.code
+        if isinstance(e, RequestEntityTooLarge):   # stated too long, or found so while read (chunked)
+            refusal = Invalid(f"the request body is over {request.max_content_length} bytes, the most a request "
+                              f"may have", status=413, code="body_too_large")
+        else:
+            refusal = Invalid(e.description or e.name, status=e.code)
+        return jsonify(refusal.body()), e.code
     return e

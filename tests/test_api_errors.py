@@ -96,6 +96,14 @@ def test_not_json_too_large_unknown(client, worker):
     assert r.status_code == 400 and r.json["error"]["param"] == "n"
 
 
+@pytest.mark.parametrize("path", ["/api/v1/jobs", "/v1/chat/completions", "/api/v1/tokenize"])
+def test_a_body_over_the_limit_is_413_naming_it(client, path):
+    r = client.post(path, data=b"{" + b" " * (1 << 20) + b"}", headers=AUTH | {"Content-Type": "application/json"})
+    assert (r.status_code, r.json) == (413, {"error": {
+        "message": "the request body is over 1048576 bytes, the most a request may have",
+        "type": "invalid_request_error", "param": None, "code": "body_too_large"}})
+
+
 @pytest.mark.parametrize("query,param,message", [
     ("offset=-1", "offset", "offset must be at least 0, got -1"),
     ("offset=x", "offset", "offset must be an integer, got 'x'"),
