@@ -99,7 +99,7 @@ def submit():
         if form.get("chat"):
             body = {"model": body["model"], "messages": [{"role": "user", "content": body["prompt"]}]}
         try:
-            body |= {"max_tokens": int(form.get("max_tokens") or 0) or None,
+            body |= {"max_tokens": int(form["max_tokens"]) if form.get("max_tokens") else None,   # 0 is refused
                      "temperature": float(form["temperature"]) if form.get("temperature") else None}
             priority, _ = schema.job_options({"priority": form.get("priority", "normal")})
             gen = schema.generation(body, chat=None)

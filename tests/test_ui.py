@@ -172,6 +172,25 @@ def test_a_refused_submission_keeps_what_was_chosen(browser, live_url, worker):
     assert browser.find_element(By.NAME, "temperature").get_attribute("value") == "0.5"
 
 
+def test_a_form_with_max_tokens_0_is_refused_as_the_api_refuses_it(client, worker):
+    """Posted directly (the browser's min=1 aside), 0 was taken for unset and the job queued with the
+    default; it is refused with the API's message, and the form keeps the user's fields."""
+    client_login(client)
+    token = re.search(r'name="csrf" value="([^"]+)"', client.get("/admin/submit").get_data(as_text=True)).group(1)
+    total = client.get("/api/v1/jobs", headers=AUTH).json["total"]
+    r = client.post("/admin/submit", data={"csrf": token, "model": "tiny-llama", "prompt": "The sky is",
+                                           "max_tokens": "0", "temperature": "0.5", "priority": "high"})
+    page = html.unescape(r.get_data(as_text=True))
+    assert (r.status_code, r.mimetype) == (200, "text/html")
+    assert '<p class="flash">max_tokens must be between 1 and 256, got 0</p>' in page
+    assert 'value="0"' in page and 'value="0.5"' in page and ">The sky is</textarea>" in page
+    assert "<option selected>high</option>" in page
+    assert client.get("/api/v1/jobs", headers=AUTH).json["total"] == total
+    r = client.post("/api/v1/jobs", json={"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 0},
+                    headers=AUTH)
+    assert (r.status_code, r.json["error"]["message"]) == (400, "max_tokens must be between 1 and 256, got 0")
+
+
 def test_pages_ask_for_nothing_that_is_not_there(fresh_browser, live_url):
     """No page's load fails a request, the icon Chromium asks for included (each page got a
     /favicon.ico 404), nor breaks the Content-Security-Policy."""
