@@ -61,7 +61,7 @@ def test_llama_cpp_conventions_and_values_out_of_range(tmp_path):
 
 
 def _job(client, **body):
-    body = {"prompt": "Once upon a time", "max_tokens": 8} | body
+    body = ({"max_tokens": 8} if "messages" in body else {"prompt": "Once upon a time", "max_tokens": 8}) | body
     r = client.post("/api/v1/jobs", json=body, headers=AUTH)
     assert r.status_code == 202, r.json
     return r.json, wait(client, r.json["id"])
