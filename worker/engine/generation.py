@@ -11,6 +11,12 @@ class Timings:
     time_to_first_token: float = 0.0   # from the call to the first generated token
 
     @property
+    def prefilled(self) -> bool:
+        """Whether the prompt's prefill was done, its first token out (a job cancelled mid-prompt
+        has neither a time to first token nor a whole prefill to measure)."""
+        return self.generated_tokens > 0
+
+    @property
     def prompt_tokens_per_second(self) -> float:
         return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
 

@@ -78,9 +78,7 @@ class JobRun:
 
     def outcome(self) -> dict:
         t = self.timings
-        # a job that ended before its first token (cancelled while its prompt was prefilled) has
-        # neither a time to first token nor a whole prefill to measure
-        prefilled = t.generated_tokens > 0
+        prefilled = t.prefilled
         return {
             "text": "".join(self.pieces), "finish_reason": self.finish,
             "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens},

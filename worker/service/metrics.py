@@ -88,7 +88,7 @@ class WorkerMetrics:
         first token out: a job that ended before (cancelled mid-prompt) counts only its duration."""
         labels = (model, self.worker)
         self.job_duration.labels(*labels).observe(seconds)
-        if timings.generated_tokens:
+        if timings.prefilled:
             self.prompt_tokens.labels(*labels).inc(timings.prompt_tokens)
             self.ttft.labels(*labels).observe(timings.time_to_first_token)
         if timings.generated_tokens > 1 and timings.generation_seconds > 0:
