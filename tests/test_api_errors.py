@@ -1,5 +1,9 @@
 """Every API endpoint refuses a missing or wrong key; bad bodies get 4xx JSON saying what is wrong;
 the OpenAPI document is a valid OpenAPI 3.1 document."""
+import http.client
+import json
+from urllib.parse import urlsplit
+
 import pytest
 from openapi_spec_validator import validate
 
@@ -102,6 +106,33 @@ def test_a_body_over_the_limit_is_413_naming_it(client, path):
     assert (r.status_code, r.json) == (413, {"error": {
         "message": "the request body is over 1048576 bytes, the most a request may have",
         "type": "invalid_request_error", "param": None, "code": "body_too_large"}})
+
+
+def _post_chunked(live_url, path, body: bytes):
+    """POST body with Transfer-Encoding: chunked (no Content-Length), in 64 KiB chunks."""
+    conn = http.client.HTTPConnection(urlsplit(live_url).netloc, timeout=30)
+    chunks = (body[i:i + (64 << 10)] for i in range(0, len(body), 64 << 10))
+    conn.request("POST", path, body=chunks, headers=AUTH | {"Content-Type": "application/json"},
+                 encode_chunked=True)
+    r = conn.getresponse()
+    answer = (r.status, json.loads(r.read()))
+    conn.close()
+    return answer
+
+
+@pytest.mark.parametrize("path", ["/api/v1/jobs", "/v1/chat/completions", "/api/v1/tokenize"])
+def test_a_chunked_body_over_the_limit_is_413_naming_it(live_url, path):
+    """A chunked body (no Content-Length) was cut at the limit and refused as 'not valid JSON'; it
+    gets the 413 a stated length over the limit gets. One of exactly the limit is still read.
+    (The body here, cut at the limit, was valid JSON: it was taken for the whole request.)"""
+    over = b'{"prompt": "x"' + b" " * ((1 << 20) - 15) + b"}!"   # the limit and one byte more
+    assert len(over) == (1 << 20) + 1
+    assert _post_chunked(live_url, path, over) == (413, {"error": {
+        "message": "the request body is over 1048576 bytes, the most a request may have",
+        "type": "invalid_request_error", "param": None, "code": "body_too_large"}})
+    assert _post_chunked(live_url, "/api/v1/jobs", over[:-1]) == (400, {"error": {
+        "message": "model is required (see GET /v1/models)", "type": "invalid_request_error", "param": "model",
+        "code": None}})
 
 
 @pytest.mark.parametrize("query,param,message", [
