@@ -21,20 +21,22 @@ class Limited(Invalid):
         return {"error": super().body()["error"] | {"type": "rate_limit_error"}}
 
 
-def admit(model: str) -> None:
-    """Raise Limited unless one more job for `model` may be submitted now; counts the submission."""
+def admit(model: str, jobs: int = 1) -> None:
+    """Raise Limited unless `jobs` more jobs for `model` (a request's n choices, say) may be
+    submitted now, all of them, and count them against the key's minute; a refusal counts none."""
     cfg, r = current_app.config, queue.get_redis()
     waiting = queue.queue_length(model)
-    if waiting >= cfg["MAX_QUEUED"]:
+    if waiting + jobs > cfg["MAX_QUEUED"]:
         raise Limited(f"the queue for {model} is full ({waiting} jobs waiting); try again later", "queue_full",
                       QUEUE_FULL_RETRY)
     # fixed one-minute windows: a counter per key and minute, gone a minute after its window
     now = time.time()
     key = protocol.rate_key(auth.key_generation(), int(now // 60))
     with r.pipeline() as pipe:
-        pipe.incr(key)
+        pipe.incrby(key, jobs)
         pipe.expire(key, 120)
         count = pipe.execute()[0]
     if count > cfg["JOBS_PER_MINUTE"]:
+        r.decrby(key, jobs)   # none of them is queued: they spend none of the minute's budget
         raise Limited(f"more than {cfg['JOBS_PER_MINUTE']} jobs a minute were submitted with this key; "
                       f"try again later", "rate_limit_exceeded", 60 - int(now % 60))

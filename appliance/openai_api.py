@@ -251,8 +251,7 @@ def _cancel(job_ids: list[str]) -> None:
 def _respond(chat: bool):
     parsed = [parse(body, chat) for body in _prompts(requestbody.read(), chat)]
     body, gen, n = parsed[0]   # the prompts' bodies differ in their prompt only
-    for _ in range(n * len(parsed)):   # all admitted before any is queued: a refusal leaves no choice running
-        limits.admit(gen["model"])
+    limits.admit(gen["model"], n * len(parsed))   # all or none: a refusal queues no choice, counts none
     jobs = [queue.submit(sequence, priority="normal", metadata={}, kind="chat" if chat else "completion")[0]
             for _, one, _ in parsed for sequence in sequences(one, n)]
     head = {"id": ("chatcmpl-" if chat else "cmpl-") + jobs[0], "created": int(time.time()), "model": gen["model"]}

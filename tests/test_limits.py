@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from redis import Redis
+from rq import Queue
 
 from appliance import embedded, queue
 from appliance.app import create_app
@@ -78,6 +79,57 @@ def test_jobs_per_key_per_minute(redis_url, worker):
     assert r.status_code == 429 and r.json["error"]["type"] == "rate_limit_error"
     other = limited_app(redis_url, API_KEY="other-rate-test-key", JOBS_PER_MINUTE=3).test_client()
     assert other.post("/api/v1/jobs", json=body, headers={"X-API-Key": "other-rate-test-key"}).status_code == 202
+
+
+def test_a_request_of_n_choices_is_queued_only_if_all_of_them_fit(redis_url, worker):
+    """n choices were each checked against the jobs waiting before any of them was queued, so a
+    request of n went n-1 past MAX_QUEUED; now one whose choices do not all fit is refused whole."""
+    client = limited_app(redis_url, MAX_QUEUED=3).test_client()
+    waiting = Queue(protocol.queue_name("tiny-llama"), connection=Redis.from_url(redis_url))   # .count asks Redis
+    deadline = time.monotonic() + 120
+    while waiting.count and time.monotonic() < deadline:   # earlier tests' jobs go first
+        time.sleep(0.2)
+    long = {"max_tokens": 240, "ignore_eos": True}
+    ids = [submit(client, **long)["id"]]
+    try:
+        wait(client, ids[0], states=("running",))   # the worker's one sequence is taken: the next waits
+        ids.append(submit(client, **long)["id"])
+        assert waiting.count == 1
+        body = {"model": "tiny-llama", "prompt": "x", "max_tokens": 1, "stream": True}
+        r = client.post("/v1/completions", json=body | {"n": 3}, headers=AUTH)
+        assert (r.status_code, r.json) == (429, {"error": {
+            "message": "the queue for tiny-llama is full (1 jobs waiting); try again later",
+            "type": "rate_limit_error", "param": None, "code": "queue_full"}})
+        assert r.headers["Retry-After"] == "10" and waiting.count == 1   # none of its choices was queued
+        r = client.post("/v1/chat/completions", json={"model": "tiny-llama", "messages": [
+            {"role": "user", "content": "x"}], "max_tokens": 1, "stream": True, "n": 2}, headers=AUTH)
+        assert r.status_code == 200 and waiting.count == 3   # two fit exactly
+        r.close()
+    finally:
+        queued = client.get("/api/v1/jobs?state=queued&limit=100", headers=AUTH).json["data"]
+        cancel_all(client, ids + [job["id"] for job in queued])
+
+
+def test_a_refused_request_of_n_choices_spends_none_of_the_minute(redis_url, worker):
+    """A request of n choices refused partway counted its earlier choices against the key's
+    minute although none was queued; a refused request now spends none of it."""
+    client = limited_app(redis_url, API_KEY="rate-n-test-key", JOBS_PER_MINUTE=3).test_client()
+    auth = {"Authorization": "Bearer rate-n-test-key"}
+    if time.time() % 60 > 40:   # all four requests must fall in one minute
+        time.sleep(61 - time.time() % 60)
+    body = {"model": "tiny-llama", "prompt": "x", "max_tokens": 1}
+    r = client.post("/v1/completions", json=body | {"n": 2}, headers=auth)
+    assert r.status_code == 200 and len(r.json["choices"]) == 2
+    jobs = client.get("/api/v1/jobs?limit=1", headers=auth).json["total"]
+    r = client.post("/v1/completions", json=body | {"n": 2}, headers=auth)   # 2 + 2 > 3
+    assert (r.status_code, r.json) == (429, {"error": {
+        "message": "more than 3 jobs a minute were submitted with this key; try again later",
+        "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}})
+    assert client.get("/api/v1/jobs?limit=1", headers=auth).json["total"] == jobs   # nothing queued
+    r = client.post("/v1/completions", json=body, headers=auth)   # the third of the minute's three
+    assert r.status_code == 200 and len(r.json["choices"]) == 1
+    r = client.post("/v1/completions", json=body, headers=auth)
+    assert r.status_code == 429 and r.json["error"]["code"] == "rate_limit_exceeded"
 
 
 def _redis_sent(r: Redis) -> int:
