@@ -202,3 +202,30 @@ def test_a_job_cancelled_during_prefill_counts_no_prompt_tokens_and_no_first_tok
                          "job_duration_seconds_count": 2}
         assert after["time_to_first_token_seconds_sum"] == pytest.approx(done["timings"]["time_to_first_token"],
                                                                            abs=1e-9)
+
+
+def test_a_job_whose_step_fails_after_its_prefill_counts_its_prompt_tokens(tmp_path, tiny_model, tmp_path_factory):
+    """A job failed by a batch step after its prefill (its first tokens out) counted no prompt
+    tokens and no time to first token: that failure path kept the job's empty timings. The step
+    fails for real here: a JSON boolean's grammar ends at "true", before min_tokens, so the token
+    the sampler takes past its end is one the grammar refuses."""
+    from appliance.app import create_app
+    from tests.conftest import API_KEY, private_redis, worker_starter
+    with private_redis(tmp_path) as url, worker_starter(url, tiny_model, tmp_path_factory, tmp_path) as start:
+        worker = start("stepfail-w1")
+        client = create_app({"REDIS_URL": url, "API_KEY": API_KEY, "SECRET_KEY": "s", "TESTING": True,
+                             "MODELS_DIR": str(tiny_model.parent)}).test_client()
+        port = worker.registration()["metrics_port"]
+        schema = {"type": "json_schema", "json_schema": {"name": "flag", "schema": {"type": "boolean"}}}
+        job = wait(client, submit(client, prompt="Is it?", max_tokens=20, min_tokens=10, response_format=schema)["id"])
+        assert (job["state"], job["output"]) == ("failed", "true")
+        assert job["error"].startswith("parser stopped in consume_token")   # the engine's step failed
+        prompt = client.post("/api/v1/tokenize", json={"model": "tiny-llama", "prompt": "Is it?"},
+                             headers=AUTH).json["tokens"]
+        found = samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode())
+        assert {name: value(found, f"vkllm_{name}", model="tiny-llama", worker="stepfail-w1") for name in (
+            "prompt_tokens_total", "tokens_generated_total", "time_to_first_token_seconds_count",
+            "job_duration_seconds_count")} == {"prompt_tokens_total": prompt,
+                                               "tokens_generated_total": job["progress"]["tokens"],
+                                               "time_to_first_token_seconds_count": 1,
+                                               "job_duration_seconds_count": 1}

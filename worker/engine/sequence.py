@@ -76,9 +76,13 @@ class Sequence:
         matched), the finish reason and the timings; it is then done."""
         self.done = True
         tail = "" if self.matched_stop else self.stops.push(self.decoder.flush())[0] + self.stops.flush()
+        return Event(tail, None, reason, self.timings())
+
+    def timings(self) -> Timings:
+        """Its timings until now (its last event's; the service's, for a job failed while its
+        sequence was in the batch)."""
         now = time.perf_counter()
         first = self.first_token_at or now
-        timings = Timings(prompt_tokens=len(self.request.ids), generated_tokens=self.generated,
-                          prompt_seconds=first - (self.admitted or now), generation_seconds=now - first,
-                          time_to_first_token=first - self.added)
-        return Event(tail, None, reason, timings)
+        return Timings(prompt_tokens=len(self.request.ids), generated_tokens=self.generated,
+                       prompt_seconds=first - (self.admitted or now), generation_seconds=now - first,
+                       time_to_first_token=first - self.added)

@@ -92,8 +92,12 @@ class JobRun:
         return {"tokens": self.count, "max_tokens": self.params.max_tokens if self.params else None}
 
     def fail_now(self, error: BaseException) -> None:
-        """End the run failed with this error (its traceback, if raised, is kept for RQ)."""
+        """End the run failed with this error (its traceback, if raised, is kept for RQ). A run
+        whose sequence is still in the batch (a failed step, a stop) keeps its timings so far: a
+        prompt prefilled, its first token out, counts in the metrics as a finished job's does."""
         self.exc_info = (type(error), error, error.__traceback__)
+        if self.seq is not None and not self.seq.done:
+            self.timings = self.seq.timings()
 
     def error_record(self) -> dict:
         error = self.exc_info[1]
