@@ -160,3 +160,55 @@ def test_batched_sequences_each_keep_their_own_grammar(engine):
         assert got[name][-1].finish_reason == alone[name][-1].finish_reason and seqs[name].done
     for name in ("greedy", "sampled"):
         jsonschema.validate(json.loads("".join(e.text for e in got[name])), SCHEMA)
+
+
+BOOLEAN = {"type": "json_schema", "schema": {"type": "boolean"}}
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0), dict(temperature=1.0, top_k=40, seed=5)],
+                         ids=["greedy", "sampled"])
+def test_a_grammar_complete_before_min_tokens_fails_that_generation_alone(engine, params):
+    """A JSON boolean's grammar allows only the end after "true" or "false", so min_tokens past
+    that cannot be met. It failed the whole batch step with the grammar library's state dump (the
+    sampler's pick, under min_tokens no end token, one the grammar refused); now the generation
+    fails alone with MinTokensUnmet naming why, its output kept: raised by Engine.generate, and in
+    a batch its last event, finish_reason "error", while a free sequence beside it gives what it
+    gives alone."""
+    from worker.engine.batch import Request
+    from worker.engine.errors import MinTokensUnmet
+    ids = engine.tokenizer.encode("Is it?")
+    plain = list(engine.generate_ids(ids, SamplingParams(**params, max_tokens=20), constraint=BOOLEAN))
+    text, n = "".join(e.text for e in plain), plain[-1].timings.generated_tokens - 1   # the end is no text
+    assert plain[-1].finish_reason == "stop" and text in ("true", "false")
+    message = (f"min_tokens=10 cannot be met: the output's grammar (response_format or tool_choice) is complete "
+               f"after {n} tokens")
+    held = SamplingParams(**params, max_tokens=20, min_tokens=10)
+    with pytest.raises(MinTokensUnmet) as raised:
+        list(engine.generate_ids(ids, held, constraint=BOOLEAN))
+    assert str(raised.value) == message
+
+    free = Request(engine.tokenizer.encode("A ball"), SamplingParams(temperature=0, max_tokens=12))
+    free_alone = list(engine.generate_ids(free.ids, free.params))
+    batch = engine.batch
+    seqs = {"held": batch.add(Request(ids, held, constraint=BOOLEAN), tag="held"), "free": batch.add(free, tag="free")}
+    got = {name: [] for name in seqs}
+    while len(batch):
+        for seq, event in batch.step():
+            got[seq.tag].append(event)
+    last = got["held"][-1]
+    assert ("".join(e.text for e in got["held"]), last.finish_reason, type(last.error), str(last.error),
+            last.timings.generated_tokens) == (text, "error", MinTokensUnmet, message, n)
+    assert [e.token_id for e in got["free"]] == [e.token_id for e in free_alone]
+    assert got["free"][-1].finish_reason == free_alone[-1].finish_reason and all(s.done for s in seqs.values())
+
+
+def test_min_tokens_still_holds_where_the_grammar_allows_more(engine):
+    """An integer may end after any digit: min_tokens keeps it from ending before that many
+    tokens are out, as without a grammar (the end is passed over while anything else is allowed)."""
+    ids = engine.tokenizer.encode("How many?")
+    integer = {"type": "json_schema", "schema": {"type": "integer"}}
+    events = list(engine.generate_ids(ids, SamplingParams(temperature=0, max_tokens=12, min_tokens=6),
+                                      constraint=integer))
+    last = events[-1]
+    assert last.timings.generated_tokens > 6 or (last.finish_reason, last.timings.generated_tokens) == ("length", 12)
+    assert isinstance(json.loads("".join(e.text for e in events)), int)

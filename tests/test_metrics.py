@@ -206,9 +206,9 @@ def test_a_job_cancelled_during_prefill_counts_no_prompt_tokens_and_no_first_tok
 
 def test_a_job_whose_step_fails_after_its_prefill_counts_its_prompt_tokens(tmp_path, tiny_model, tmp_path_factory):
     """A job failed by a batch step after its prefill (its first tokens out) counted no prompt
-    tokens and no time to first token: that failure path kept the job's empty timings. The step
-    fails for real here: a JSON boolean's grammar ends at "true", before min_tokens, so the token
-    the sampler takes past its end is one the grammar refuses."""
+    tokens and no time to first token: that failure path kept the job's empty timings. The job
+    fails for real here, after its first tokens: a JSON boolean's grammar ends at "true", before
+    min_tokens (its step fails it alone since, MinTokensUnmet, with the timings it has)."""
     from appliance.app import create_app
     from tests.conftest import API_KEY, private_redis, worker_starter
     with private_redis(tmp_path) as url, worker_starter(url, tiny_model, tmp_path_factory, tmp_path) as start:
@@ -219,7 +219,8 @@ def test_a_job_whose_step_fails_after_its_prefill_counts_its_prompt_tokens(tmp_p
         schema = {"type": "json_schema", "json_schema": {"name": "flag", "schema": {"type": "boolean"}}}
         job = wait(client, submit(client, prompt="Is it?", max_tokens=20, min_tokens=10, response_format=schema)["id"])
         assert (job["state"], job["output"]) == ("failed", "true")
-        assert job["error"].startswith("parser stopped in consume_token")   # the engine's step failed
+        assert job["error"] == ("min_tokens=10 cannot be met: the output's grammar (response_format or "
+                                "tool_choice) is complete after 4 tokens")
         prompt = client.post("/api/v1/tokenize", json={"model": "tiny-llama", "prompt": "Is it?"},
                              headers=AUTH).json["tokens"]
         found = samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode())

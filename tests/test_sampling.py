@@ -91,6 +91,23 @@ def test_min_tokens_passes_over_end_tokens_until_that_many_are_drawn():
     assert [sampler.sample(logits, []) for _ in range(4)] == [int(np.argmax(other))] * 3 + [eog[0]]
 
 
+def test_min_tokens_a_grammar_cannot_meet_is_an_error_naming_it():
+    """Where a grammar's mask left only an end token (every other logit -inf) before min_tokens,
+    the draw fails with MinTokensUnmet, greedy or sampled, rather than pick a token the grammar
+    refuses."""
+    from worker.engine.errors import MinTokensUnmet
+    ended = np.full(VOCAB, -np.inf, dtype=np.float32)
+    ended[7] = 2.0
+    for params in (dict(temperature=0.0), dict(temperature=1.0, top_k=0, seed=1),
+                   dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, seed=2)):
+        sampler = Sampler(SamplingParams(**params, min_tokens=5), VOCAB, [3, 7])
+        sampler.sample(random_logits(1), []), sampler.sample(random_logits(2), [])
+        with pytest.raises(MinTokensUnmet) as raised:
+            sampler.sample(ended, [])
+        assert str(raised.value) == ("min_tokens=5 cannot be met: the output's grammar (response_format or "
+                                     "tool_choice) is complete after 2 tokens"), params
+
+
 def test_greedy_is_argmax():
     for seed in range(20):
         logits = random_logits(seed)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.engine.choice import HOST, MASKED, next_token, token_logprobs
-from worker.engine.errors import KVCacheFull
+from worker.engine.errors import KVCacheFull, MinTokensUnmet
 from worker.engine.generation import Event
 from worker.engine.kvblocks import BLOCK_TOKENS
 from worker.engine.sequence import Request, Sequence
@@ -265,8 +265,12 @@ class Batch:
 
     def _advance(self, seq: Sequence, row: int, select: str, now: float, best: list[int] | None):
         """The events of the token seq picks from logits row `row`: the token's, and its last if
-        it ends. `best`: the pass's argmax rows, read before a fed pass overwrites them."""
-        token = best[row] if best is not None else next_token(self.runner, seq.sampler, select, seq.tokens, row)
+        it ends. `best`: the pass's argmax rows, read before a fed pass overwrites them. A
+        min_tokens its grammar cannot meet ends it alone, with the error."""
+        try:
+            token = best[row] if best is not None else next_token(self.runner, seq.sampler, select, seq.tokens, row)
+        except MinTokensUnmet as e:
+            return [self._finish(seq, "error", e)]
         logprobs = None if seq.request.logprobs is None else token_logprobs(
             self.runner.read_logits(row), token, *self.runner.read_topk(row), seq.request.logprobs)
         event, reason = seq.take(token, logprobs, now)
@@ -285,8 +289,8 @@ class Batch:
             self._running.remove(seq)
             seq.slot, seq.blocks = None, None
 
-    def _finish(self, seq: Sequence, reason: str) -> Event:
+    def _finish(self, seq: Sequence, reason: str, error: Exception | None = None) -> Event:
         self._leave(seq)
         if seq in self._waiting:
             self._waiting.remove(seq)
-        return seq.last_event(reason)
+        return seq.last_event(reason, error)

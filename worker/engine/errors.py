@@ -12,3 +12,8 @@ class PromptTooLong(VkllmError):
 
 class KVCacheFull(VkllmError):
     """Every block of the paged KV cache is held by running sequences."""
+
+
+class MinTokensUnmet(VkllmError):
+    """A constrained output (response_format, a forced tool call) whose grammar allows only its end
+    before min_tokens tokens are out: the generation fails alone (Batch), the others go on."""

@@ -39,9 +39,11 @@ class Event:
     """One step of a generation. Every event but the last carries new text (possibly empty when
     a token ends inside a UTF-8 sequence or could start a stop string). The last has
     finish_reason set ("stop", "length" or "cancelled") and the final timings. logprobs is set
-    on token events when the generation was asked for them."""
+    on token events when the generation was asked for them. A batched generation that fails alone
+    (MinTokensUnmet) ends with finish_reason "error" and the error."""
     text: str
     token_id: int | None = None
     finish_reason: str | None = None
     timings: Timings = field(default_factory=Timings)
     logprobs: TokenLogprobs | None = None
+    error: Exception | None = None

@@ -9,6 +9,7 @@ import numpy as np
 
 from vkllm.errors import VkllmError
 from vkllm.sampling_defaults import SERVER, model_values
+from worker.engine.errors import MinTokensUnmet
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ class SamplingParams:
     max_tokens: int = 128
     stop: tuple[str, ...] = ()
     # vLLM's and llama.cpp server's: an end-of-generation token does not end the generation
-    # (it is kept, as a token of no text); min_tokens: none is drawn before that many tokens
+    # (it is kept, as a token of no text); min_tokens: none is drawn before that many tokens (a
+    # grammar that allows only its end before then fails the generation: Sampler._without_ends)
     ignore_eos: bool = False
     min_tokens: int = 0
 
@@ -139,7 +141,7 @@ class Sampler:
         ids = np.asarray(ids, dtype=np.int64)
         logits = self._penalize(ids, np.asarray(logits, dtype=np.float64), history)
         if self.drawn < p.min_tokens:
-            logits = np.where(np.isin(ids, self._eog), -np.inf, logits)
+            logits = self._without_ends(ids, logits)
         if p.is_greedy:
             best = int(np.argmax(logits))
             return ids[best:best + 1], np.ones(1)
@@ -153,6 +155,16 @@ class Sampler:
             keep = max(1, int(np.count_nonzero(logits >= logits[0] + math.log(p.min_p))))
             ids, logits = ids[:keep], logits[:keep]
         return ids, _softmax(logits / p.temperature)
+
+    def _without_ends(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """min_tokens: the end-of-generation tokens' logits at -inf. Where nothing else is left
+        (a grammar's mask left only its end: every other logit -inf) min_tokens cannot be met:
+        MinTokensUnmet, rather than a pick the grammar refuses."""
+        held = np.where(np.isin(ids, self._eog), -np.inf, logits)
+        if not (held > -np.inf).any():
+            raise MinTokensUnmet(f"min_tokens={self.params.min_tokens} cannot be met: the output's grammar "
+                                 f"(response_format or tool_choice) is complete after {self.drawn} tokens")
+        return held
 
     def _penalize(self, ids: np.ndarray, logits: np.ndarray, history: list[int]) -> np.ndarray:
         p = self.params

@@ -71,12 +71,12 @@ class Sequence:
             return event, "length"
         return event, None
 
-    def last_event(self, reason: str) -> Event:
+    def last_event(self, reason: str, error: Exception | None = None) -> Event:
         """Its last event: the text held back as a possible start of a stop string (unless one
-        matched), the finish reason and the timings; it is then done."""
+        matched), the finish reason (with `error`, "error") and the timings; it is then done."""
         self.done = True
         tail = "" if self.matched_stop else self.stops.push(self.decoder.flush())[0] + self.stops.flush()
-        return Event(tail, None, reason, self.timings())
+        return Event(tail, None, reason, self.timings(), error=error)
 
     def timings(self) -> Timings:
         """Its timings until now (its last event's; the service's, for a job failed while its

@@ -69,6 +69,9 @@ class JobRun:
                 self.engine.batch.end(self.seq, "stop")
             return records
         self.finish, self.timings = event.finish_reason, event.timings
+        if event.error is not None:   # its sequence failed alone (MinTokensUnmet), its output kept
+            self.fail_now(event.error)
+            return records + [self.error_record()]
         if self.timed_out:
             self.fail_now(JobTimeoutException(f"the job ran past its timeout of {self.job.timeout} s"))
             return records + [self.error_record()]
