@@ -11,10 +11,12 @@ from tests.test_api import AUTH, submit, wait
 
 def test_killed_worker_fails_its_job_keeps_partial_output_and_a_new_worker_serves_the_rest(
         client, start_worker):
-    first = start_worker("kill-w1")
-    long_job = submit(client, max_tokens=200)
+    # the whole context for the long job: on a fast CPU the tiny model writes 200 tokens between
+    # two polls, and the job could end before it is frozen
+    first = start_worker("kill-w1", n_ctx=2048)
+    long_job = submit(client, max_tokens=2000)
     while (client.get(f"/api/v1/jobs/{long_job['id']}", headers=AUTH).json["progress"] or {}).get("tokens", 0) < 3:
-        time.sleep(0.05)
+        time.sleep(0.01)
     os.kill(first.proc.pid, signal.SIGSTOP)   # frozen: the jobs submitted now stay queued
     rest = [submit(client, max_tokens=3)["id"] for _ in range(2)]
     os.kill(first.proc.pid, signal.SIGKILL)
