@@ -167,3 +167,14 @@ def test_split_refusal_names_the_device_and_the_largest_context_all_fit(smollm2)
     assert plan_split(smollm2, smollm2.config, None, 4096, (64,), budgets, ranges)[0].n_ctx == 768
     with pytest.raises(VkllmError, match=r"on device 0 of the split \(layers 0-9\).*weights alone leave no room"):
         plan_split(smollm2, smollm2.config, None, 4096, (64,), [one[0].weights_bytes, 1 << 40], ranges)
+
+
+def test_a_context_past_the_models_takes_the_models_with_a_warning(smollm2, caplog):
+    from worker.engine.memplan import plan_split
+    plans = plan_split(smollm2, smollm2.config, 20000, 4096, (64,), [1 << 40], [None])
+    assert plans[0].n_ctx == smollm2.config.context_length == 8192
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "a context of 20000 positions was asked; the model was trained for 8192 and takes that"]
+    caplog.clear()
+    assert plan_split(smollm2, smollm2.config, 8192, 4096, (64,), [1 << 40], [None])[0].n_ctx == 8192
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -23,6 +23,7 @@ the last, and a whole workspace on each (plus the hidden state's hand-off buffer
 that device's budget; context, chunk and pool size are the same on all (a block id names the
 same positions in every layer), so the device with the least room decides them.
 """
+import logging
 import re
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from vkllm.errors import VkllmError
 from worker.engine.kvblocks import BLOCK_TOKENS
 from worker.engine.kvcache import block_bytes
 from worker.engine.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512
 # A CPU driver (lavapipe) prefills at one rate whatever the chunk (SmolLM2-135M, 512 tokens on
@@ -191,7 +194,8 @@ def plan_split(model_file, config, requested: int | None, default: int, chunks: 
                pool_share: float = POOL_SHARE) -> list[MemoryPlan]:
     """The plans to load with, one per device of `budgets`, holding the layers of `ranges` (one
     device: [None], the whole model); context, chunk and pool are the same on every device,
-    limited by all. An explicit context is checked as asked; without one, the context
+    limited by all. An explicit context is checked as asked (the model's own where it asks more,
+    with a warning); without one, the context
     is the default capped by the model's own and, when that does not fit, by the largest that
     does (with the first of `chunks`, ascending). Raises what `check_split` raises when nothing
     fits. Then the largest later chunk, up to the context, whose plans keep that context within
@@ -212,6 +216,9 @@ def plan_split(model_file, config, requested: int | None, default: int, chunks: 
 
     chunk = chunks[0]
     n_ctx = min(requested or default, config.context_length)
+    if requested is not None and requested > config.context_length:   # llama.cpp warns too
+        log.warning("a context of %d positions was asked; the model was trained for %d and takes that",
+                    requested, config.context_length)
     plans = compute(n_ctx, chunk)
     if requested is None and not fits(plans) and largest(plans) > 0:
         n_ctx = min(n_ctx, largest(plans))
