@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
+from vkllm import modelsupport
 from worker.engine import overrides
 from worker.engine.errors import GGUFError
-from worker.engine.intmath import round_up
 from worker.engine.models.config import ModelConfig
-from worker.engine.weight_types import WEIGHT_TYPES
 
 
 @dataclass(frozen=True)
@@ -100,30 +99,16 @@ def _tensor_type(name: str, raw: int) -> GGMLQuantizationType:
         ggml_type = GGMLQuantizationType(raw)
     except ValueError:
         raise GGUFError(f"tensor '{name}' has unknown type id {raw}") from None
-    if ggml_type not in WEIGHT_TYPES:
-        supported = ", ".join(sorted(t.name for t in WEIGHT_TYPES))
-        raise GGUFError(f"tensor '{name}' has unsupported type {ggml_type.name} "
-                        f"(supported: {supported})")
+    problem = modelsupport.unsupported_type(name, ggml_type.name)
+    if problem:
+        raise GGUFError(problem)
     return ggml_type
 
 
 def _check_ranges(ranges, data_start: int, file_size: int, alignment: int) -> None:
-    """Tell a truncated file (tensors laid out back to back, the last ones cut off) from a
-    tensor whose offset points outside the file."""
-    expected = 0
-    contiguous = True
-    for offset, size, _ in sorted(ranges):
-        contiguous &= offset == expected
-        expected = round_up(offset + size, alignment)
-    for offset, size, name in ranges:
-        end = data_start + offset + size
-        if end <= file_size:
-            continue
-        if contiguous:
-            need = data_start + max(o + s for o, s, _ in ranges)
-            raise GGUFError(f"truncated file: {file_size} bytes, but its tensor data needs {need}")
-        raise GGUFError(f"tensor '{name}' data (bytes {data_start + offset}..{end}) lies outside "
-                        f"the file ({file_size} bytes)")
+    problem = modelsupport.tensor_data_problem(ranges, data_start, file_size, alignment)
+    if problem:
+        raise GGUFError(problem)
 
 
 def _field_value(field) -> Any:

@@ -1,7 +1,7 @@
 """Model hyperparameters as one frozen dataclass filled from GGUF metadata.
 
 What differs between families is a flag on the config, which the one forward pass
-(models/model.py) reads. FAMILIES maps `general.architecture` to what the family's files always
+(models/model.py) reads. FAMILIES (vkllm/modelsupport.py, which the web app's model list shares) maps `general.architecture` to what the family's files always
 have (Mistral and SmolLM2 files say `llama`; Qwen2 = Llama + q/k/v biases + NeoX RoPE; Qwen3 =
 NeoX RoPE + per-head q/k RMSNorm; Gemma 3 = Qwen3 + embeddings scaled by sqrt(n_embd), RMSNorm
 after attention and after the FFN too, GeGLU, and sliding-window layers); what a file may have
@@ -53,6 +53,7 @@ from typing import Any, Mapping
 import numpy as np
 from gguf.quants import dequantize
 
+from vkllm.modelsupport import FAMILIES, Family, unsupported_architecture  # noqa: F401 (Family: re-exported)
 from worker.engine.errors import GGUFError
 
 MAX_EXPERTS_USED = 32   # experts per token the routing kernel keeps (shaders/moe_route.comp)
@@ -109,41 +110,6 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_fact
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Family:
-    """What every file of an architecture has."""
-    rope_neox: bool = False    # NeoX rotation (x_i, x_i+d/2) rather than adjacent pairs (x0, x1)
-    qkv_bias: bool = False     # q/k/v biases required (a file of another family may still carry them)
-    qk_norm: bool = False      # RMSNorm over each head of q and k before RoPE
-    embd_scale: bool = False   # token embeddings multiplied by sqrt(n_embd)
-    post_norms: bool = False   # RMSNorm of the attention and FFN outputs before each residual add
-    gelu: bool = False         # GeGLU (GELU-tanh gate) rather than SwiGLU
-    swa_pattern: int = 0       # layers per group of local layers + one global (0: no sliding window)
-    rope_base_swa: float | None = 10000.0  # RoPE base of local layers unless the file says (None: the global one)
-    swa_rope_scaled: bool = False  # local layers have the file's rope scaling too (else a rope_freqs tensor only)
-    # layer counts of the family's models whose attention scores are scaled by
-    # (n_embd / n_head)^-0.5 instead of head_dim^-0.5 (Gemma 3 27B's query_pre_attn_scalar;
-    # llama.cpp picks it by the same layer count)
-    embd_per_head_scale_layers: tuple[int, ...] = ()
-    experts: bool = False      # mixture-of-experts FFN (router + expert tensors)
-    expert_norm: bool = False  # the chosen experts' softmax weights renormalised to sum 1
-    expert_softmax_chosen: bool = False  # softmax over the chosen logits only (gpt-oss)
-    oai: bool = False          # gpt-oss: biases everywhere, clamped SwiGLU, attention sinks
-    shared_expert: bool = False  # a sigmoid-gated shared expert besides the chosen ones (Qwen2-MoE)
-
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family(),                               # Llama 2/3.x, Mistral, SmolLM2, TinyLlama
-    "qwen2": Family(rope_neox=True, qkv_bias=True),  # Qwen2/2.5, DeepSeek-R1-Distill-Qwen
-    "qwen3": Family(rope_neox=True, qk_norm=True),   # Qwen3 (dense)
-    "gemma3": Family(rope_neox=True, qk_norm=True, embd_scale=True, post_norms=True, gelu=True,
-                     swa_pattern=6, embd_per_head_scale_layers=(62,)),  # Gemma 3 (text)
-    "qwen2moe": Family(rope_neox=True, qkv_bias=True, experts=True, shared_expert=True),  # Qwen1.5-MoE, Qwen2-57B-A14B
-    "qwen3moe": Family(rope_neox=True, qk_norm=True, experts=True, expert_norm=True),  # Qwen3-30B-A3B, 235B-A22B
-    "gpt-oss": Family(rope_neox=True, qkv_bias=True, swa_pattern=2, rope_base_swa=None, swa_rope_scaled=True,
-                      experts=True, expert_softmax_chosen=True, oai=True),     # gpt-oss-20b, 120b
-}
-
 ATTENTION_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
 DENSE_FFN_TENSORS = ("ffn_gate", "ffn_up", "ffn_down")
 EXPERT_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -196,9 +162,10 @@ class ModelConfig:
         """Config of the file's family. `tensors` (name -> TensorInfo) decides tied embeddings,
         optional biases and rope_freqs; without it the file is assumed to have neither."""
         arch = meta.get("general.architecture")
-        family = FAMILIES.get(arch)
-        if family is None:
-            raise GGUFError(f"unsupported architecture {arch!r} (supported: {', '.join(FAMILIES)})")
+        problem = unsupported_architecture(arch)
+        if problem:
+            raise GGUFError(problem)
+        family = FAMILIES[arch]
         try:
             return cls._build(arch, family, meta, tensors or {})
         except (TypeError, ValueError) as e:
