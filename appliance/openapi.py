@@ -110,7 +110,7 @@ def document() -> dict:
                         **_errors(400, 401, 404, 413)}},
                 "get": {"summary": "List jobs, newest first (without their output)", "parameters": [
                     {"name": "state", "in": "query", "schema": _job()["properties"]["state"]},
-                    {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                    {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": schema.MAX_OFFSET}},
                     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}}],
                     "responses": {"200": _response("A page of jobs", {"type": "object", "properties": {
                         "data": {"type": "array", "items": job}, "total": {"type": "integer"}}}),

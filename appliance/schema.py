@@ -319,6 +319,9 @@ def job_options(body: dict) -> tuple[str, dict]:
     return priority, metadata
 
 
+MAX_OFFSET = 10 ** 9   # a job listing's largest offset: past any job, far below Redis' 64-bit ranges
+
+
 def page(args) -> tuple[str | None, int, int]:
     """Query arguments of job listings: state, offset, limit."""
     state = args.get("state")
@@ -327,6 +330,8 @@ def page(args) -> tuple[str | None, int, int]:
     offset, limit = _page_number(args, "offset", 0), _page_number(args, "limit", 20)
     if offset < 0:
         raise Invalid(f"offset must be at least 0, got {offset}", "offset")
+    if offset > MAX_OFFSET:   # Redis refuses ranges past 64-bit integers
+        raise Invalid(f"offset must be at most {MAX_OFFSET}, got {offset}", "offset")
     if not 1 <= limit <= 100:
         raise Invalid(f"limit must be between 1 and 100, got {limit}", "limit")
     return state, offset, limit

@@ -141,6 +141,8 @@ def test_a_chunked_body_over_the_limit_is_413_naming_it(live_url, path):
     ("limit=0", "limit", "limit must be between 1 and 100, got 0"),
     ("limit=x", "limit", "limit must be an integer, got 'x'"),
     ("offset=3&limit=101", "limit", "limit must be between 1 and 100, got 101"),
+    # past Redis' 64-bit range this was a 500 (ResponseError from ZREVRANGE)
+    ("offset=99999999999999999999999999", "offset", "offset must be at most 1000000000, got 99999999999999999999999999"),
 ])
 def test_bad_listing_arguments_name_the_one_at_fault(client, query, param, message):
     """A job listing's bad offset was refused as param "limit", and a limit that is not a number as
