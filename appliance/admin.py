@@ -99,19 +99,37 @@ def submit():
         if form.get("chat"):
             body = {"model": body["model"], "messages": [{"role": "user", "content": body["prompt"]}]}
         try:
-            body |= {"max_tokens": int(form["max_tokens"]) if form.get("max_tokens") else None,   # 0 is refused
-                     "temperature": float(form["temperature"]) if form.get("temperature") else None}
+            body |= {"max_tokens": _form_number(form, "max_tokens", whole=True),   # 0 is refused
+                     "temperature": _form_number(form, "temperature", whole=False)}
             priority, _ = schema.job_options({"priority": form.get("priority", "normal")})
             gen = schema.generation(body, chat=None)
             limits.admit(gen["model"])
             job_id, _ = queue.submit(gen, priority=priority,
                                      metadata={"source": "admin"}, kind="admin")
             return redirect(url_for(".job", job_id=job_id))
-        except ValueError:
-            flash("max_tokens and temperature must be numbers.")
         except schema.Invalid as e:
             flash(e.message)
     return render_template("submit.html", models=models, priorities=schema.PRIORITIES, form=request.form)
+
+
+def _form_number(form, name: str, whole: bool) -> int | float | None:
+    """A number field as a browser's number input sends it (as typed: '1e3' is 1000); None if empty."""
+    raw = form.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        pass
+    try:
+        value = float(raw)
+    except ValueError:
+        raise schema.Invalid(f"{name} must be a number, got {raw[:40]!r}", name) from None
+    if whole:
+        if not value.is_integer():
+            raise schema.Invalid(f"{name} must be a whole number, got {raw[:40]!r}", name)
+        return int(value)
+    return value
 
 
 @bp.get("/models")
