@@ -4,8 +4,14 @@ import html
 import re
 
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.conftest import API_KEY
+from tests.test_ui import chromium, login
+
+browser = pytest.fixture(scope="module")(chromium)
 
 
 def client_login(client):
@@ -48,3 +54,22 @@ def test_the_submit_form_reads_numbers_as_the_browser_sends_them_and_names_the_b
     assert _submit(client, max_tokens="many") == (200, ["max_tokens must be a number, got 'many'"])
     assert _submit(client, max_tokens="4", temperature="warm") == (200, ["temperature must be a number, got 'warm'"])
     assert _submit(client, max_tokens="4", temperature="1e1") == (200, ["temperature must be between 0.0 and 5.0, got 10.0"])
+
+
+def test_the_submit_form_lets_any_temperature_the_api_takes_through(browser, live_url, worker):
+    """The temperature field stepped by 0.05: Chromium refused to submit 0.123 ('The two nearest
+    valid values are 0.1 and 0.15'), which the API takes; the job now runs with it."""
+    login(browser, live_url)
+    WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.ID, "workers")))
+    browser.get(f"{live_url}/admin/submit")
+    browser.find_element(By.ID, "prompt").send_keys("The sky is")
+    browser.find_element(By.ID, "max_tokens").clear()
+    browser.find_element(By.ID, "max_tokens").send_keys("2")
+    temperature = browser.find_element(By.NAME, "temperature")
+    temperature.send_keys("0.123")
+    assert browser.execute_script("return arguments[0].validationMessage", temperature) == ""
+    browser.find_element(By.ID, "submit").click()
+    WebDriverWait(browser, 30).until(EC.url_contains("/admin/jobs/"))
+    params = {row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[1].text
+              for row in browser.find_elements(By.CSS_SELECTOR, "#params tbody tr")}
+    assert (params["temperature"], params["max_tokens"]) == ("0.123", "2")
