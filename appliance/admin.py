@@ -85,7 +85,11 @@ def job(job_id):
 def cancel(job_id):
     found = queue.fetch(job_id)
     if found is not None:
-        queue.cancel(found)
+        before = queue.state(found)
+        if before in queue.TERMINAL:
+            flash(f"Nothing to cancel: the job had already ended ({before}).")
+        else:
+            queue.cancel(found)
     return redirect(url_for(".job", job_id=job_id))
 
 

@@ -17,7 +17,6 @@ browser = pytest.fixture(scope="module")(chromium)
 def client_login(client):
     token = re.search(r'name="csrf" value="([^"]+)"', client.get("/admin/login").get_data(as_text=True)).group(1)
     assert client.post("/admin/login", data={"api_key": API_KEY, "csrf": token}).status_code == 302
-    return token
 
 
 @pytest.mark.parametrize("query,message", [
@@ -73,3 +72,18 @@ def test_the_submit_form_lets_any_temperature_the_api_takes_through(browser, liv
     params = {row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[1].text
               for row in browser.find_elements(By.CSS_SELECTOR, "#params tbody tr")}
     assert (params["temperature"], params["max_tokens"]) == ("0.123", "2")
+
+
+def test_cancelling_a_job_that_has_ended_says_so(client, worker):
+    """A Cancel posted for a job that ended meanwhile (a page left open, a second click) came back
+    to the job page with nothing said; it says the job had already ended, and the job keeps its state."""
+    from tests.test_api import submit, wait
+    client_login(client)
+    job = submit(client, max_tokens=2)
+    page = client.get(f"/admin/jobs/{job['id']}").get_data(as_text=True)     # opened while it runs
+    token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+    assert wait(client, job["id"])["state"] == "finished"
+    r = client.post(f"/admin/jobs/{job['id']}/cancel", data={"csrf": token}, follow_redirects=True)
+    flashes = re.findall(r'<p class="flash">(.*?)</p>', html.unescape(r.get_data(as_text=True)))
+    assert flashes == ["Nothing to cancel: the job had already ended (finished)."]
+    assert wait(client, job["id"])["state"] == "finished"
