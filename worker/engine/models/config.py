@@ -1,11 +1,12 @@
 """Model hyperparameters as one frozen dataclass filled from GGUF metadata.
 
 What differs between families is a flag on the config, which the one forward pass
-(models/model.py) reads. FAMILIES (vkllm/modelsupport.py, which the web app's model list shares) maps `general.architecture` to what the family's files always
-have (Mistral and SmolLM2 files say `llama`; Qwen2 = Llama + q/k/v biases + NeoX RoPE; Qwen3 =
-NeoX RoPE + per-head q/k RMSNorm; Gemma 3 = Qwen3 + embeddings scaled by sqrt(n_embd), RMSNorm
-after attention and after the FFN too, GeGLU, and sliding-window layers); what a file may have
-besides (q/k/v biases in a `llama` file, tied embeddings, rope factors) is read from its tensors.
+(models/model.py) reads. FAMILIES (vkllm/modelsupport.py, which the web app's model list
+shares) maps `general.architecture` to what the family's files always have (Mistral and SmolLM2
+files say `llama`; Qwen2 = Llama + q/k/v biases + NeoX RoPE; Qwen3 = NeoX RoPE + per-head q/k
+RMSNorm; Gemma 3 = Qwen3 + embeddings scaled by sqrt(n_embd), RMSNorm after attention and after
+the FFN too, GeGLU, and sliding-window layers); what a file may have besides (q/k/v biases in a
+`llama` file, tied embeddings, rope factors) is read from its tensors.
 
 Sliding-window attention (llama.cpp's "iSWA"): a family with `swa_pattern` has local layers, each
 seeing the last `attention.sliding_window` positions, and global ones: layer i is global when
