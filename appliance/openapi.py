@@ -57,7 +57,7 @@ def _job_request() -> dict:
     props = {name: {"type": kind, "minimum" if lo_ok else "exclusiveMinimum": lo, "maximum": hi}
              | ({"description": sampling_defaults.describe(name)} if name in sampling_defaults.SERVER else {})
              for name, (kind, lo, hi, lo_ok) in schema.SAMPLING.items()}
-    props["seed"]["description"] = "unset: a different draw every run"
+    props["seed"]["description"] = "unset: a different draw every run; a negative one (OpenAI's int64) is 2^64 plus it"
     props["temperature"]["description"] += "; 0 decodes greedily"
     props["min_tokens"]["description"] = ("no end-of-generation token is drawn before this many tokens "
                                           "(at most max_tokens; vLLM's); unset: 0")

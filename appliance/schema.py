@@ -22,7 +22,7 @@ SAMPLING = {
     "repeat_last_n": ("integer", 0, 65536, True),
     "presence_penalty": ("number", -2.0, 2.0, True),
     "frequency_penalty": ("number", -2.0, 2.0, True),
-    "seed": ("integer", 0, 2**64 - 1, True),
+    "seed": ("integer", -2**63, 2**64 - 1, True),   # OpenAI's int64, or the worker's uint64
     "min_tokens": ("integer", 0, 2**31 - 1, True),   # and at most max_tokens
 }
 MAX_STOP = 4
@@ -254,6 +254,8 @@ def generation(body, *, chat: bool | None) -> dict:
     n_ctx = served["n_ctx"]
     prompt = _prompt(body, chat)
     params = {name: _number(body, name, *spec) for name, spec in SAMPLING.items() if body.get(name) is not None}
+    if "seed" in params:   # a negative int64 as the uint64 C's cast makes of it (-1: 2^64 - 1)
+        params["seed"] %= 2**64
     # unset ones as the model's worker says (its GGUF's recommendations, else llama.cpp's), so the
     # job records what it runs with
     params = sampling_defaults.fill(params, served.get("sampling_defaults"))

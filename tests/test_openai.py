@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from tests.conftest import openai_client
+from tests.test_api import AUTH
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +319,24 @@ def test_n_choices_are_the_seeded_single_runs(oai):
     assert finishes == {i: c.finish_reason for i, c in enumerate(two.choices)}
     completions = oai.completions.create(model="tiny-llama", prompt="Go", max_tokens=4, temperature=1.0, n=3, seed=4)
     assert [c.index for c in completions.choices] == [0, 1, 2] and completions.usage.completion_tokens > 0
+
+
+def test_a_negative_seed_is_its_64_bit_twos_complement(oai, client):
+    """OpenAI's API reference types seed as any int64 (-2^63 to 2^63 - 1), and clients send -1;
+    a negative seed is the unsigned 64-bit seed C's cast makes of it (-3: 2^64 - 3), so it
+    reproduces, and choice i of n draws with it + i as any seed's does. Past int64's range: 400."""
+    ask = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 8,
+           "temperature": 1.0}
+    negative = oai.chat.completions.create(**ask, seed=-3)
+    unsigned = oai.chat.completions.create(**ask, seed=2**64 - 3)
+    assert negative.choices[0].message.content == unsigned.choices[0].message.content
+    two = oai.chat.completions.create(**ask, seed=-1, n=2)
+    assert [c.message.content for c in two.choices] == [
+        oai.chat.completions.create(**ask, seed=seed).choices[0].message.content for seed in (2**64 - 1, 0)]
+    r = client.post("/v1/chat/completions", json=ask | {"seed": -2**63 - 1}, headers=AUTH)
+    assert r.status_code == 400 and r.json == {"error": {
+        "message": f"seed must be between {-2**63} and {2**64 - 1}, got {-2**63 - 1}", "type": "invalid_request_error",
+        "param": "seed", "code": None}}
 
 
 # --- tool calls (issue 12 points 1 and 3) ---
