@@ -92,6 +92,16 @@ def _tool_call_grammar(tools: list[dict], name: str | None, fmt: Format, paralle
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
+def _reason(error: str) -> str:
+    """llguidance's error in one line: without the dump of its parser state and grammar that it
+    appends (tens of lines), and its stop reason for a grammar that allows no first token said
+    plainly."""
+    reason = error.split("<state>", 1)[0].strip()
+    if reason == "NoExtensionBias":
+        return "the schema admits no JSON value: its grammar cannot start (such as a $ref to itself with no alternative)"
+    return " ".join(reason.split())
+
+
 class Constraint:
     """One generation's matcher: the mask for the next token, then the token taken."""
 
@@ -101,7 +111,13 @@ class Constraint:
 
     def _check(self):
         if self._matcher.is_error():
-            raise GrammarError(self._matcher.get_error())
+            raise GrammarError(_reason(self._matcher.get_error()))
+
+    def check_start(self):
+        """Raises GrammarError if the grammar allows no first token (some vocabularies show that
+        only when the first mask is computed), as a request is checked before it is queued."""
+        self._matcher.compute_bitmask()
+        self._check()
 
     def fill(self, words: np.ndarray):
         """Writes the next token's mask into words (uint32 [vocab / 32], e.g. host-visible memory)."""

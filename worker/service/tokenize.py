@@ -32,7 +32,7 @@ def count(engine, request: dict) -> dict:
         return {"error": str(e)}
     if request.get("constraint") is not None:
         try:
-            engine.constraint(request["constraint"])
+            engine.constraint(request["constraint"]).check_start()
         except GrammarError as e:
             return {"error": str(e), "param": "constraint"}
     return {"tokens": tokens}
