@@ -3,12 +3,15 @@ import codecs
 import json
 import subprocess
 import sys
+import time
 
 import openai
 import pytest
 
 from tests.conftest import openai_client
-from tests.test_api import AUTH
+from tests.test_api import AUTH, submit, wait
+
+TOO_MANY_ITEMS = "parser error: Too many items (limit 50000; ff_tokens); try avoiding single-byte/short lexemes"
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +340,27 @@ def test_a_negative_seed_is_its_64_bit_twos_complement(oai, client):
     assert r.status_code == 400 and r.json == {"error": {
         "message": f"seed must be between {-2**63} and {2**64 - 1}, got {-2**63 - 1}", "type": "invalid_request_error",
         "param": "seed", "code": None}}
+
+
+def test_a_grammar_failing_mid_generation_fails_its_request_alone(oai, client):
+    """An object that must hold another such object: the tiny model's vocabulary lets its
+    grammar start (so the request is queued), and the grammar library gives up a token later
+    ("Too many items"). That error left the batch step, and the worker failed every job of the
+    model with it; it now ends that generation alone (a 400 with the library's reason, its
+    parser-state dump left out), and a job running beside it goes on to its end."""
+    beside = submit(client, prompt="Once", max_tokens=240, ignore_eos=True, temperature=0)
+    deadline = time.monotonic() + 120
+    while client.get(f"/api/v1/jobs/{beside['id']}", headers=AUTH).json["progress"]["tokens"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    schema = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+    r = client.post("/v1/chat/completions", headers=AUTH, json={
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], "max_tokens": 20, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    assert r.status_code == 400 and r.json == {"error": {"message": TOO_MANY_ITEMS, "type": "invalid_request_error",
+                                                         "param": None, "code": None}}
+    job = wait(client, beside["id"])
+    assert job["state"] == "finished" and job["usage"]["completion_tokens"] == 240
 
 
 # --- tool calls (issue 12 points 1 and 3) ---

@@ -36,6 +36,7 @@ import numpy as np
 from worker.engine.choice import HOST, MASKED, next_token, token_logprobs
 from worker.engine.errors import KVCacheFull, MinTokensUnmet
 from worker.engine.generation import Event
+from worker.engine.grammar import GrammarError
 from worker.engine.kvblocks import BLOCK_TOKENS
 from worker.engine.sequence import Request, Sequence
 
@@ -255,7 +256,11 @@ class Batch:
             if seq.matcher is None:
                 words[:] = ALL_ALLOWED
             else:
-                seq.matcher.fill(words)
+                try:
+                    seq.matcher.fill(words)
+                except GrammarError as e:   # its row is computed for nothing: it ends with the error
+                    words[:] = ALL_ALLOWED
+                    seq.failed = e
         if not out:
             return "logits"   # no logits rows: nothing to select
         # whole rows to the host only for a sampler that reads them or for logprobs' normaliser
@@ -266,14 +271,20 @@ class Batch:
     def _advance(self, seq: Sequence, row: int, select: str, now: float, best: list[int] | None):
         """The events of the token seq picks from logits row `row`: the token's, and its last if
         it ends. `best`: the pass's argmax rows, read before a fed pass overwrites them. A
-        min_tokens its grammar cannot meet ends it alone, with the error."""
+        min_tokens its grammar cannot meet, or a grammar the library gives up on (its mask or the
+        token taken), ends it alone, with the error."""
+        if seq.failed is not None:
+            return [self._finish(seq, "error", seq.failed)]
         try:
             token = best[row] if best is not None else next_token(self.runner, seq.sampler, select, seq.tokens, row)
         except MinTokensUnmet as e:
             return [self._finish(seq, "error", e)]
         logprobs = None if seq.request.logprobs is None else token_logprobs(
             self.runner.read_logits(row), token, *self.runner.read_topk(row), seq.request.logprobs)
-        event, reason = seq.take(token, logprobs, now)
+        try:
+            event, reason = seq.take(token, logprobs, now)
+        except GrammarError as e:
+            return [self._finish(seq, "error", e)]
         events = [] if event is None else [event]
         if reason is not None:
             events.append(self._finish(seq, reason))

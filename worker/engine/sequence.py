@@ -31,6 +31,7 @@ class Sequence:
         self.request, self.tag, self.matcher = request, tag, matcher
         self.done = False
         self.ending: str | None = None      # the finish reason it ends with at the next step (Batch.end)
+        self.failed: Exception | None = None   # its grammar's error while its pass was written: it ends with it
         self.tokens = list(request.ids)     # the prompt, then every generated token kept
         self.written = 0                    # tokens whose K/V are in the cache
         self.slot, self.blocks = None, None
