@@ -143,6 +143,7 @@ def _tools(body: dict) -> list[dict] | None:
     function offer them and force a call (constraint)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     _forced_function(choice)
+    parallel_tool_calls(body)   # its type, even where no tool is offered
     if tools is None or choice == "none":
         return None
     if not isinstance(tools, list):

@@ -91,6 +91,8 @@ BAD = [   # (path, raw JSON body, words in the error)
      '"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 0}',
      "parallel_tool_calls must be true or false"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"parallel_tool_calls": "yes"}', "parallel_tool_calls must be true or false"),   # checked without tools too
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"tools": [{"type": "retrieval"}]}', "tools[0] must be"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"top_logprobs": 3}', "top_logprobs needs logprobs: true"),
