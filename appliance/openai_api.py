@@ -22,6 +22,7 @@ MAX_TOP_LOGPROBS = 20    # OpenAI's limit for chat (5 for completions; vLLM allo
 # OpenAI parameters this server does not implement, with the values that ask for nothing (clients
 # send some of them by default): any other value is refused rather than silently ignored.
 NOT_IMPLEMENTED = {"logit_bias": {}, "echo": False, "suffix": ""}
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512   # OpenAI's limits on metadata
 
 
 def _model(name: str, m: dict) -> dict:
@@ -70,6 +71,7 @@ def parse(body: dict, chat: bool) -> tuple[dict, dict, int]:
     best_of = body.get("best_of")
     if best_of is not None and (best_of is True or best_of != (n or 1)):
         raise schema.Invalid("best_of is not supported by this server (leave it out, or equal to n)", "best_of")
+    _user_and_metadata(body)
     if not isinstance(body.get("stream", False), bool | None):
         raise schema.Invalid("stream must be true or false", "stream")
     options = body.get("stream_options")
@@ -83,6 +85,20 @@ def parse(body: dict, chat: bool) -> tuple[dict, dict, int]:
     gen = schema.generation(body, chat=chat)
     top = _logprobs(body, chat)
     return body, gen | ({"logprobs": top} if top is not None else {}), n or 1
+
+
+def _user_and_metadata(body: dict) -> None:
+    """OpenAI's user (a string, for abuse monitoring: unused here) and metadata (string values,
+    kept with the job as a REST job's metadata is), within OpenAI's limits."""
+    if not isinstance(body.get("user"), str | None):
+        raise schema.Invalid("user must be a string", "user")
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+            isinstance(metadata, dict) and len(metadata) <= METADATA_PAIRS
+            and all(len(k) <= METADATA_KEY and isinstance(v, str) and len(v) <= METADATA_VALUE
+                    for k, v in metadata.items())):
+        raise schema.Invalid(f"metadata must be an object of at most {METADATA_PAIRS} string values (keys up to "
+                             f"{METADATA_KEY} characters, values up to {METADATA_VALUE})", "metadata")
 
 
 def _top_count(value, param: str) -> int:
@@ -252,7 +268,8 @@ def _respond(chat: bool):
     parsed = [parse(body, chat) for body in _prompts(requestbody.read(), chat)]
     body, gen, n = parsed[0]   # the prompts' bodies differ in their prompt only
     limits.admit(gen["model"], n * len(parsed))   # all or none: a refusal queues no choice, counts none
-    jobs = [queue.submit(sequence, priority="normal", metadata={}, kind="chat" if chat else "completion")[0]
+    metadata = body.get("metadata") or {}
+    jobs = [queue.submit(sequence, priority="normal", metadata=metadata, kind="chat" if chat else "completion")[0]
             for _, one, _ in parsed for sequence in sequences(one, n)]
     head = {"id": ("chatcmpl-" if chat else "cmpl-") + jobs[0], "created": int(time.time()), "model": gen["model"]}
     if body.get("stream"):

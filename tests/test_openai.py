@@ -363,6 +363,17 @@ def test_a_grammar_failing_mid_generation_fails_its_request_alone(oai, client):
     assert job["state"] == "finished" and job["usage"]["completion_tokens"] == 240
 
 
+def test_user_and_metadata_are_accepted_and_metadata_is_kept_with_the_job(oai, client):
+    """OpenAI's user and metadata: the job keeps metadata, as a REST job keeps its own (GET
+    /api/v1/jobs/ID and the admin UI show it)."""
+    answer = oai.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hi"}],
+                                         max_tokens=2, user="user-42", metadata={"team": "search", "run": "7"})
+    job = client.get(f"/api/v1/jobs/{answer.id.removeprefix('chatcmpl-')}", headers=AUTH).json
+    assert job["metadata"] == {"team": "search", "run": "7"} and job["kind"] == "chat"
+    plain = oai.completions.create(model="tiny-llama", prompt="Hi", max_tokens=2, user="user-42")
+    assert client.get(f"/api/v1/jobs/{plain.id.removeprefix('cmpl-')}", headers=AUTH).json["metadata"] == {}
+
+
 # --- tool calls (issue 12 points 1 and 3) ---
 
 WEATHER_TOOL = {"type": "function", "function": {

@@ -27,6 +27,7 @@ def index_size(app) -> int:
 SURROGATE = "\\ud800"   # as JSON text: the escape of a lone surrogate
 DEEP = "[" * 100_000 + "]" * 100_000
 NESTED_40 = '{"a":' * 40 + "1" + "}" * 40
+METADATA = "metadata must be an object of at most 16 string values (keys up to 64 characters, values up to 512)"
 
 BAD = [   # (path, raw JSON body, words in the error)
     ("/api/v1/jobs", f'{{"model": "tiny-llama", "prompt": "{SURROGATE}"}}', "lone surrogate"),
@@ -105,6 +106,19 @@ BAD = [   # (path, raw JSON body, words in the error)
      "min_tokens (5) must not be above max_tokens (4)"),
     ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
      '"min_tokens": -1}', "min_tokens must be between 0"),
+    # OpenAI's user (a string) and metadata (at most 16 string values, keys up to 64 characters,
+    # values up to 512): other types were accepted and ignored
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], "user": 5}',
+     "user must be a string"),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "user": ["a"]}', "user must be a string"),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"metadata": "x"}', METADATA),
+    ("/v1/chat/completions", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     '"metadata": {"a": 1}}', METADATA),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "metadata": '
+     + json.dumps({f"k{i}": "v" for i in range(17)}) + '}', METADATA),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "metadata": {"' + "k" * 65 + '": "v"}}', METADATA),
+    ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "metadata": {"k": "' + "v" * 513 + '"}}', METADATA),
     # parameters not implemented: refused rather than ignored (unless they ask for nothing)
     ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "echo": true}', "echo is not supported"),
     ("/v1/completions", '{"model": "tiny-llama", "prompt": "x", "echo": 0}', "echo is not supported"),
