@@ -115,7 +115,7 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     want, top = body.get("logprobs"), body.get("top_logprobs")
     if not isinstance(want, bool | None):
         raise schema.Invalid("logprobs must be true or false", "logprobs")
-    if top is not None and not want:
+    if top is not None and not want and (type(top) is not int or top != 0):   # 0 asks for nothing: accepted
         raise schema.Invalid("top_logprobs needs logprobs: true", "top_logprobs")
     return _top_count(top or 0, "top_logprobs") if want else None
 

@@ -134,13 +134,17 @@ BAD = [   # (path, raw JSON body, words in the error)
     ("/v1/completions", {"echo": False, "suffix": "", "best_of": 2, "n": 2, "logit_bias": {}}),
     ("/v1/completions", {"echo": None, "suffix": None, "best_of": None, "logit_bias": None}),
     ("/v1/chat/completions", {"logit_bias": {}}),
+    ("/v1/chat/completions", {"top_logprobs": 0}),
+    ("/v1/chat/completions", {"logprobs": False, "top_logprobs": 0}),
 ])
 def test_unimplemented_parameters_that_ask_for_nothing_are_accepted(client, worker, path, body):
-    """Clients send some of them by default (LangChain's logit_bias: {}, best_of equal to n)."""
+    """Clients send some of them by default (LangChain's logit_bias: {}, best_of equal to n);
+    top_logprobs 0 without logprobs asks for no alternatives of no logprobs (vLLM takes it too)."""
     prompt = {"prompt": "Hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]}
     r = client.post(path, json={"model": "tiny-llama", "max_tokens": 2} | prompt | body, headers=AUTH)
     assert r.status_code == 200, r.json
     assert len(r.json["choices"]) == body.get("n", 1)
+    assert all(choice["logprobs"] is None for choice in r.json["choices"])
 
 
 @pytest.mark.parametrize("path,raw,words", BAD, ids=[f"{p}:{w}:{i}" for i, (p, _, w) in enumerate(BAD)])
