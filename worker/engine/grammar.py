@@ -98,7 +98,8 @@ def _reason(error: str) -> str:
     plainly."""
     reason = error.split("<state>", 1)[0].strip()
     if reason == "NoExtensionBias":
-        return "the schema admits no JSON value: its grammar cannot start (such as a $ref to itself with no alternative)"
+        return ("the schema admits no JSON value: its grammar cannot start (such as a $ref to itself with no "
+                "alternative)")
     return " ".join(reason.split())
 
 
