@@ -32,6 +32,12 @@ TOOL_CHOICES = ("auto", "none", "required")   # or {"type": "function", "functio
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
+def worker_value(name: str, value):
+    """A checked SAMPLING value as the worker takes it: a negative seed (OpenAI's int64) as the
+    uint64 C's cast makes of it (-1: 2^64 - 1); the others as they are."""
+    return value % 2**64 if name == "seed" else value
+
+
 class Invalid(Exception):
     """A request the API refuses: status, message and the parameter at fault (OpenAI style)."""
 
@@ -254,9 +260,8 @@ def generation(body, *, chat: bool | None) -> dict:
     model, served = _model(body)
     n_ctx = served["n_ctx"]
     prompt = _prompt(body, chat)
-    params = {name: _number(body, name, *spec) for name, spec in SAMPLING.items() if body.get(name) is not None}
-    if "seed" in params:   # a negative int64 as the uint64 C's cast makes of it (-1: 2^64 - 1)
-        params["seed"] %= 2**64
+    params = {name: worker_value(name, _number(body, name, *spec))
+              for name, spec in SAMPLING.items() if body.get(name) is not None}
     # unset ones as the model's worker says (its GGUF's recommendations, else llama.cpp's), so the
     # job records what it runs with
     params = sampling_defaults.fill(params, served.get("sampling_defaults"))

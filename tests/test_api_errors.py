@@ -169,10 +169,12 @@ def test_ready_when_a_worker_serves(client, worker):
 
 
 def test_every_value_the_api_accepts_the_worker_accepts():
-    """The API checks ranges without the engine; its bounds must lie within SamplingParams'."""
-    from appliance.schema import SAMPLING
+    """The API checks ranges without the engine; its bounds, as it sends them on (a negative seed
+    as its uint64), must lie within SamplingParams'."""
+    from appliance.schema import SAMPLING, worker_value
     from worker.engine.sampling import SamplingParams
     for name, (kind, lo, hi, lo_ok) in SAMPLING.items():
         for value in ([lo] if lo_ok else []) + [hi]:
             # the API also refuses min_tokens above max_tokens (test_request_errors), so it comes with one as large
-            SamplingParams(**{name: value}, **({"max_tokens": max(1, value)} if name == "min_tokens" else {}))
+            SamplingParams(**{name: worker_value(name, value)},
+                           **({"max_tokens": max(1, value)} if name == "min_tokens" else {}))
