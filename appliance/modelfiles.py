@@ -3,6 +3,7 @@ can serve each: its architecture and tensor types against vkllm/modelsupport.py 
 own lists), its tensors' data against the file's size. Only the header is read (metadata and
 tensor infos, a few MB for a large vocabulary; never the weights), once per file while its size
 and mtime stay the same; the web app never loads weights or the engine."""
+import math
 import struct
 import threading
 from pathlib import Path
@@ -141,10 +142,7 @@ def _problem(header: dict, size: int) -> str | None:
         block, type_size = GGML_QUANT_SIZES[ggml_type]
         if not dims or dims[0] % block:
             return f"tensor '{name}' has shape {dims}, rows not a multiple of {ggml_type.name}'s block of {block}"
-        n = 1
-        for d in dims:
-            n *= d
-        ranges.append((offset, n // block * type_size, name))
+        ranges.append((offset, math.prod(dims) // block * type_size, name))
     return modelsupport.tensor_data_problem(ranges, header["data_start"], size, header["alignment"])
 
 
@@ -172,12 +170,7 @@ def describe(path: Path, size: int) -> dict:
         return out | {"error": f"cannot read it: {e.strerror}"}
     meta = header["meta"]
     arch = meta.get("general.architecture")
-    parameters = 0
-    for _, dims, _, _ in header["tensors"]:
-        n = 1
-        for d in dims:
-            n *= d
-        parameters += n
+    parameters = sum(math.prod(dims) for _, dims, _, _ in header["tensors"])
     return out | {"architecture": arch, "quant": _quant(meta.get("general.file_type")),
                   "context_length": meta.get(f"{arch}.context_length"), "parameters": parameters,
                   "error": _problem(header, size)}

@@ -277,13 +277,10 @@ class Batch:
             return [self._finish(seq, "error", seq.failed)]
         try:
             token = best[row] if best is not None else next_token(self.runner, seq.sampler, select, seq.tokens, row)
-        except MinTokensUnmet as e:
-            return [self._finish(seq, "error", e)]
-        logprobs = None if seq.request.logprobs is None else token_logprobs(
-            self.runner.read_logits(row), token, *self.runner.read_topk(row), seq.request.logprobs)
-        try:
+            logprobs = None if seq.request.logprobs is None else token_logprobs(
+                self.runner.read_logits(row), token, *self.runner.read_topk(row), seq.request.logprobs)
             event, reason = seq.take(token, logprobs, now)
-        except GrammarError as e:
+        except (MinTokensUnmet, GrammarError) as e:   # the pick (min_tokens) or the grammar taking it
             return [self._finish(seq, "error", e)]
         events = [] if event is None else [event]
         if reason is not None:

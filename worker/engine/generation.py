@@ -40,7 +40,7 @@ class Event:
     a token ends inside a UTF-8 sequence or could start a stop string). The last has
     finish_reason set ("stop", "length" or "cancelled") and the final timings. logprobs is set
     on token events when the generation was asked for them. A batched generation that fails alone
-    (MinTokensUnmet) ends with finish_reason "error" and the error."""
+    (its grammar gives up, or a min_tokens it cannot meet) ends with finish_reason "error" and the error."""
     text: str
     token_id: int | None = None
     finish_reason: str | None = None

@@ -69,7 +69,7 @@ class JobRun:
                 self.engine.batch.end(self.seq, "stop")
             return records
         self.finish, self.timings = event.finish_reason, event.timings
-        if event.error is not None:   # its sequence failed alone (MinTokensUnmet), its output kept
+        if event.error is not None:   # its sequence failed alone (its grammar, min_tokens), its output kept
             self.fail_now(event.error)
             return records + [self.error_record()]
         if self.timed_out:
