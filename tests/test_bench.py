@@ -39,3 +39,23 @@ def test_counts_below_one_are_usage_errors(tiny_model, capsys):
             main(["bench", "-m", str(tiny_model), *flags])
         assert done.value.code == 2
         assert capsys.readouterr().err.splitlines()[-1] == f"vkllm bench: error: argument {named}"
+
+
+@pytest.mark.parametrize("argv, named", (
+    (["bench", "kernels", "--quick", "--runs", "0"], "--runs: not a whole number of at least 1: '0'"),
+    (["bench", "kernels", "--quick", "--prefill", "-3"], "--prefill: not a whole number of at least 0: '-3'"),
+    (["bench", "kernels", "--quick", "--cols", "4,0"],
+     "--cols: not comma-separated whole numbers of at least 1: '4,0'"),
+    (["bench", "serve", "--engine", "x.gguf", "--prefix-tokens", "-5"],
+     "--prefix-tokens: not a whole number of at least 0: '-5'"),
+    (["bench", "serve", "--engine", "x.gguf", "--seed", "-5"], "--seed: not a whole number of at least 0: '-5'"),
+))
+def test_kernel_and_serve_flags_out_of_range_are_usage_errors(argv, named, capsys):
+    """bench kernels --runs 0 took the median of nothing, --prefill -3 made a negative array,
+    --cols 0 divided by zero; bench serve's negative --prefix-tokens or --seed failed in numpy:
+    each a traceback after the device was opened. Now the parser refuses them, exit 2."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    command = " ".join(argv[:2])
+    assert capsys.readouterr().err.splitlines()[-1] == f"vkllm {command}: error: argument {named}"

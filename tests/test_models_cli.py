@@ -85,6 +85,15 @@ def test_a_path_that_cannot_be_written_is_one_line(tmp_path):
         assert done.stderr.splitlines()[-1] == f"vkllm: error: {path}: {os.strerror(code)}"
 
 
+def test_a_negative_synth_seed_is_a_usage_error(tmp_path):
+    """numpy seeds are whole numbers of at least 0: --seed -5 ended in its ValueError traceback."""
+    done = vkllm("models", "synth", "tiny-llama", str(tmp_path / "x.gguf"), "--seed", "-5")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == ("vkllm models synth: error: argument --seed: "
+                                            "not a whole number of at least 0: '-5'")
+    assert not (tmp_path / "x.gguf").exists()
+
+
 def test_fetch_demo_is_idempotent(tmp_path, smollm2_path):
     first = fetch_demo(tmp_path)
     assert first == tmp_path / MODEL_NAME

@@ -1,8 +1,8 @@
 """argparse types for the commands' counts (tokens, repetitions, context positions, sequences),
-intervals, TCP ports and Redis URLs: a value below 1 (an interval not above 0, a port outside
-0-65535) or a URL of another scheme is refused as that flag's usage error, where it would
-otherwise end in a division by zero, an empty range, a busy loop, another port than asked or a
-ValueError deep inside a run."""
+sizes and seeds, intervals, TCP ports and Redis URLs: a value below 1 (a size or seed below 0, an
+interval not above 0, a port outside 0-65535) or a URL of another scheme is refused as that flag's
+usage error, where it would otherwise end in a division by zero, an empty range, a busy loop,
+another port than asked or a ValueError deep inside a run."""
 import argparse
 import urllib.parse
 
@@ -15,6 +15,17 @@ def count(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"not a whole number of at least 1: {text!r}")
+    return value
+
+
+def whole(text: str) -> int:
+    """A whole number of at least 0 (a size that may be none, a numpy seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"not a whole number of at least 0: {text!r}")
     return value
 
 

@@ -43,10 +43,6 @@ SCALE_FIELDS = {T.Q4_K: (0, 2), T.Q6_K: (208,)}
 COLS_SHAPES = tuple((s, r, lanes) for lanes in (0, 8, 4, 1) for s in (1, 2, 4, 8) for r in (1, 2, 4))
 
 
-def parse_cols(text: str) -> list[int]:
-    return [int(n) for n in text.split(",")]
-
-
 def run(ctx, args, rotation: int, warmup: float, measured: float) -> dict:
     """Prints the table; returns {(weight, type): {n: the check}} (mat-cols vs mat-vec)."""
     counts, checks = args.cols, {}

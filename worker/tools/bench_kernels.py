@@ -18,6 +18,7 @@ import argparse
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from vkllm.argtypes import count, counts, whole
 from worker.engine.config import Settings
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.halves import f16_bytes
@@ -29,7 +30,6 @@ from worker.engine.kernels.tuning import MatVecTuner, shape_label
 from worker.engine.kernels.x8 import Quantized, quantize_x8, x8_bytes
 from worker.engine.weight_types import WEIGHT_TYPES, row_bytes
 from worker.tools import bench_cols, bench_glu
-from worker.tools.bench_cols import parse_cols
 from worker.tools.roofline import WARMUP_SECONDS, read_bandwidth, read_seconds
 
 # rows x K: attention projection, FFN up/gate, FFN down, the Llama-3 output head.
@@ -48,11 +48,11 @@ def add_arguments(parser):
     parser.add_argument("--shapes", type=parse_shapes, metavar="RxK,RxK,...",
                         help="weights of these rows x K instead of the Llama-3.1-8B ones (e.g. 27648x5120,5120x27648: "
                              "Qwen2.5-32B's gate/up and down)")
-    parser.add_argument("--runs", type=int, default=5, help="timed submissions after the warm-up")
-    parser.add_argument("--prefill", type=int, default=0, metavar="N",
+    parser.add_argument("--runs", type=count, default=5, help="timed submissions after the warm-up")
+    parser.add_argument("--prefill", type=whole, default=0, metavar="N",
                         help="also time each mat-mat kernel the device offers (tiled; mmq, 8-bit integer dot "
                              "products, for quantized types; coopmat) on N token columns (TFLOP/s)")
-    parser.add_argument("--cols", type=parse_cols, metavar="N,N,...",
+    parser.add_argument("--cols", type=counts, metavar="N,N,...",
                         help="instead: batched-decode products of N columns on Llama-3.1-8B's Q4_K_M weights "
                              "through each kernel (mat-vec, mat-cols, cooperative matrices) and one 8B pass "
                              "per rule (worker/tools/bench_cols.py); --types filters its weights")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vkllm.argtypes import count
+from vkllm.argtypes import count, whole
 from vkllm.config import CommandDefaults
 from vkllm.errors import VkllmError
 
@@ -49,11 +49,11 @@ def add_arguments(p) -> None:
     p.add_argument("--engine", help="GGUF file: drive its engine's batch in this process instead of the API")
     p.add_argument("-n", "--num-jobs", type=count, default=8)
     p.add_argument("-p", "--prompt-tokens", type=count, default=128, help="tokens per prompt, after the prefix")
-    p.add_argument("--prefix-tokens", type=int, default=0,
+    p.add_argument("--prefix-tokens", type=whole, default=0,
                    help="tokens of a prefix every prompt starts with; then also the TTFT of a job alone and of the "
                         "next one sharing its prefix")
     p.add_argument("-o", "--output-tokens", type=count, default=256)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--seed", type=whole, default=0, help="seed of the random prompts")
     p.add_argument("--peer", choices=["llama.cpp"],
                    help="with --engine: the same prompts as parallel sequences of llama.cpp's Vulkan backend (cyllama)")
 

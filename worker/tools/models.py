@@ -2,7 +2,7 @@
 model, write synthetic ones."""
 from collections import defaultdict
 
-from vkllm.argtypes import count
+from vkllm.argtypes import count, whole
 from worker.engine.config import Settings
 from worker.engine.memplan import human_bytes as _size
 from worker.tools.devices import add_device_arguments
@@ -29,7 +29,7 @@ def register(sub):
     synth.add_argument("preset", choices=sorted(PRESETS))
     synth.add_argument("out")
     synth.add_argument("--mix", default="Q4_K_M", choices=list(MIXES))
-    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--seed", type=whole, default=0)
     synth.set_defaults(func=_synth)
 
 
