@@ -1,8 +1,10 @@
 """The GGUF files in the models folder, described from their headers, and whether the workers
 can serve each: its architecture and tensor types against vkllm/modelsupport.py (the engine's
-own lists), its tensors' data against the file's size. Only the header is read (metadata and
-tensor infos, a few MB for a large vocabulary; never the weights), once per file while its size
-and mtime stay the same; the web app never loads weights or the engine."""
+own lists), its tensors' data against the file's size, the overrides file beside it as the
+engine reads it (vkllm/overrides.py). Only the header is read (metadata and tensor infos, a few
+MB for a large vocabulary; never the weights), once per file while its size and mtime stay the
+same; the overrides file, a few hundred bytes, at every listing. The web app never loads weights
+or the engine."""
 import math
 import struct
 import threading
@@ -10,7 +12,8 @@ from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
-from vkllm import modelsupport
+from vkllm import modelsupport, overrides
+from vkllm.errors import VkllmError
 
 CHUNK = 1 << 20          # bytes read at a time while walking a header
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -193,5 +196,14 @@ def scan(models_dir: str | Path) -> list[dict]:
             cached = (stamp, describe(path, st.st_size))
             with _lock:
                 _cache[str(path)] = cached
-        found.append(cached[1])
+        found.append(cached[1] if cached[1]["error"] else cached[1] | {"error": _overrides_problem(path)})
     return found
+
+
+def _overrides_problem(path: Path) -> str | None:
+    """Why the engine would refuse the overrides file beside the GGUF at path, or None."""
+    try:
+        overrides.read(path)
+    except VkllmError as e:
+        return str(e)
+    return None

@@ -1,4 +1,4 @@
-"""The overrides file beside a GGUF (worker/engine/overrides.py) and the demo model it serves:
+"""The overrides file beside a GGUF (vkllm/overrides.py) and the demo model it serves:
 SmolLM2-135M-Instruct as Ollama serves it (the model card's sampling, no default system turn),
 which answers a first question at its default parameters."""
 import concurrent.futures
@@ -12,9 +12,9 @@ import pytest
 from tests.conftest import VKLLM, openai_client
 from tests.test_api import AUTH, wait
 from vkllm.demo import MODEL_NAME, OVERRIDES, OVERRIDES_NAME, fetch_demo
+from vkllm.overrides import path_for
 from worker.engine.errors import GGUFError
 from worker.engine.modelfile import ModelFile
-from worker.engine.overrides import path_for
 from worker.engine.sampling import model_defaults
 
 # llama.cpp server's defaults, written out (tests/test_sampling_defaults.py checks them)

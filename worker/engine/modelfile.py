@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from vkllm import modelsupport
-from worker.engine import overrides
+from vkllm import modelsupport, overrides
+from vkllm.errors import VkllmError
 from worker.engine.errors import GGUFError
 from worker.engine.models.config import ModelConfig
 
@@ -130,7 +130,7 @@ class ModelFile:
     @classmethod
     def open(cls, path) -> "ModelFile":
         """The GGUF at path, its metadata with the overrides kept beside it applied
-        (worker/engine/overrides.py)."""
+        (vkllm/overrides.py)."""
         path = Path(path)
         try:
             with open(path, "rb") as f:
@@ -153,7 +153,10 @@ class ModelFile:
                                       GGMLQuantizationType(t.tensor_type), int(t.n_bytes),
                                       t.data.reshape(-1).view(np.uint8))
                    for t in reader.tensors}
-        extra = overrides.read(path)
+        try:
+            extra = overrides.read(path)
+        except VkllmError as e:
+            raise GGUFError(str(e)) from None
         model = cls(path, metadata | extra, tensors, len(reader.data), tuple(extra))
         try:
             model.config.check_tensors(model.tensors)

@@ -115,7 +115,7 @@ def _inspect(args):
         rows.append(("sliding window", f"{c.sliding_window} positions on {sum(c.swa_layers)} of {c.n_layer} "
                                        f"layers, rope base {c.rope_base_swa:g} there"))
     if model.overridden:
-        from worker.engine.overrides import path_for
+        from vkllm.overrides import path_for
         rows.append(("overrides", f"{path_for(model.path)}: {', '.join(model.overridden)}"))
     for name, value in rows:
         print(f"{name:15} {value}")
