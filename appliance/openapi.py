@@ -59,8 +59,8 @@ def _job_request() -> dict:
              for name, (kind, lo, hi, lo_ok) in schema.SAMPLING.items()}
     props["seed"]["description"] = "unset: a different draw every run; a negative one (OpenAI's int64) is 2^64 plus it"
     props["temperature"]["description"] += "; 0 decodes greedily"
-    props["min_tokens"]["description"] = ("no end-of-generation token is drawn before this many tokens "
-                                          "(at most max_tokens; vLLM's); unset: 0")
+    props["min_tokens"]["description"] = ("no end-of-generation token is drawn, and no stop string ends the "
+                                          "text, before this many tokens (at most max_tokens; vLLM's); unset: 0")
     props |= {
         "max_tokens": {"type": "integer", "minimum": 1, "description": "at most the model's context"},
         "ignore_eos": {"type": "boolean", "default": False, "description": (

@@ -57,3 +57,15 @@ def test_min_tokens_draws_no_end_before_that_many(engine, prompt, via_batch):
     # as vLLM counts: min_tokens tokens are out before an end token may be drawn, so one already
     # reached when the model ends changes nothing
     assert generate(engine, prompt, via_batch, min_tokens=len(plain))[0] == plain
+
+
+@pytest.mark.parametrize("via_batch", [False, True], ids=["generate", "batch"])
+def test_min_tokens_holds_stop_strings_off_until_that_many(engine, prompt, via_batch):
+    """As vLLM's: stop strings end a generation only once min_tokens tokens are out, so one the
+    text reaches before then does not cut it (a request asking for 8 tokens and stop "," got 1)."""
+    plain, finish, _ = generate(engine, prompt, via_batch)
+    stop = engine.tokenizer.decode(plain[:2])   # the text as its second token completes it
+    assert finish == "stop" and stop not in engine.tokenizer.decode(plain[1:])
+    assert generate(engine, prompt, via_batch, stop=[stop])[0] == plain[:2]
+    tokens, finish, _ = generate(engine, prompt, via_batch, stop=[stop], min_tokens=4)
+    assert tokens == plain and finish == "stop"   # the model's own end, past min_tokens

@@ -206,12 +206,14 @@ class StopMatcher:
         self._held = ""
         self.stopped = False
 
-    def push(self, text: str) -> tuple[str, bool]:
-        """Returns (text safe to emit, whether a stop string was reached)."""
+    def push(self, text: str, armed: bool = True) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string was reached). Unarmed (min_tokens not
+        yet out, as vLLM checks), a stop string in the text does not end it; the end held back can
+        still complete one once armed."""
         if self.stopped:
             return "", True
         buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0] if armed else []
         if hits:
             self._held = ""
             self.stopped = True
