@@ -2,11 +2,14 @@
 localhost, its own port and data folder), one worker and the web app; Ctrl-C stops all three.
 
 This process supervises the other two: a worker or a redis-server that exits is started again
-(the same port and data for Redis), after a pause that grows while they keep dying young.
+(the same port and data for Redis), after a pause that grows while they keep dying young. A
+first run that dies young with vkllm's usage status (a model not found, a split the devices
+cannot take) would fail alike every time: `up` stops, with the child's own error line.
 
 The children run in their own sessions so that Ctrl-C reaches only this process, which then
 stops them in order: the web server, the worker (its current job ends failed, partial text
 kept), then Redis (which syncs its append-only file)."""
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +24,10 @@ from werkzeug.serving import LISTEN_QUEUE, get_sockaddr, make_server, select_add
 from appliance import auth
 from vkllm.config import worker_environment
 from vkllm.errors import VkllmError
+
+USAGE_STATUS = 2      # what `vkllm` exits with for an error of the user's (vkllm.cli.main, argparse)
+YOUNG = 60.0          # seconds: a child that exits sooner after its start is dying young
+ERROR_PREFIX = re.compile(r"vkllm( [\w-]+)?: error: ")   # how the CLI and argparse start that line
 
 
 def _free_port() -> int:
@@ -91,24 +98,34 @@ class _Supervised:
     def __init__(self, name: str, start, log_path: Path):
         self.name, self._start, self.log_path = name, start, log_path
         self.proc = start()
-        self.started, self.pause, self.restart_at = time.monotonic(), 1.0, None
+        self.started, self.pause, self.restart_at, self.first = time.monotonic(), 1.0, None, True
 
     def check(self) -> None:
-        """Called every half second or so: notice an exit, restart when its pause is over."""
+        """Called every half second or so: notice an exit, restart when its pause is over;
+        VkllmError with the child's error line when its first run died young with the usage status."""
         now = time.monotonic()
         if self.restart_at is None:
             code = self.proc.poll()
+            if code == USAGE_STATUS and self.first and now - self.started < YOUNG:
+                raise VkllmError(f"the {self.name} cannot start: {self._error_line()}")
             if code is not None:
                 self._again(now, f"exited (status {code})")
         elif now >= self.restart_at:
-            self.restart_at, self.started = None, now
+            self.restart_at, self.started, self.first = None, now, False
             try:
                 self.proc = self._start()
             except VkllmError as e:
                 self._again(now, f"did not start ({e})")
 
+    def _error_line(self) -> str:
+        """The last line of the log, where the child printed its one-line error."""
+        with open(self.log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines() or [f"see {self.log_path}"]
+        return ERROR_PREFIX.sub("", lines[-1], count=1)
+
     def _again(self, now: float, what: str) -> None:
-        self.pause = 1.0 if now - self.started > 60 else min(self.pause * 2, 60.0)
+        self.pause = 1.0 if now - self.started > YOUNG else min(self.pause * 2, 60.0)
         self.restart_at = now + self.pause
         print(f"vkllm: the {self.name} {what}; starting it again in {self.pause:.0f} s (see {self.log_path})",
               file=sys.stderr, flush=True)

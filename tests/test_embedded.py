@@ -103,3 +103,33 @@ def test_up_restarts_its_dead_worker_and_redis_and_keeps_the_key_and_metrics_to_
     job = wait_for(url, submit(url, max_tokens=3), timeout=120)
     assert job["state"] == "finished" and job["usage"]["completion_tokens"] == 3
     assert _child(proc.pid, "vkllm.cli") == second   # the same worker process
+
+
+@pytest.mark.parametrize("flags, reason", (
+    (["-m", "nosuch.gguf"], "model 'nosuch.gguf' not found (as a path or in {models})"),
+    (["--split", "1,2"], "a split of 2 shares needs as many devices, not 1"),
+))
+def test_up_whose_worker_cannot_start_says_why_and_exits(tmp_path, tiny_model, flags, reason):
+    """A worker whose first run ends with vkllm's usage status (a model not found, a split the
+    devices cannot take) fails the same way every time: `up` restarted it forever, the reason
+    only in worker.log. It now stops everything and exits 2 with the worker's line."""
+    proc = subprocess.Popen([sys.executable, "-c", VKLLM, "up", "--host", "127.0.0.1", "--port", "0",
+                             "--data-dir", str(tmp_path), "--models-dir", str(tiny_model.parent),
+                             "-m", tiny_model.name, *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop(proc)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == "vkllm: error: the worker cannot start: " + reason.format(models=tiny_model.parent)
+    assert "starting it again" not in err
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _mentions(int(pid), str(tmp_path))]
+
+
+def _mentions(pid: int, text: str) -> bool:
+    """Whether the live process pid has text in its command line (redis-server: its --dir)."""
+    try:
+        return _state(pid) != "Z" and any(text in a for a in _cmdline(pid))
+    except OSError:
+        return False
