@@ -205,3 +205,16 @@ def test_gemma3_chat_encodes_turn_markers_as_control_tokens(gemma3_270m_path):
     assert ids[0] == tok.bos_id and ids.count(tok.bos_id) == 1
     assert ids.count(start[0]) == 2 and ids.count(end[0]) == 1
     assert tok.decode(ids) == "user\nHi!\nmodel\n"     # control tokens decode to nothing
+
+
+def test_generate_refuses_a_system_message_without_chat(tmp_path):
+    """`vkllm generate --system S` without --chat dropped S without a word (only a chat has a
+    system turn); it is now a usage error, before the model is opened."""
+    import subprocess
+    import sys
+
+    from tests.conftest import VKLLM
+    done = subprocess.run([sys.executable, "-c", VKLLM, "generate", "-m", str(tmp_path / "x.gguf"), "-p", "hi",
+                           "--system", "be brief"], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == "vkllm: error: --system is the system message of a chat: it needs --chat"

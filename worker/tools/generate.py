@@ -2,6 +2,7 @@
 import sys
 
 from vkllm.argtypes import count
+from vkllm.errors import VkllmError
 from vkllm.sampling_defaults import SERVER, describe
 from worker.tools.devices import add_device_arguments, settings
 
@@ -23,6 +24,8 @@ def register(sub):
 
 
 def run(args):
+    if args.system is not None and not args.chat:
+        raise VkllmError("--system is the system message of a chat: it needs --chat")
     from vkllm.sampling_defaults import fill
     from worker.engine.engine import Engine
     from worker.engine.sampling import SamplingParams
