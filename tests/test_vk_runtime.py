@@ -120,9 +120,23 @@ def test_device_choice_by_name_and_index(vk_ctx):
         vkdevice.choose_device(candidates, "no-such-gpu")
 
 
+def _info(i, kind, mem, name=None):
+    return vkdevice.DeviceInfo(i, name or f"dev{i}", kind, mem, 32, 1 << 27, 16, 1 << 30, 65535, 128, 1.0, frozenset())
+
+
+def test_a_number_names_a_device_by_index_only():
+    """`--devices 1` is the device of index 1, never another whose name holds a "1" (an AMD
+    "NAVI31", llvmpipe's "LLVM 15.0.6"): digits that are no device's index are refused."""
+    candidates = [(_info(0, "discrete", 16 << 30, "AMD Radeon RX 7900 XTX (RADV NAVI31)"), None),
+                  (_info(1, "discrete", 16 << 30, "AMD Radeon RX 7800 XT (RADV NAVI32)"), None)]
+    assert vkdevice.choose_device(candidates, "1")[0].index == 1
+    assert vkdevice.choose_device(candidates, "navi31")[0].index == 0
+    with pytest.raises(VkllmError, match="no Vulkan device matches '3'"):
+        vkdevice.choose_device(candidates, "3")
+
+
 def test_device_ranking_prefers_discrete():
-    def info(i, kind, mem):
-        return vkdevice.DeviceInfo(i, f"dev{i}", kind, mem, 32, 1 << 27, 16, 1 << 30, 65535, 128, 1.0, frozenset())
+    info = _info
     candidates = [(info(0, "cpu", 64 << 30), None), (info(1, "integrated", 8 << 30), None),
                   (info(2, "discrete", 8 << 30), None), (info(3, "discrete", 24 << 30), None)]
     assert vkdevice.choose_device(candidates, None)[0].index == 3

@@ -154,12 +154,13 @@ def list_devices(instance) -> list[tuple[DeviceInfo, object]]:
 
 
 def choose_device(candidates, wanted: str | None):
-    """A configured index or name substring wins; otherwise the best kind, then the most memory."""
+    """A configured index (digits only: never a name's digits) or name substring wins; otherwise
+    the best kind, then the most memory."""
     if not candidates:
         raise VulkanUnavailable("no Vulkan device found: install 'mesa-vulkan-drivers' or your GPU's driver")
     if wanted is not None:
         for info, pd in candidates:
-            if wanted == str(info.index) or wanted.lower() in info.name.lower():
+            if wanted == str(info.index) if wanted.isdigit() else wanted.lower() in info.name.lower():
                 return info, pd
         names = "; ".join(info.describe() for info, _ in candidates)
         raise VkllmError(f"no Vulkan device matches '{wanted}'; available: {names}")
