@@ -139,3 +139,15 @@ def test_inspect_shows_the_defaults_and_where_they_come_from(own_model):
     assert line.split(None, 1)[1] == ("temperature 0.3 (GGUF), top_k 7 (GGUF), top_p 0.8 (GGUF), min_p 0.1 (GGUF), "
                                       "repeat_penalty 1.1 (GGUF), repeat_last_n 32 (GGUF), presence_penalty 0, "
                                       "frequency_penalty 0")
+
+
+@pytest.mark.parametrize("option, named", [("--top-p=7", "top_p"), ("--seed=-1", "seed")])
+def test_generate_refuses_sampling_values_before_it_opens_the_model(tmp_path, option, named):
+    """A sampling value the engine refuses is refused before the model is read (a large model
+    takes a while to load): the file here is no GGUF at all, and the error names the value."""
+    not_a_model = tmp_path / "model.gguf"
+    not_a_model.write_bytes(b"not a gguf")
+    done = subprocess.run([sys.executable, "-c", VKLLM, "generate", "-m", str(not_a_model), "-p", "hi", option],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert named in done.stderr.splitlines()[-1], done.stderr

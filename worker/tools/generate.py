@@ -29,16 +29,21 @@ def run(args):
     from vkllm.sampling_defaults import fill
     from worker.engine.engine import Engine
     from worker.engine.sampling import SamplingParams
+    chosen = {name: getattr(args, name) for name in SERVER}
+
+    def params(model_defaults: dict | None) -> SamplingParams:
+        return SamplingParams(**fill(chosen, model_defaults), seed=args.seed, max_tokens=args.max_tokens,
+                              stop=tuple(args.stop))
+
+    params(None)   # what the user gave is refused before the model (slow to load) is read
     engine = Engine.load(args.model, settings(args), n_ctx=args.ctx_size, progress=sys.stderr.isatty())
     try:
-        chosen = {name: getattr(args, name) for name in SERVER}
-        params = SamplingParams(**fill(chosen, engine.sampling_defaults), seed=args.seed,
-                                max_tokens=args.max_tokens, stop=tuple(args.stop))
+        sampling = params(engine.sampling_defaults)
         prompt = args.prompt
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             prompt = engine.render_chat(messages + [{"role": "user", "content": args.prompt}])
-        for event in engine.generate(prompt, params):
+        for event in engine.generate(prompt, sampling):
             sys.stdout.write(event.text)
             sys.stdout.flush()
         t = event.timings
