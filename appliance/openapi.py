@@ -68,8 +68,8 @@ def _job_request() -> dict:
             "string (vLLM's and llama.cpp server's; for benchmarks)")},
         "stop": {"oneOf": [{"type": "string"}, {"type": "array", "maxItems": schema.MAX_STOP,
                                                   "items": {"type": "string"}}]},
-        "priority": {"enum": list(schema.PRIORITIES), "default": "normal"},
-        "metadata": {"type": "object", "description": "kept with the job and returned as is"},
+        "priority": {"enum": [*schema.PRIORITIES, None], "default": "normal"},
+        "metadata": {"type": ["object", "null"], "description": "kept with the job and returned as is"},
     }
     return _prompt_request(props)
 

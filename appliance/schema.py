@@ -313,11 +313,12 @@ def tokenize(body) -> tuple[str, int, dict]:
 
 
 def job_options(body: dict) -> tuple[str, dict]:
-    """REST-only fields: priority and free-form metadata (kept with the job, returned as is)."""
-    priority = body.get("priority", "normal")
+    """REST-only fields: priority and free-form metadata (kept with the job, returned as is);
+    null is their default, as for every other field."""
+    priority = _or_default(body.get("priority"), "normal")
     if priority not in PRIORITIES:
         raise Invalid(f"priority must be one of {list(PRIORITIES)}", "priority")
-    metadata = body.get("metadata", {})
+    metadata = _or_default(body.get("metadata"), {})
     if not isinstance(metadata, dict):
         raise Invalid("metadata must be a JSON object", "metadata")
     size, most = len(json.dumps(metadata).encode()), current_app.config["MAX_METADATA_BYTES"]
@@ -325,6 +326,10 @@ def job_options(body: dict) -> tuple[str, dict]:
         raise Invalid(f"metadata is {size} bytes as JSON; at most {most} are kept with a job", "metadata", 413,
                       "metadata_too_large")
     return priority, metadata
+
+
+def _or_default(value, default):
+    return default if value is None else value
 
 
 MAX_OFFSET = 10 ** 9   # a job listing's largest offset: past any job, far below Redis' 64-bit ranges

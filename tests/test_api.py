@@ -143,6 +143,14 @@ def test_models(client, worker):
     assert tiny["info"]["architecture"] == "llama"
 
 
+def test_null_priority_and_metadata_are_their_defaults(client, worker):
+    """null means the default for every field of a job request, these two included (they were
+    400s while `"temperature": null` was the default temperature)."""
+    job = submit(client, priority=None, metadata=None)
+    record = client.get(f"/api/v1/jobs/{job['id']}", headers=AUTH).json
+    assert (record["priority"], record["metadata"]) == ("normal", {})
+
+
 def test_high_priority_goes_to_the_front(client, worker):
     with held(client, worker):
         normal = [submit(client, max_tokens=1) for _ in range(2)]
