@@ -8,7 +8,12 @@ cannot take) would fail alike every time: `up` stops, with the child's own error
 
 The children run in their own sessions so that Ctrl-C reaches only this process, which then
 stops them in order: the web server, the worker (its current job ends failed, partial text
-kept), then Redis (which syncs its append-only file)."""
+kept), then Redis (which syncs its append-only file). Killed outright, this process takes them
+with it (Redis stopped, the worker killed: the next `up` fails its jobs, partial text kept, as a
+killed worker's), and one data folder takes one `up` at a time."""
+import ctypes
+import fcntl
+import os
 import re
 import signal
 import socket
@@ -28,6 +33,8 @@ from vkllm.errors import VkllmError
 USAGE_STATUS = 2      # what `vkllm` exits with for an error of the user's (vkllm.cli.main, argparse)
 YOUNG = 60.0          # seconds: a child that exits sooner after its start is dying young
 ERROR_PREFIX = re.compile(r"vkllm( [\w-]+)?: error: ")   # how the CLI and argparse start that line
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that started it ends
+_prctl = ctypes.CDLL(None, use_errno=True).prctl   # bound here: a child between fork and exec only calls it
 
 
 def _free_port() -> int:
@@ -51,6 +58,36 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _lock(data_dir: Path):
+    """The data folder's lock, held while this process lives (the kernel drops it however it
+    ends): a second `up` would run a second redis-server over the same append-only file."""
+    lock = open(data_dir / "up.pid", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise VkllmError(f"{data_dir} is in use by another vkllm up (pid {holder}); give each its own --data-dir") \
+            from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _ending_with_us(sig: int):
+    """A child's preexec_fn: the child gets `sig` when this process ends, even killed outright
+    (in its own session it would outlive us, holding its port, the data folder and its memory)."""
+    parent = os.getpid()
+
+    def arm():
+        _prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:   # we ended before it was armed
+            os.kill(os.getpid(), sig)
+    return arm
+
+
 def _start_redis(data_dir: Path, port: int) -> subprocess.Popen:
     folder = data_dir / "redis"
     folder.mkdir(parents=True, exist_ok=True)
@@ -58,7 +95,8 @@ def _start_redis(data_dir: Path, port: int) -> subprocess.Popen:
     # bounded, and refusing writes when full (the API answers 503) rather than evicting queued jobs
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
                              "--appendonly", "yes", "--save", "", "--maxmemory", "1gb",
-                             "--maxmemory-policy", "noeviction"], stdout=log, stderr=log, start_new_session=True)
+                             "--maxmemory-policy", "noeviction"], stdout=log, stderr=log, start_new_session=True,
+                            preexec_fn=_ending_with_us(signal.SIGTERM))
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
         try:
@@ -147,6 +185,7 @@ def run(args, api_key: str | None) -> int:
     data_dir = Path(args.data_dir or Path.home() / ".local" / "share" / "vkllm")
     models_dir = Path(args.models_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(data_dir)
     models = args.model
     if not models:
         from vkllm.demo import (
@@ -170,7 +209,8 @@ def run(args, api_key: str | None) -> int:
         worker_log = open(data_dir / "worker.log", "ab")
         command = worker_command(args, redis_url, models)
         worker = _Supervised("worker", lambda: subprocess.Popen(
-            command, stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True),
+            command, stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=_ending_with_us(signal.SIGKILL)),
             data_dir / "worker.log")
         threading.Thread(target=server.serve_forever, name="vkllm-web", daemon=True).start()
         host = f"[{args.host}]" if ":" in args.host else args.host   # an IPv6 address, as URLs write it
@@ -193,4 +233,5 @@ def run(args, api_key: str | None) -> int:
         if worker is not None:
             _stop(worker.proc)
         _stop(redis.proc)
+        lock.close()   # once its redis-server has ended
     return 0

@@ -133,3 +133,26 @@ def _mentions(pid: int, text: str) -> bool:
         return _state(pid) != "Z" and any(text in a for a in _cmdline(pid))
     except OSError:
         return False
+
+
+def test_a_second_up_on_its_data_dir_is_refused_and_a_killed_up_leaves_no_children(up):
+    """Two `up`s on one data folder ran two redis-servers over one append-only file and two
+    workers (the model twice in memory); an `up` killed outright (OOM killer, kill -9) left its
+    redis-server and worker running for ever, and the next `up` started a second pair. A second
+    `up` is now refused naming the first, and a killed one's children end with it."""
+    proc, url, data = up
+    redis_pid, worker_pid = _child(proc.pid, "redis-server"), _child(proc.pid, "vkllm.cli")
+    second = subprocess.run([sys.executable, "-c", VKLLM, "up", "--host", "127.0.0.1", "--port", "0",
+                             "--data-dir", str(data), "-m", "nosuch.gguf"],
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.splitlines()[-1] == \
+        f"vkllm: error: {data} is in use by another vkllm up (pid {proc.pid}); give each its own --data-dir"
+    assert (data / "redis.log").read_text().count("Ready to accept connections") == 1   # it started nothing
+
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while _mentions(redis_pid, "redis-server") or _mentions(worker_pid, "vkllm.cli"):
+        assert time.monotonic() < deadline, "the killed up's redis-server or worker is still running"
+        time.sleep(0.2)
