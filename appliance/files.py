@@ -1,5 +1,7 @@
 """OpenAI's Files API, for the Batch API: upload a JSONL file of requests (purpose "batch"), read
 a file's record, download its content (also the output and error files of batches), list, delete."""
+import errno
+
 from flask import Blueprint, current_app, request, send_file
 
 from appliance import auth, filestore
@@ -33,8 +35,14 @@ def upload():
     upload = request.files.get("file")
     if upload is None:
         raise Invalid("the multipart field 'file' is required", "file")
-    return filestore.add(filestore.new_id(), upload.filename or "upload.jsonl", purpose,
-                         lambda out: _copy(upload.stream, out, most, cfg["MAX_BATCH_LINES"]))
+    try:
+        return filestore.add(filestore.new_id(), upload.filename or "upload.jsonl", purpose,
+                             lambda out: _copy(upload.stream, out, most, cfg["MAX_BATCH_LINES"]))
+    except OSError as e:   # the data volume full, read-only or gone: the operator's to mend
+        current_app.logger.error("an upload could not be stored in %s/files: %s", current_app.config["DATA_DIR"], e)
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise Invalid(f"the file could not be stored: {e.strerror}", None, 507 if full else 503,
+                      "storage_full" if full else "storage_unavailable") from None
 
 
 def _copy(source, out, most_bytes: int, most_lines: int) -> None:
