@@ -9,23 +9,21 @@ import urllib.parse
 
 def count(text: str) -> int:
     """A whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a whole number of at least 1: {text!r}")
-    return value
+    return _whole_at_least(text, 1)
 
 
 def whole(text: str) -> int:
     """A whole number of at least 0 (a size that may be none, a numpy seed)."""
+    return _whole_at_least(text, 0)
+
+
+def _whole_at_least(text: str, lowest: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"not a whole number of at least 0: {text!r}")
+        value = lowest - 1
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"not a whole number of at least {lowest}: {text!r}")
     return value
 
 
