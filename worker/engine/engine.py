@@ -221,7 +221,7 @@ class Engine:
                     finish = "stop"
                     break
                 history.append(token)
-                text, matched_stop = stops.push(decoder.push(token), generated > params.min_tokens)
+                text, matched_stop = stops.push(decoder.push(token), params.stops_armed(generated))
                 if matched_stop:
                     yield Event(text, token, logprobs=logprobs_of_token)
                     finish = "stop"
@@ -233,7 +233,7 @@ class Engine:
                     finish = "cancelled"
                     break
         # Text held back as a possible start of a stop string is released unless one matched.
-        tail = "" if matched_stop else stops.push(decoder.flush(), generated > params.min_tokens)[0] + stops.flush()
+        tail = "" if matched_stop else stops.push(decoder.flush(), params.stops_armed(generated))[0] + stops.flush()
         now = time.perf_counter()
         timings = Timings(prompt_tokens=len(ids), generated_tokens=generated, prompt_seconds=prompt_seconds,
                           generation_seconds=now - (first_token_at or now),

@@ -78,6 +78,11 @@ class SamplingParams:
         end-of-generation token, which the sampler must pass over)."""
         return not self.is_greedy or self.has_penalties or self.min_tokens > 0
 
+    def stops_armed(self, generated: int) -> bool:
+        """Whether stop strings may end a generation that has `generated` tokens: past
+        min_tokens (vLLM's rule; StopMatcher.push's `armed`)."""
+        return generated > self.min_tokens
+
 
 def model_defaults(metadata: dict, n_ctx: int) -> dict:
     """What a request that sets nothing samples with on this model: llama.cpp server's defaults,

@@ -54,11 +54,6 @@ class Sequence:
         (max_tokens or the context reached; it may end before, on a stop)."""
         return min(len(self.request.ids) + self.request.params.max_tokens, self._n_ctx) - 2
 
-    @property
-    def stops_armed(self) -> bool:
-        """Whether stop strings may end it: past min_tokens tokens (vLLM's rule)."""
-        return self.generated > self.request.params.min_tokens
-
     def take(self, token: int, logprobs, now: float) -> tuple[Event | None, str | None]:
         """The token picked for it: its event (None for end of generation) and the finish
         reason when it ends here, as Engine.generate ends a generation."""
@@ -69,7 +64,8 @@ class Sequence:
         self.tokens.append(token)
         if self.matcher is not None:
             self.matcher.accept(token)
-        text, self.matched_stop = self.stops.push(self.decoder.push(token), self.stops_armed)
+        armed = self.request.params.stops_armed(self.generated)
+        text, self.matched_stop = self.stops.push(self.decoder.push(token), armed)
         event = Event(text, token, timings=NO_TIMINGS, logprobs=logprobs)
         if self.matched_stop:
             return event, "stop"
@@ -81,8 +77,8 @@ class Sequence:
         """Its last event: the text held back as a possible start of a stop string (unless one
         matched), the finish reason (with `error`, "error") and the timings; it is then done."""
         self.done = True
-        tail = "" if self.matched_stop else self.stops.push(self.decoder.flush(), self.stops_armed)[0] \
-            + self.stops.flush()
+        armed = self.request.params.stops_armed(self.generated)
+        tail = "" if self.matched_stop else self.stops.push(self.decoder.flush(), armed)[0] + self.stops.flush()
         return Event(tail, None, reason, self.timings(), error=error)
 
     def timings(self) -> Timings:
