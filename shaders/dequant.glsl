@@ -14,18 +14,10 @@
 // a buffer, and the host binds one buffer per binding).
 #if !defined(DEQUANT_UP)
 #include "types.glsl"
+#include "bytes.glsl"
 
 layout(std430, binding = 0) readonly buffer A { A_TYPE data_a[]; };
 
-// Four bytes of a little-endian word, each as a float. A byte placed in the mantissa of 2^23
-// and 2^23 subtracted gives its value exactly with integer ops and one add, where a conversion
-// instruction per value (quarter rate on NVIDIA) bounds the throughput of quantized kernels.
-vec4 magic_bytes4(uint w) { return uintBitsToFloat((uvec4(w, w >> 8, w >> 16, w >> 24) & 255u) | 0x4B000000u); }
-vec4 bytes4(uint w) { return magic_bytes4(w) - 8388608.0; }
-// bytes4(w) - offset in the same single add (offset a constant).
-vec4 bytes4_minus(uint w, float offset) { return magic_bytes4(w) - (8388608.0 + offset); }
-// Signed bytes: flipping the sign bit gives byte + 128.
-vec4 sbytes4(uint w) { return magic_bytes4(w ^ 0x80808080u) - 8388736.0; }
 uint word16(uint16_t lo, uint16_t hi) { return uint(lo) | (uint(hi) << 16); }
 uint byte_of(uint w, uint i) { return (w >> (8 * i)) & 255u; }
 // Bits 0..3 of `h` spread to bit 0 of bytes 0..3.

@@ -50,6 +50,7 @@ uint y_col(uint col) { return col; }
 uint a_row(uint row) { return row; }
 #endif
 
+#if !defined(ITEMS)   // (the cooperative-matrix kernel's ITEMS load mul_mat_vec_items.glsl's items)
 // Weights k .. k+15 of a row (k a multiple of 16); float rows may end within them (zeros past
 // the end).
 mat4 load_a16(uint part_row, uint k) {
@@ -65,6 +66,7 @@ mat4 load_a16(uint part_row, uint k) {
 #endif
     return dequantize16(row * (p.ncols / QUANT_K) + k / QUANT_K, (k % QUANT_K) / 16);
 }
+#endif
 
 #if !defined(MMQ)
 // x[col, k .. k+3] (col: of the workgroup's columns), zeros past the end of the row or of the

@@ -6,7 +6,12 @@
 #extension GL_EXT_shader_atomic_float : require
 #endif
 #include "common.glsl"
+#if defined(ITEMS)
+#include "bytes.glsl"
+#include "mul_mat_vec_items.glsl"
+#else
 #include "dequant.glsl"
+#endif
 #include "mul_mat_base.glsl"
 
 // Matrix x matrix on matrix units (VK_KHR_cooperative_matrix): what mul_mat.comp computes, with
@@ -32,6 +37,11 @@
 // before unless the product accumulates). Sizes are specialization constants, chosen by
 // kernels/coopmat.py from the device's shapes; the workgroup size (constant 0) must be
 // (BM / WM) * (BN / WN) subgroups.
+// With ITEMS (products of few columns), a thread loads whole items of a row (the mat-vec kernel's
+// raw 16-byte loads, mul_mat_vec_items.glsl: a Q4_K item is 64 values in 12 words where their
+// dequantized f32 take 64) AHEAD steps before their step and dequantizes them at the store: at
+// few columns a workgroup's step is short and waits on its loads, so what bounds it is the bytes
+// each SM keeps in flight, which staging f32 values one step ahead kept small.
 layout(constant_id = 1) const uint BM = 128;
 layout(constant_id = 2) const uint BN = 128;
 layout(constant_id = 3) const uint WM = 64;
@@ -49,8 +59,20 @@ const uint STRIDE = BK / 8 + 1;
 const uint SUBGROUPS = (BM / WM) * (BN / WN);
 const uint THREADS = SUBGROUPS * SUBGROUP;
 const uint CM_ROWS = WM / TM, CM_COLS = WN / TN;
-// 16-value weight slices and 8-value activation vectors per thread and step
-const uint A_PER_THREAD = (BM * (BK / 16) + THREADS - 1) / THREADS;
+// steps whose weights are in registers at once (the current one's and AHEAD - 1 after it)
+layout(constant_id = 11) const uint AHEAD = 1;
+// What a thread loads of a row at once: an item (BK a multiple of ITEM_VALUES), or 16 values
+// dequantized by load_a16.
+#if defined(ITEMS)
+const uint A_UNIT = ITEM_VALUES;
+#define A_REG item_raw
+#else
+const uint A_UNIT = 16;
+#define A_REG mat4
+#endif
+const uint A_UNITS = BM * (BK / A_UNIT);   // per step
+// weight units and 8-value activation vectors per thread and step
+const uint A_PER_THREAD = (A_UNITS + THREADS - 1) / THREADS;
 const uint X_PER_THREAD = (BN * (BK / 8) + THREADS - 1) / THREADS;
 
 layout(std430, binding = 1) readonly buffer XH { uvec4 xh[]; };   // 8 f16 a vector
@@ -58,18 +80,31 @@ shared uvec4 buf_a[STAGES * BM * STRIDE];   // buf_a[r * STRIDE + k / 8]: row-ma
 shared uvec4 buf_x[STAGES * BN * STRIDE];   // buf_x[t * STRIDE + k / 8]: column-major B = x^T
 shared float staging[SUBGROUPS * TM * TN];
 
-mat4 reg_a[A_PER_THREAD];
+A_REG reg_a[AHEAD * A_PER_THREAD];   // slot d: steps d, d + AHEAD, ...
 uvec4 reg_x[X_PER_THREAD];
 
 uvec4 pack8(vec4 a, vec4 b) {
     return uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(b.xy), packHalf2x16(b.zw));
 }
 
-void load_registers(uint tid, uint row0, uint col0, uint k0) {
+// The weights of the step at k0 into slot `slot`. Past the rows or k_end (the range's end) the
+// loads read values left unused: zeros, or with ITEMS the last item of the row or range (a row's
+// K is a multiple of its blocks, so x is zero at any k past p.ncols that a step holds).
+void load_a(uint slot, uint tid, uint row0, uint k0, uint k_end) {
     [[unroll]] for (uint j = 0; j < A_PER_THREAD; j++) {
-        const uint i = tid + j * THREADS, row = i / (BK / 16), k = k0 + 16 * (i % (BK / 16));
-        reg_a[j] = i < BM * (BK / 16) && row0 + row < p.rows && k < p.ncols ? load_a16(row0 + row, k) : mat4(0.0);
+        const uint i = tid + j * THREADS, row = (i / (BK / A_UNIT)) % BM, k = k0 + A_UNIT * (i % (BK / A_UNIT));
+#if defined(ITEMS)
+        const uint row_byte = a_row(min(row0 + row, p.rows - 1)) * (p.ncols / QUANT_K) * BLOCK_BYTES;
+        reg_a[slot * A_PER_THREAD + j] = load_item(row_byte, min(k, k_end - 1) / ITEM_VALUES);
+#else
+        reg_a[slot * A_PER_THREAD + j] = i < A_UNITS && row0 + row < p.rows && k < k_end ? load_a16(row0 + row, k)
+                                                                                       : mat4(0.0);
+#endif
     }
+}
+
+// The activations of the step at k0 (zeros past p.ncols).
+void load_x(uint tid, uint col0, uint k0) {
     const uint row_vectors = (p.ncols + 7) / 8;   // of a row of x (zeros past ncols)
     [[unroll]] for (uint j = 0; j < X_PER_THREAD; j++) {
         const uint i = tid + j * THREADS, col = col0 + i / (BK / 8), k = k0 + 8 * (i % (BK / 8));
@@ -78,13 +113,27 @@ void load_registers(uint tid, uint row0, uint col0, uint k0) {
     }
 }
 
-void store_tiles(uint tid, uint stage) {
+// Slot `slot`'s weights (of the step at k0) and the activations into tiles `stage`.
+void store_tiles(uint tid, uint stage, uint slot, uint k0) {
     const uint a0 = stage * BM * STRIDE, x0 = stage * BN * STRIDE;
     [[unroll]] for (uint j = 0; j < A_PER_THREAD; j++) {
-        const uint i = tid + j * THREADS, row = i / (BK / 16), slice = i % (BK / 16);
-        if (i < BM * (BK / 16)) {
-            buf_a[a0 + row * STRIDE + 2 * slice] = pack8(reg_a[j][0], reg_a[j][1]);
-            buf_a[a0 + row * STRIDE + 2 * slice + 1] = pack8(reg_a[j][2], reg_a[j][3]);
+        const uint i = tid + j * THREADS, row = i / (BK / A_UNIT), unit = i % (BK / A_UNIT);
+        if (i < A_UNITS) {
+            const uint v = a0 + row * STRIDE + unit * (A_UNIT / 8);
+#if defined(ITEMS)
+            const uint item = (k0 + A_UNIT * unit) / ITEM_VALUES;
+            const item_words w = align_item(reg_a[slot * A_PER_THREAD + j], item);
+            [[unroll]] for (uint g = 0; g < ITEM_GROUPS; g++) {
+                vec2 ab;
+                const uvec4 q = uvec4(group_quants(w, item, g, ab));
+                buf_a[v + 2 * g] = pack8(sbytes4(q.x) * ab.x + ab.y, sbytes4(q.y) * ab.x + ab.y);
+                buf_a[v + 2 * g + 1] = pack8(sbytes4(q.z) * ab.x + ab.y, sbytes4(q.w) * ab.x + ab.y);
+            }
+#else
+            const mat4 a = reg_a[slot * A_PER_THREAD + j];
+            buf_a[v] = pack8(a[0], a[1]);
+            buf_a[v + 1] = pack8(a[2], a[3]);
+#endif
         }
     }
     [[unroll]] for (uint j = 0; j < X_PER_THREAD; j++) {
@@ -113,32 +162,45 @@ void main() {
 #else
     const uint k_begin = 0, k_end = p.ncols;
 #endif
-    load_registers(tid, row0, col0, k_begin);
+#if defined(ITEMS)
+    items_setup();
+#endif
+    [[unroll]] for (uint d = 0; d < AHEAD; d++) {
+        load_a(d, tid, row0, k_begin + d * BK, k_end);
+    }
+    load_x(tid, col0, k_begin);
     // a subgroup stores step s + 1's tiles only after every subgroup passed step s's barrier,
     // so after the matrix work of step s - 1: with two stages that is the other buffer
     uint stage = 0;
-    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
-        store_tiles(tid, stage);
-        barrier();
-        load_registers(tid, row0, col0, k0 + BK);
-        const uint a0 = stage * BM * STRIDE, x0 = stage * BN * STRIDE;
-        [[unroll]] for (uint kk = 0; kk < BK; kk += TK) {
-            [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
-                coopMatLoad(a[i], buf_a, a0 + (warp_r * WM + i * TM) * STRIDE + kk / 8, STRIDE,
-                            gl_CooperativeMatrixLayoutRowMajor);
-            }
-            [[unroll]] for (uint j = 0; j < CM_COLS; j++) {
-                coopMatLoad(b, buf_x, x0 + (warp_c * WN + j * TN) * STRIDE + kk / 8, STRIDE,
-                            gl_CooperativeMatrixLayoutColumnMajor);
-                [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
-                    sums[j * CM_ROWS + i] = coopMatMulAdd(a[i], b, sums[j * CM_ROWS + i]);
+    for (uint k0 = k_begin; k0 < k_end; k0 += AHEAD * BK) {
+        // slot d holds step k0 + d * BK; it is loaded again with the step AHEAD after it
+        [[unroll]] for (uint d = 0; d < AHEAD; d++) {
+            const uint k = k0 + d * BK;
+            if (AHEAD == 1 || k < k_end) {
+                store_tiles(tid, stage, d, k);
+                barrier();
+                load_a(d, tid, row0, k + AHEAD * BK, k_end);
+                load_x(tid, col0, k + BK);
+                const uint a0 = stage * BM * STRIDE, x0 = stage * BN * STRIDE;
+                [[unroll]] for (uint kk = 0; kk < BK; kk += TK) {
+                    [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
+                        coopMatLoad(a[i], buf_a, a0 + (warp_r * WM + i * TM) * STRIDE + kk / 8, STRIDE,
+                                    gl_CooperativeMatrixLayoutRowMajor);
+                    }
+                    [[unroll]] for (uint j = 0; j < CM_COLS; j++) {
+                        coopMatLoad(b, buf_x, x0 + (warp_c * WN + j * TN) * STRIDE + kk / 8, STRIDE,
+                                    gl_CooperativeMatrixLayoutColumnMajor);
+                        [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
+                            sums[j * CM_ROWS + i] = coopMatMulAdd(a[i], b, sums[j * CM_ROWS + i]);
+                        }
+                    }
                 }
+                if (STAGES == 1) {
+                    barrier();
+                }
+                stage = (stage + 1) % STAGES;
             }
         }
-        if (STAGES == 1) {
-            barrier();
-        }
-        stage = (stage + 1) % STAGES;
     }
 
     // staging[t * TM + r]: column-major, so lanes write consecutive rows of a column of y

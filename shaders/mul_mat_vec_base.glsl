@@ -56,10 +56,6 @@
 #define ROW_NORM   // a sum of x^2 per column beside the products, which 1 / rms scales
 #endif
 
-float dot16(mat4 a, mat4 b) {
-    return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3]);
-}
-
 #if defined(ITEM_LOOPS)
 #include "mul_mat_vec_items.glsl"
 #else

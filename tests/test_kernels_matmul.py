@@ -14,7 +14,8 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
 from tests.kernel_io import own_context
-from worker.engine.kernels.coopmat import coopmat_splits, few_cols_tile
+from worker.engine.kernels import coopmat
+from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits
 from worker.engine.kernels.embedding import get_rows
 from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.mat_vec import mat_vec_shape
@@ -183,7 +184,7 @@ def test_coopmat_split_k(vk_ctx, qtype, n):
     x = np.random.default_rng(6).standard_normal((n, cols)).astype(np.float32)
     y0 = np.random.default_rng(7).standard_normal((n, 70)).astype(np.float32)
     tensor = upload_tensor(vk_ctx, "w", qtype, (cols, 70), raw)
-    bm, bn, _, _, bk, _ = few_cols_tile(vk_ctx.info, n)
+    bm, bn, _, _, bk, _ = coopmat_kernel(vk_ctx.info, tensor, n)[0]
     assert (coopmat_splits(vk_ctx, tensor, n, (bm, bn, bk)) > 1) == vk_ctx.info.float_atomic_add
     free_tensor(vk_ctx, tensor)
     ref, rtol = product(x, w, "coopmat")
@@ -191,6 +192,29 @@ def test_coopmat_split_k(vk_ctx, qtype, n):
     assert_close(y, y0 + ref, rtol)
     y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="coopmat")
     assert_close(y, ref, rtol)
+
+
+@pytest.mark.parametrize("n", [5, 16, 17, 32])
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_coopmat_items_few_columns(vk_ctx, monkeypatch, qtype, n):
+    """Up to COOPMAT_ITEMS_COLS columns the K-quants take the items kernel: each count of steps
+    loaded ahead (more than a short range has), partial tiles in both directions, one range of K
+    and split-K, written over y and added to it."""
+    offered(vk_ctx, "coopmat")
+    for cols in (256 * 7, 256 * 23):
+        raw, w = random_weights(qtype, 301, cols, seed=n + cols)
+        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+        tensor = upload_tensor(vk_ctx, "w", qtype, (cols, 301), raw)
+        assert coopmat_kernel(vk_ctx.info, tensor, n)[1] >= 1   # the items kernel
+        free_tensor(vk_ctx, tensor)
+        ref, rtol = product(x, w, "coopmat")
+        for ahead in (1, 2, 3, 5):
+            monkeypatch.setattr(coopmat, "COOPMAT_ITEMS_AHEAD", {qtype: ahead})
+            y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="coopmat")
+            assert_close(y, ref, rtol)
+        y0 = np.random.default_rng(7).standard_normal((n, 301)).astype(np.float32)
+        y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, y0=y0, path="coopmat")
+        assert_close(y, y0 + ref, rtol)
 
 
 @pytest.mark.parametrize("path", PATHS)

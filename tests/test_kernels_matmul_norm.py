@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as T
 
 from tests.test_kernels_matmul import ALL_TYPES, assert_close, cols_for, offered, product, random_weights
 from tests.test_kernels_matmul_glu import Weights, reference
-from worker.engine.kernels.coopmat import coopmat_splits, few_cols_tile
+from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits
 from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.matmul import matmul, matmul_qkv, matmul_swiglu, normed_input
 from worker.engine.kernels.norm import FoldedNorm
@@ -165,7 +165,7 @@ def test_qkv_as_one_tensor(vk_ctx, types):
 
 @pytest.mark.parametrize("path", ["tiled", "coopmat"])
 @pytest.mark.parametrize("types", [(T.Q4_K,) * 3, (T.Q8_0, T.Q8_0, T.Q6_K)], ids=["qkv", "qk"])
-@pytest.mark.parametrize("cols, n", [(256, 70), (2048, 20)])
+@pytest.mark.parametrize("cols, n", [(256, 70), (4096, 20)])
 def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types, cols, n):
     """Prefill's mat-mat kernels take the joined tensor in one dispatch too (V of another type
     in a second), sections ending inside row tiles, columns past one column tile; over few
@@ -176,7 +176,7 @@ def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types, cols, n):
     with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
         raws, fused, members, joined_count = joined_qkv(vk_ctx, weights, types, rows, cols)
         if path == "coopmat" and n < cols // 64:
-            bm, bn, _, _, bk, _ = few_cols_tile(vk_ctx.info, n)
+            bm, bn, _, _, bk, _ = coopmat_kernel(vk_ctx.info, fused, n)[0]
             assert (coopmat_splits(vk_ctx, fused, n, (bm, bn, bk)) > 1) == vk_ctx.info.float_atomic_add
         rng = np.random.default_rng(5)
         x = rng.standard_normal((n, cols)).astype(np.float32)

@@ -1,7 +1,10 @@
 """Which tile and how many ranges of K a cooperative-matrix product (mul_mat_coopmat.comp) takes:
 a weight's tuned tile (kernels/tile_tuning.py) or the default past COOPMAT_FEW_COLS columns, a
-fixed tile for fewer (`few_cols_tile`), and split-K where the product has fewer tiles than the
+fixed tile for fewer (`few_cols_tile`) or, for K-quants up to COOPMAT_ITEMS_COLS, the items
+kernel's (`coopmat_kernel`), and split-K where the product has fewer tiles than the
 GPU has room for (`coopmat_splits`). kernels/matmul.py records the products with them."""
+from gguf import GGMLQuantizationType as T
+
 from worker.engine.intmath import cdiv
 from worker.engine.kernels.paths import coopmat_tile_runs
 from worker.engine.kernels.tensor import DeviceTensor
@@ -36,6 +39,31 @@ COOPMAT_FEW_COLS = 64
 SPLIT_GROUPS = 384
 SPLIT_FEW_COLS_GROUPS = 1536
 SPLIT_MIN_STEPS = 8
+
+
+# Up to COOPMAT_ITEMS_COLS columns, the K-quants of COOPMAT_ITEMS_AHEAD take the items kernel
+# (mul_mat_coopmat_items: each thread loads whole items of a row that many steps ahead and
+# dequantizes them at the store) with COOPMAT_ITEMS_TILE, its columns cut to 16 up to 16. H100,
+# 32 columns, the engine's K ranges (us, plain kernel -> items): 14336x4096 gate+up Q4_K 162 ->
+# 142 (116 unsplit), 4096x14336 Q4_K 80 -> 72, Q6_K 99 -> 89 (two steps ahead; one: 106),
+# 6144x4096 Q4_K 40 -> 42, the best of 5 tiles x 1-3 steps ahead; at 64 columns the items
+# kernel lost on 4096x14336 (Q4_K 102 -> 106, Q6_K 121 -> 150).
+COOPMAT_ITEMS_COLS = 32
+COOPMAT_ITEMS_TILE = (128, 32, 32, 32, 128, 1)
+COOPMAT_ITEMS_AHEAD = {T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 2}
+
+
+def coopmat_kernel(info, w: DeviceTensor, n: int) -> tuple[tuple[int, ...], int]:
+    """(tile, steps ahead) of w's product over n columns: the items kernel's (steps ahead >= 1)
+    up to COOPMAT_ITEMS_COLS columns of its types where the device runs its tile, else
+    mul_mat_coopmat's (`coopmat_tile`, 0)."""
+    ahead = COOPMAT_ITEMS_AHEAD.get(w.ggml_type)
+    if ahead is not None and n <= COOPMAT_ITEMS_COLS:
+        bm, bn, wm, wn, bk, stages = COOPMAT_ITEMS_TILE
+        tile = (bm, 16, wm, 16, bk, stages) if n <= 16 else COOPMAT_ITEMS_TILE
+        if coopmat_tile_runs(info, tile):
+            return tile, ahead
+    return coopmat_tile(info, w, n), 0
 
 
 def coopmat_tile(info, w: DeviceTensor, n: int) -> tuple[int, ...]:

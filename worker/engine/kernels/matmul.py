@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
-from worker.engine.kernels.coopmat import coopmat_splits, coopmat_tile
+from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits
 from worker.engine.kernels.halves import VECTOR_VALUES, Halves, halves
 from worker.engine.kernels.launch import grid
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_f16, rms_norm_x8
@@ -249,15 +249,15 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
         buffers = [halves(rec, buffers[0], xh, n, w.cols), *buffers[1:]]
-        bm, bn, wm, wn, bk, stages = coopmat_tile(ctx.info, w, n)
+        (bm, bn, wm, wn, bk, stages), ahead = coopmat_kernel(ctx.info, w, n)
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
         splits = coopmat_splits(ctx, w, n, (bm, bn, bk))
         _zero_for_ranges(rec, splits, push, outputs or [(buffers[-1], 4 * n * w.rows)])
-        kernel = ctx.kernel(f"mul_mat_coopmat{variant}{'_split' if splits > 1 else ''}_{type_name}",
-                            {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
-                             10: stages})
+        name = f"mul_mat_coopmat{variant}{'_items' if ahead else ''}{'_split' if splits > 1 else ''}_{type_name}"
+        kernel = ctx.kernel(name, {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
+                                   10: stages, 11: max(ahead, 1)})
     else:
         if isinstance(buffers[0], Halves):
             raise ValueError("only the cooperative-matrix kernel takes f16 activations")
