@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import openai_client
 from tests.test_api import AUTH, submit, wait
+from tests.test_length_cut_text import CONSTRAINT, WRITTEN
 
 TOO_MANY_ITEMS = "parser error: Too many items (limit 50000; ff_tokens); try avoiding single-byte/short lexemes"
 
@@ -86,6 +87,28 @@ def test_chat_whole_and_streamed_agree(oai):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_an_answer_cut_inside_a_character_ends_before_it(oai, client):
+    """max_tokens reached inside an emoji (tests/test_length_cut_text.py's grammar has the tiny
+    model write it byte by byte): the answer, its streamed chunks and the job's output end before
+    that character, where they ended with U+FFFD; usage counts every token. Reference: the
+    tokens' own bytes (logprobs), decoded by Python with the cut character left out."""
+    schema_format = {"type": "json_schema", "json_schema": {"name": "v", "schema": CONSTRAINT["schema"]}}
+    for max_tokens in (3, 9):
+        ask = dict(model="tiny-llama", messages=[{"role": "user", "content": "Say it:"}], max_tokens=max_tokens,
+                   temperature=0, logprobs=True, response_format=schema_format)
+        whole = oai.chat.completions.create(**ask)
+        written = b"".join(bytes(t.bytes) for t in whole.choices[0].logprobs.content)
+        expected = written.decode("utf-8", errors="ignore")
+        assert WRITTEN.startswith(written) and expected.encode() != written   # the case at hand
+        assert whole.choices[0].message.content == expected and whole.usage.completion_tokens == max_tokens
+        assert whole.choices[0].finish_reason == "length"
+        job = client.get(f"/api/v1/jobs/{whole.id.removeprefix('chatcmpl-')}", headers=AUTH).json
+        assert job["output"] == expected
+        chunks = [c for c in oai.chat.completions.create(**ask, stream=True) if c.choices]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+        assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_errors_are_openai_errors(oai, live_url):

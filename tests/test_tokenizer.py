@@ -138,12 +138,36 @@ def _is_cut(piece: bytes) -> bool:
         return True
 
 
-def test_stream_decoder_flush_reports_a_dangling_byte(smollm2_path):
-    tok = Tokenizer.from_metadata(gguf_metadata(smollm2_path))
-    ids = tok.encode("😀", add_special=False)
+TINY = sorted(p.stem for p in GOLDEN.glob("*_tiny.gguf"))
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_stream_decoder_ends_with_whole_characters(name, load_tokenizer):
+    """Ids that end inside a character (max_tokens reached mid-emoji) end the text before that
+    character, as vLLM's and llama.cpp server's output does: no U+FFFD for the bytes that never
+    got completed. A U+FFFD the text really holds (EF BF BD) stays. Reference: the text the ids
+    spell, its UTF-8 cut after the prefix's bytes, with Python's decoder leaving out the cut
+    character."""
+    tok = load_tokenizer(name)
+    ids = tok.encode("a \U0001F642\ufffd\u672c \u00e9", add_special=False, parse_special=False)
+    spelled = tok.decode_bytes(ids)
+    cut = 0
+    for k in range(len(ids) + 1):
+        stream = StreamDecoder(tok)
+        text = "".join(stream.push(i) for i in ids[:k]) + stream.flush()
+        expected = spelled[:len(tok.decode_bytes(ids[:k]))].decode("utf-8", errors="ignore")
+        assert text == expected, k
+        cut += text.encode() != tok.decode_bytes(ids[:k])
+    assert cut >= 6, "too few prefixes ended inside a character to exercise the decoder"
+
+
+def test_stream_decoder_keeps_bytes_no_continuation_completes_as_u_fffd(load_tokenizer):
+    """ED A0 (a UTF-16 surrogate's start) is no character's beginning: Python's decoder holds it
+    back all the same, and it ends the text as the U+FFFDs it would be mid-text."""
+    tok = load_tokenizer("bpe_qwen2_tiny")
+    ids = [next(i for i in range(tok.vocab_size) if tok.token_bytes(i) == bytes((b,))) for b in (0x61, 0xED, 0xA0)]
     stream = StreamDecoder(tok)
-    assert "".join(stream.push(i) for i in ids[:-1]) == ""
-    assert stream.flush() == "\ufffd"
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == b"a\xed\xa0".decode("utf-8", errors="replace")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -5,7 +5,8 @@ from worker.engine.tokenizer.tokenizer import Tokenizer
 
 
 class StreamDecoder:
-    """Feeds token ids one by one; the pieces joined equal `tokenizer.decode(ids)`.
+    """Feeds token ids one by one; the pieces joined (with `flush`) equal `tokenizer.decode(ids)`,
+    less a character the ids end inside.
 
     A token may end in the middle of a multi-byte character (byte-fallback and byte-level
     tokens split emoji and CJK); those bytes wait for the token that completes them.
@@ -29,5 +30,12 @@ class StreamDecoder:
         return self._utf8.decode(data)
 
     def flush(self) -> str:
-        """Whatever is still held back (an incomplete character becomes U+FFFD)."""
-        return self._utf8.decode(b"", final=True)
+        """The end of the text. A character the generation ended inside (max_tokens, a cancel)
+        is left out, as vLLM's and llama.cpp server's output ends with whole characters; its
+        tokens still count. Bytes held back that no continuation makes valid (ED A0, a
+        surrogate's start: the decoder holds those too) are U+FFFD, as they would be mid-text:
+        Python's decoder spells a character's unfinished start as one U+FFFD, those as more."""
+        held = self._utf8.getstate()[0]
+        self._utf8.reset()
+        text = held.decode("utf-8", errors="replace")
+        return "" if text == "\ufffd" else text
