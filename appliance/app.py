@@ -18,6 +18,7 @@ from appliance import (
     queue,
 )
 from appliance.schema import Invalid
+from vkllm import outage
 from vkllm.config import WebServer
 
 # Every page's scripts and styles come from /static: no inline script or handler may run, and no
@@ -104,9 +105,10 @@ def _redis_full(e: OutOfMemoryError):
 
 
 def _unavailable(e: Exception):
-    """Redis is down or unreachable: 503 in JSON for every route (the API, /metrics, the UI)."""
-    current_app.logger.warning("Redis unreachable: %s", e)
-    body = Invalid("the job queue (Redis) is unreachable; try again shortly", status=503,
+    """Redis is down, unreachable or refusing writes: 503 in JSON for every route (the API,
+    /metrics, the UI)."""
+    current_app.logger.warning("Redis %s: %s", outage.describe(e), e)
+    body = Invalid(f"the job queue (Redis) is unavailable ({outage.describe(e)}); try again shortly", status=503,
                    code="redis_unavailable").body()
     return jsonify(body), 503, {"Retry-After": "5"}
 

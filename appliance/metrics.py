@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from appliance import queue
+from vkllm import outage
 
 bp = Blueprint("metrics", __name__)
 
@@ -95,9 +96,9 @@ def readyz():
     try:
         queue.get_redis().ping()
         workers = queue.live_workers()
-    except Exception as e:  # any Redis failure means not ready; the log says which, not the body
-        current_app.logger.warning("readyz: Redis unreachable: %s", e)
-        return {"status": "unavailable", "redis": "unreachable"}, 503
+    except Exception as e:  # any Redis failure means not ready; the log says which, not the body (its address)
+        current_app.logger.warning("readyz: Redis %s: %s", outage.describe(e), e)
+        return {"status": "unavailable", "redis": outage.describe(e)}, 503
     models = sorted(queue.models())
     ok = bool(models)
     return {"status": "ok" if ok else "no workers", "workers": len(workers), "models": models}, 200 if ok else 503

@@ -1,8 +1,9 @@
 """The web side's only door to Redis and RQ: submitting, reading, listing and cancelling jobs,
 reading job streams and what the live workers serve, and asking them for token counts.
 
-While Redis is unreachable its commands raise one of UNAVAILABLE after a few quick retries; the
-app answers those with 503 (app.py), and a stream being followed waits for Redis a while."""
+While Redis is unreachable, or refuses writes (vkllm.outage), its commands raise one of UNAVAILABLE
+after a few quick retries; the app answers those with 503 (app.py), and a stream being followed
+waits for Redis a while."""
 import json
 import time
 import uuid
@@ -10,15 +11,14 @@ import uuid
 from flask import current_app
 from redis import Redis
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError
 from redis.retry import Retry
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.utils import now, utcformat
 
 from vkllm import orphans, protocol
-
-UNAVAILABLE = (ConnectionError, TimeoutError)
+from vkllm.outage import CLIENT_OPTIONS, UNAVAILABLE
 
 # RQ's statuses as users see them. The worker files a generation stopped by cancellation as
 # CANCELED right after RQ marks it FINISHED; describe() goes by the stream's end record meanwhile.
@@ -43,7 +43,7 @@ def init_app(app) -> None:
     def client(socket_timeout: float) -> Redis:
         return Redis.from_url(app.config["REDIS_URL"], socket_timeout=socket_timeout, socket_connect_timeout=2,
                               retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3,
-                                          supported_errors=(ConnectionError,)))
+                                          supported_errors=(ConnectionError,)), **CLIENT_OPTIONS)
     app.extensions["vkllm_redis"] = client(COMMAND_TIMEOUT)
     app.extensions["vkllm_redis_follow"] = client(FOLLOW_BLOCK_MS / 1000 + 25)
 

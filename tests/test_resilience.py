@@ -11,9 +11,11 @@ import urllib.request
 
 import pytest
 from redis import Redis
+from rq import Queue
 
 from tests.conftest import API_KEY, _free_port, worker_starter
 from tests.test_api import AUTH, sse_events
+from vkllm import protocol
 
 
 class RedisServer:
@@ -44,11 +46,36 @@ class RedisServer:
         os.kill(self.proc.pid, signal.SIGTERM)
         self.proc.wait(30)
 
+    def refuse_writes(self):
+        """Redis refuses every write, as when its disk is full: snapshots on, a folder where the
+        snapshot goes, so the background save fails and, with stop-writes-on-bgsave-error (the
+        default), each write (and PING) gets MISCONF until a save succeeds (accept_writes)."""
+        r = Redis.from_url(self.url)
+        r.config_set("save", "3600 1")
+        (self.folder / "dump.rdb").mkdir()
+        r.bgsave()
+        self._wait_for_save(r, "err")
+
+    def accept_writes(self):
+        (self.folder / "dump.rdb").rmdir()
+        r = Redis.from_url(self.url)
+        r.bgsave()
+        self._wait_for_save(r, "ok")
+
+    @staticmethod
+    def _wait_for_save(r, status):
+        deadline = time.monotonic() + 30
+        while (info := r.info("persistence"))["rdb_bgsave_in_progress"] or info["rdb_last_bgsave_status"] != status:
+            assert time.monotonic() < deadline, info
+            time.sleep(0.02)
+
 
 @pytest.fixture
 def redis_server(tmp_path):
     server = RedisServer(tmp_path / "redis")
     yield server
+    if (server.folder / "dump.rdb").is_dir():   # refusing writes: its shutdown's save would fail, and it would not exit
+        server.accept_writes()
     if server.proc.poll() is None:
         server.stop()
 
@@ -378,3 +405,57 @@ def test_vkllm_follow_resumes_a_stream_cut_by_a_redis_outage(redis_server, tiny_
         assert err.splitlines()[-1] == f"[{done['finish_reason']}]", err
     finally:
         server.shutdown()
+
+
+def test_a_job_taken_as_redis_starts_refusing_writes_runs_once_it_accepts_them(redis_server, served, workers):
+    """Redis refusing writes (MISCONF: its background save failed, as on a full disk) is waited out
+    like an outage. It was a plain ResponseError: the worker quit on it (and `vkllm up` restarted it
+    again and again), a job it had just taken stayed "queued" in no queue and no registry, the web
+    app answered an HTML 500 and /readyz said Redis was unreachable."""
+    url, _ = served
+    worker = workers("misconf-w1")
+    r = Redis.from_url(redis_server.url)
+    deadline = time.monotonic() + 30
+    while not any(c["cmd"] == "blpop" for c in r.client_list()):   # idle in its blocking pop
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(worker.proc.pid, signal.SIGSTOP)   # the pop takes the job all the same
+    try:
+        taken = submit(url, max_tokens=4)
+        assert Queue(protocol.queue_name("tiny-llama"), connection=r).count == 0
+        redis_server.refuse_writes()
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)   # reads the job it took, then cannot start it
+    status, body = http(f"{url}/api/v1/jobs", "POST", {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 2})
+    assert status == 503 and body["error"]["code"] == "redis_unavailable", body
+    status, body = http(f"{url}/readyz")
+    assert status == 503 and body["redis"].startswith("refuses writes: MISCONF"), body
+    time.sleep(3)   # three of the worker's heartbeats
+    assert worker.proc.poll() is None
+    redis_server.accept_writes()
+
+    assert wait_for(url, taken, timeout=60)["state"] == "finished"
+    assert wait_for(url, submit(url, max_tokens=3), timeout=60)["state"] == "finished"
+    assert worker.proc.poll() is None
+    assert http(f"{url}/readyz")[0] == 200
+
+
+def test_a_job_running_while_redis_refuses_writes_finishes_with_its_whole_stream(redis_server, served, workers):
+    url, _ = served
+    worker = workers("misconf-w2")
+    running = submit(url, max_tokens=240, ignore_eos=True)
+    wait_tokens(url, running, 3)
+    os.kill(worker.proc.pid, signal.SIGSTOP)   # frozen mid-job while Redis starts refusing writes
+    try:
+        assert Redis.from_url(redis_server.url).xlen(protocol.stream_key(running)) < 200   # one record a token
+        redis_server.refuse_writes()
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+    time.sleep(2)   # the job goes on generating, its records wait for Redis; two heartbeats
+    redis_server.accept_writes()
+    done = wait_for(url, running, timeout=60)
+    assert done["state"] == "finished" and done["usage"]["completion_tokens"] == 240, done
+    events = sse_events(http(f"{url}/api/v1/jobs/{running}/stream")[1])
+    assert events[-1][1] == "end"
+    assert "".join(d["text"] for _, kind, d in events if kind == "token") == done["output"]
+    assert worker.proc.poll() is None

@@ -18,10 +18,11 @@ from collections.abc import Callable
 
 from redis import Redis
 from redis.client import Pipeline
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ResponseError
+
+from vkllm.outage import UNAVAILABLE
 
 log = logging.getLogger(__name__)
-UNREACHABLE = (ConnectionError, TimeoutError)
 ALREADY_THERE = "equal or smaller than the target stream top item"   # Redis's XADD error for an old id
 
 
@@ -82,7 +83,7 @@ class Outbox:
                 if not len(pipe):
                     return []
                 results = pipe.execute(raise_on_error=False)
-        except UNREACHABLE as e:
+        except UNAVAILABLE as e:
             self._failed(e)
             return None
         for result in results[:ours]:
@@ -96,7 +97,7 @@ class Outbox:
         """Flush, waiting out an outage until everything is sent or the monotonic deadline passes."""
         while self.flush() is None:
             if deadline is not None and time.monotonic() >= deadline:
-                log.error("Redis still unreachable; %d stream records are lost", len(self.pending))
+                log.error("Redis still unavailable; %d stream records are lost", len(self.pending))
                 return False
             self.pause(deadline)
         return True
@@ -108,7 +109,7 @@ class Outbox:
 
     def _failed(self, error: Exception) -> None:
         if self._wait == self.first_wait:
-            log.warning("Redis unreachable (%s); generation goes on, its records wait for Redis", error)
+            log.warning("Redis unavailable (%s); generation goes on, its records wait for Redis", error)
         self._retry_at = time.monotonic() + self._wait
         self._wait = min(self._wait * 2, self.max_wait)
 

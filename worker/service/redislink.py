@@ -5,11 +5,11 @@ import time
 
 from redis import Redis
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 
+from vkllm.outage import CLIENT_OPTIONS, UNAVAILABLE, RefusesWrites
+
 log = logging.getLogger(__name__)
-UNREACHABLE = (ConnectionError, TimeoutError)
 
 
 class _SharedRetry(Retry):
@@ -22,11 +22,12 @@ class _SharedRetry(Retry):
 
 def connect(url: str) -> tuple[Redis, Redis]:
     """Two clients of the worker's Redis: one whose commands wait out any outage (RQ, the
-    threads), and one that fails at once, for the batch's outbox."""
-    patient = Redis.from_url(url, socket_connect_timeout=5, retry_on_error=list(UNREACHABLE),
-                             retry=_SharedRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1))
+    threads), and one that fails at once, for the batch's outbox. Both count a Redis that refuses
+    writes as away (vkllm.outage)."""
+    patient = Redis.from_url(url, socket_connect_timeout=5, retry_on_error=list(UNAVAILABLE),
+                             retry=_SharedRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1), **CLIENT_OPTIONS)
     prompt = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=Retry(
-        ExponentialWithJitterBackoff(), 0))
+        ExponentialWithJitterBackoff(), 0), **CLIENT_OPTIONS)
     return patient, prompt
 
 
@@ -37,11 +38,12 @@ def wait_for_redis(link: Redis) -> None:
     while True:
         try:
             link.ping()
-        except UNREACHABLE as e:
+        except UNAVAILABLE as e:
             if not waiting:
                 where = link.connection_pool.connection_kwargs
-                log.warning("Redis at %s is unreachable (%s); waiting for it",
-                            where.get("path") or f"{where.get('host')}:{where.get('port')}", e)
+                log.warning("Redis at %s %s (%s); waiting for it",
+                            where.get("path") or f"{where.get('host')}:{where.get('port')}",
+                            "refuses writes" if isinstance(e, RefusesWrites) else "is unreachable", e)
                 waiting = True
             time.sleep(1)
             continue

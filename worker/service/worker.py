@@ -15,7 +15,8 @@ models exist from there, and a job whose worker stopped refreshing it (killed) i
 other worker or by the web app (vkllm.orphans), its partial output left in its stream. Another
 thread counts prompt tokens for the web app (worker.service.tokenize).
 
-Redis may go away for a while (a restart, a network cut): every command of RQ and of these threads
+Redis may go away for a while (a restart, a network cut), or refuse writes (a full disk: MISCONF;
+vkllm.outage counts that as away too): every command of RQ and of these threads
 waits it out (the connection retries with backoff, without end), and the batch keeps generating
 into the outbox (worker.service.outbox), which catches up once Redis is back. Meanwhile no job
 joins, and a job that ends is filed once Redis has its whole stream."""
@@ -39,10 +40,11 @@ from rq.worker import WorkerStatus
 
 from vkllm import orphans, protocol
 from vkllm.errors import VkllmError
+from vkllm.outage import UNAVAILABLE
 from worker.service.jobrun import JobRun
 from worker.service.metrics import WorkerMetrics
 from worker.service.outbox import Outbox
-from worker.service.redislink import UNREACHABLE, connect, wait_for_redis
+from worker.service.redislink import connect, wait_for_redis
 from worker.service.tokenize import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,7 @@ class GPUWorker(SimpleWorker):
             self.fail_orphans()
             beat.start()
             return super().work(*args, **kwargs)   # its loop's first turn ends on a stop noted before
-        except UNREACHABLE:
+        except UNAVAILABLE:
             if not self._stop_requested:
                 raise
             log.info("worker %s stopped while starting, with Redis away", self.name)
@@ -125,7 +127,7 @@ class GPUWorker(SimpleWorker):
                     thread.join()
             try:
                 self.link.delete(protocol.worker_key(self.name))
-            except UNREACHABLE:   # the key expires by itself
+            except UNAVAILABLE:   # the key expires by itself
                 pass
 
     def _forget_dead_namesake(self) -> None:
@@ -162,8 +164,8 @@ class GPUWorker(SimpleWorker):
     def teardown(self):
         try:
             super().teardown()
-        except UNREACHABLE as e:
-            log.warning("Redis unreachable at shutdown (%s); this worker's RQ record expires by itself", e)
+        except UNAVAILABLE as e:
+            log.warning("Redis unavailable at shutdown (%s); this worker's RQ record expires by itself", e)
 
     # -- the batch loop ----------------------------------------------------------------------------
     def execute_job(self, job, queue):
@@ -217,7 +219,7 @@ class GPUWorker(SimpleWorker):
                 return
             try:
                 taken = self._pop_first(queues)
-            except UNREACHABLE:
+            except UNAVAILABLE:
                 return   # gone since the last step: that step's flush notices, and no job joins meanwhile
             if taken is None:
                 return
@@ -227,7 +229,7 @@ class GPUWorker(SimpleWorker):
 
     def _pop_first(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
         """The job at the front of the first non-empty queue, and its queue (dequeue_any's answer).
-        The pop goes through the link (raising UNREACHABLE at once when Redis is away); a popped
+        The pop goes through the link (raising UNAVAILABLE at once when Redis is away); a popped
         job is fetched through the patient connection, which does not give it up."""
         while True:
             popped = self._pop_script(keys=[q.key for q in queues], client=self.link)
@@ -336,7 +338,7 @@ class GPUWorker(SimpleWorker):
         for run in list(self.running.values()):
             try:
                 self._file(run)
-            except UNREACHABLE as e:   # a shutdown while Redis is away: the watchdog fails the job
+            except UNAVAILABLE as e:   # a shutdown while Redis is away: the watchdog fails the job
                 log.error("job %s could not be filed (%s)", run.job.id, e)
 
     # -- the heartbeat thread ------------------------------------------------------------------------
@@ -345,9 +347,9 @@ class GPUWorker(SimpleWorker):
         while not stop.wait(self.interval):
             try:
                 self.link.ping()
-            except UNREACHABLE as e:
+            except UNAVAILABLE as e:
                 if not down:
-                    log.warning("Redis unreachable (%s); waiting for it", e)
+                    log.warning("Redis unavailable (%s); waiting for it", e)
                 down = True
                 continue
             try:

@@ -1,0 +1,74 @@
+"""vkllm.outage against a real redis-server: a Redis that refuses writes (MISCONF, READONLY) is away
+for the worker's clients and the web app's alike, as an unreachable one is; other command errors
+are not."""
+import threading
+import time
+
+import pytest
+from redis import Redis
+from redis.exceptions import ResponseError
+
+from tests.conftest import _free_port
+from tests.test_resilience import RedisServer
+from vkllm import outage
+from worker.service.redislink import connect
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = RedisServer(tmp_path / "redis")
+    yield s
+    if (s.folder / "dump.rdb").is_dir():
+        s.accept_writes()
+    if s.proc.poll() is None:
+        s.stop()
+
+
+def test_misconf_is_away_and_a_patient_command_waits_until_writes_are_accepted(server):
+    patient, link = connect(server.url)
+    server.refuse_writes()
+    with pytest.raises(outage.UNAVAILABLE) as refused:
+        link.set("k", "v")
+    assert isinstance(refused.value, outage.RefusesWrites)
+    assert outage.describe(refused.value).startswith("refuses writes: MISCONF Redis is configured to save")
+    assert link.get("k") is None   # reads go on
+    with pytest.raises(outage.RefusesWrites):   # a transaction's queued write: the whole transaction
+        with link.pipeline() as pipe:
+            pipe.xadd("s", {"a": "1"}, id="0-1")
+            pipe.exists("k")
+            pipe.execute(raise_on_error=False)
+    with pytest.raises(outage.RefusesWrites):   # PING too, as Redis refuses it then
+        link.ping()
+
+    done = threading.Event()
+    threading.Thread(target=lambda: (patient.set("k", "v"), done.set()), daemon=True).start()
+    assert not done.wait(1.5)   # still waiting
+    server.accept_writes()
+    assert done.wait(10) and link.get("k") == b"v"
+
+
+def test_a_replica_refuses_writes_until_it_is_the_primary(server):
+    patient, link = connect(server.url)
+    admin = Redis.from_url(server.url)
+    admin.replicaof("127.0.0.1", _free_port())   # a primary that is not there
+    with pytest.raises(outage.RefusesWrites) as refused:
+        link.set("k", "v")
+    assert outage.describe(refused.value) == "refuses writes: READONLY You can't write against a read only replica."
+    done = threading.Event()
+    threading.Thread(target=lambda: (patient.set("k", "v"), done.set()), daemon=True).start()
+    time.sleep(1)
+    assert not done.is_set()
+    admin.replicaof("no", "one")   # the failover
+    assert done.wait(10) and link.get("k") == b"v"
+
+
+def test_other_errors_and_an_unreachable_redis(server):
+    _, link = connect(server.url)
+    link.set("k", "v")
+    with pytest.raises(ResponseError) as wrong:   # a command error is the caller's, not an outage
+        link.lpush("k", "x")
+    assert not isinstance(wrong.value, outage.UNAVAILABLE)
+    server.stop()
+    with pytest.raises(outage.UNAVAILABLE) as away:
+        link.get("k")
+    assert outage.describe(away.value) == "unreachable"
