@@ -184,8 +184,8 @@ def test_coopmat_split_k(vk_ctx, qtype, n):
     x = np.random.default_rng(6).standard_normal((n, cols)).astype(np.float32)
     y0 = np.random.default_rng(7).standard_normal((n, 70)).astype(np.float32)
     tensor = upload_tensor(vk_ctx, "w", qtype, (cols, 70), raw)
-    bm, bn, _, _, bk, _ = coopmat_kernel(vk_ctx.info, tensor, n)[0]
-    assert (coopmat_splits(vk_ctx, tensor, n, (bm, bn, bk)) > 1) == vk_ctx.info.float_atomic_add
+    (bm, bn, _, _, bk, _), ahead = coopmat_kernel(vk_ctx.info, tensor, n)
+    assert (coopmat_splits(vk_ctx, tensor, n, (bm, bn, bk), ahead) > 1) == vk_ctx.info.float_atomic_add
     free_tensor(vk_ctx, tensor)
     ref, rtol = product(x, w, "coopmat")
     y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, y0=y0, path="coopmat")
@@ -215,6 +215,24 @@ def test_coopmat_items_few_columns(vk_ctx, monkeypatch, qtype, n):
         y0 = np.random.default_rng(7).standard_normal((n, 301)).astype(np.float32)
         y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, y0=y0, path="coopmat")
         assert_close(y, y0 + ref, rtol)
+
+
+def test_items_kernel_keeps_k_whole_over_many_tiles(vk_ctx):
+    """coopmat_splits: a product of coopmat.ITEMS_WHOLE_TILES tiles or more keeps K whole through
+    the items kernel, where the plain kernel's splits it (on devices that add floats atomically:
+    lavapipe too); one tile fewer splits through both."""
+    if not vk_ctx.info.float_atomic_add:
+        pytest.skip(f"{vk_ctx.info.name} adds no floats atomically: no product splits K")
+    bm, bn, bk, k = 128, 32, 128, 2048   # K of two ranges of SPLIT_MIN_STEPS steps
+    for tiles, items_splits in ((coopmat.ITEMS_WHOLE_TILES, 1), (coopmat.ITEMS_WHOLE_TILES - 1, 2)):
+        rows = tiles * bm
+        raw = np.zeros(rows * (k // 256) * GGML_QUANT_SIZES[T.Q4_K][1], np.uint8)
+        tensor = upload_tensor(vk_ctx, "w", T.Q4_K, (k, rows), raw)
+        try:
+            assert coopmat_splits(vk_ctx, tensor, 32, (bm, bn, bk)) == 2
+            assert coopmat_splits(vk_ctx, tensor, 32, (bm, bn, bk), 1) == items_splits
+        finally:
+            free_tensor(vk_ctx, tensor)
 
 
 @pytest.mark.parametrize("path", PATHS)

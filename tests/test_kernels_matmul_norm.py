@@ -176,8 +176,8 @@ def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types, cols, n):
     with Weights(vk_ctx) as weights, Run(vk_ctx) as r:
         raws, fused, members, joined_count = joined_qkv(vk_ctx, weights, types, rows, cols)
         if path == "coopmat" and n < cols // 64:
-            bm, bn, _, _, bk, _ = coopmat_kernel(vk_ctx.info, fused, n)[0]
-            assert (coopmat_splits(vk_ctx, fused, n, (bm, bn, bk)) > 1) == vk_ctx.info.float_atomic_add
+            (bm, bn, _, _, bk, _), ahead = coopmat_kernel(vk_ctx.info, fused, n)
+            assert (coopmat_splits(vk_ctx, fused, n, (bm, bn, bk), ahead) > 1) == vk_ctx.info.float_atomic_add
         rng = np.random.default_rng(5)
         x = rng.standard_normal((n, cols)).astype(np.float32)
         xb, outs = r.put(x), [r.put(rng.standard_normal(n * rows_i).astype(np.float32)) for rows_i in rows]

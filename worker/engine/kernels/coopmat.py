@@ -39,6 +39,12 @@ COOPMAT_FEW_COLS = 64
 SPLIT_GROUPS = 384
 SPLIT_FEW_COLS_GROUPS = 1536
 SPLIT_MIN_STEPS = 8
+# The items kernel keeps K whole where a product has ITEMS_WHOLE_TILES tiles or more (two such
+# workgroups fit an H100 SM, 132 of them): H100, 32 columns, (128, 32) tiles, 14336x4096 Q4_K
+# gate+up (112 tiles each) 116 us in one range against 142 in the 4 that the rule above gives
+# (16 columns 101 against 120), while 6144x4096 (48 tiles) took 60 us whole against 42 in 4
+# ranges, and 4096x14336 (32 tiles) 186 against 72 in 14.
+ITEMS_WHOLE_TILES = 96
 
 
 # Up to COOPMAT_ITEMS_COLS columns, the K-quants of COOPMAT_ITEMS_AHEAD take the items kernel
@@ -82,14 +88,17 @@ def few_cols_tile(info, n: int) -> tuple[int, ...]:
     return bm, 16 if n <= 16 else bn, wm, wn, bk, stages
 
 
-def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int]) -> int:
+def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int], ahead: int = 0) -> int:
     """Ranges of K for the cooperative-matrix product of w over n columns with (BM, BN, BK)
-    `tile`: where the device adds floats atomically, enough to bring the largest part's tiles
-    towards SPLIT_GROUPS workgroups (SPLIT_FEW_COLS_GROUPS for few columns), each range
-    SPLIT_MIN_STEPS steps or more; else 1."""
+    `tile` (`ahead` as coopmat_kernel gives it: >= 1 for the items kernel): where the device adds
+    floats atomically, enough to bring the largest part's tiles towards SPLIT_GROUPS workgroups
+    (SPLIT_FEW_COLS_GROUPS for few columns), each range SPLIT_MIN_STEPS steps or more, and none
+    for the items kernel over ITEMS_WHOLE_TILES tiles or more; else 1."""
     bm, bn, bk = tile
     if not ctx.info.float_atomic_add:
         return 1
     tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
+    if ahead and tiles >= ITEMS_WHOLE_TILES:
+        return 1
     groups = SPLIT_FEW_COLS_GROUPS if n <= COOPMAT_FEW_COLS else SPLIT_GROUPS
     return max(1, min(groups // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))

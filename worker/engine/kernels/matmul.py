@@ -253,7 +253,7 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
-        splits = coopmat_splits(ctx, w, n, (bm, bn, bk))
+        splits = coopmat_splits(ctx, w, n, (bm, bn, bk), ahead)
         _zero_for_ranges(rec, splits, push, outputs or [(buffers[-1], 4 * n * w.rows)])
         name = f"mul_mat_coopmat{variant}{'_items' if ahead else ''}{'_split' if splits > 1 else ''}_{type_name}"
         kernel = ctx.kernel(name, {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
