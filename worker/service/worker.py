@@ -34,7 +34,6 @@ from pathlib import Path
 
 from redis import Redis
 from rq import Queue, SimpleWorker, get_current_job
-from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.utils import now
 from rq.worker import WorkerStatus
@@ -46,12 +45,19 @@ from worker.service.jobrun import JobRun
 from worker.service.metrics import WorkerMetrics
 from worker.service.outbox import Outbox
 from worker.service.redislink import connect, wait_for_redis
-from worker.service.taking import Taking, queue_class
 from worker.service.tokenize import TokenCounter
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 0.5   # seconds between a running job's progress updates in job.meta
 PUBSUB_POLL = 1.0   # seconds the command channel's thread waits per read (GPUWorker.subscribe)
+# The first job of the first non-empty queue (KEYS in order), popped in one command. RQ's
+# non-blocking dequeue pops one queue after another: a chat request queued between its pop of the
+# interactive queue and its pop of the batch queue would lose its turn to a batch line.
+POP_FIRST = """for _, key in ipairs(KEYS) do
+    local id = redis.call('lpop', key)
+    if id then return {key, id} end
+end
+return false"""
 _current_worker: contextvars.ContextVar["GPUWorker"] = contextvars.ContextVar("vkllm_worker")
 
 
@@ -84,9 +90,7 @@ class GPUWorker(SimpleWorker):
         self.stream_ttl = stream_ttl
         self.last_tokens_per_second = 0.0
         self.running: dict[str, JobRun] = {}   # job id -> its run, from its start until RQ has filed it
-        # every pop, RQ's idle one too, moves the job into this start's taking list (taking.py)
-        self.taking = Taking(connection, self.name, self.instance, self.liveness_ttl)
-        self.queue_class = queue_class(self.taking)
+        self._pop_script = connection.register_script(POP_FIRST)
 
     # RQ's own heartbeat would only come between jobs; ours comes from a thread every interval.
     # RQ gives up on a job well after our liveness key expires, so that fail_orphans, which
@@ -123,8 +127,7 @@ class GPUWorker(SimpleWorker):
                     thread.join()
             try:
                 self.link.delete(protocol.worker_key(self.name))
-                self.taking.leave(self.link)
-            except UNAVAILABLE:   # the key expires by itself; the watchdog gives back what was taken
+            except UNAVAILABLE:   # the key expires by itself
                 pass
 
     def _forget_dead_namesake(self) -> None:
@@ -184,22 +187,11 @@ class GPUWorker(SimpleWorker):
             _current_worker.reset(token)
         self.set_state(WorkerStatus.IDLE)
 
-    def prepare_execution(self, job: Job) -> Execution:
-        """RQ's (an execution in the started registry, the worker busy), the job leaving the
-        taking list in the same transaction: it is always in one of the two."""
-        with self.connection.pipeline() as pipe:
-            execution = Execution.create(job, self.get_heartbeat_ttl(job), pipeline=pipe, worker_name=self.name)
-            self.executions[execution.id] = execution
-            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            self.taking.started(job.id, pipe)
-            pipe.execute()
-        return execution
-
     def _start(self, job: Job, queue) -> None:
         """Start a job as RQ does (an execution in the started registry) and run its function,
         which joins the request to its model's batch; a bad request fails the job alone."""
         execution = self.prepare_execution(job)
-        self.prepare_job_execution(job)   # RQ's intermediate queue is not used (taking.py)
+        self.prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
         job.started_at = now()
         # for the watchdog (vkllm.orphans): how long to wait for this worker, and which start
         # of it runs the job (a worker restarted under the same name does not)
@@ -236,15 +228,18 @@ class GPUWorker(SimpleWorker):
             self._start(job, queue)
 
     def _pop_first(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
-        """The job at the front of the first non-empty queue, taken (taking.py), and its queue.
+        """The job at the front of the first non-empty queue, and its queue (dequeue_any's answer).
         The pop goes through the link (raising UNAVAILABLE at once when Redis is away); a popped
         job is fetched through the patient connection, which does not give it up."""
         while True:
-            popped = self.taking.pop(queues, self.link)
+            popped = self._pop_script(keys=[q.key for q in queues], client=self.link)
             if popped is None:
                 return None
-            taken = self.taking.fetch(self.connection, *popped, job_class=self.job_class, serializer=self.serializer,
-                                      death_penalty_class=self.death_penalty_class)
+            key, job_id = (v.decode() for v in popped)
+            # as RQ does after its pop: None for a job deleted meanwhile, so the next one is popped
+            taken = self.queue_class._fetch_dequeued_job(
+                self.connection, key, job_id, job_class=self.job_class, serializer=self.serializer,
+                death_penalty_class=self.death_penalty_class)
             if taken is not None:
                 return taken
 
@@ -415,16 +410,13 @@ class GPUWorker(SimpleWorker):
             pipe.expire(key, self.liveness_ttl)
             pipe.sadd(protocol.WORKERS, self.name)
             pipe.hset(protocol.MODELS, mapping={name: json.dumps(m) for name, m in self.models.items()})
-            self.taking.register(pipe)
             for job_id in jobs:   # alive: no sweep may count these jobs as orphaned
                 pipe.delete(protocol.orphan_key(job_id))
             pipe.execute()
 
     def fail_orphans(self) -> None:
-        """Fail started jobs of this worker's models whose worker died, and put back in their
-        queue the jobs dead workers took and never started (vkllm.orphans)."""
+        """Fail started jobs of this worker's models whose worker died (vkllm.orphans)."""
         orphans.reap(self.queues, self.stream_ttl)
-        orphans.requeue_taken(self.connection)
 
 
 def _max_token_bytes(tokenizer) -> int:
