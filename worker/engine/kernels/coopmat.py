@@ -39,12 +39,6 @@ COOPMAT_FEW_COLS = 64
 SPLIT_GROUPS = 384
 SPLIT_FEW_COLS_GROUPS = 1536
 SPLIT_MIN_STEPS = 8
-# The items kernel keeps K whole where a product has ITEMS_WHOLE_TILES tiles or more (two such
-# workgroups fit an H100 SM, 132 of them): H100, 32 columns, (128, 32) tiles, 14336x4096 Q4_K
-# gate+up (112 tiles each) 116 us in one range against 142 in the 4 that the rule above gives
-# (16 columns 101 against 120), while 6144x4096 (48 tiles) took 60 us whole against 42 in 4
-# ranges, and 4096x14336 (32 tiles) 186 against 72 in 14.
-ITEMS_WHOLE_TILES = 96
 
 
 # Up to COOPMAT_ITEMS_COLS columns, the K-quants of COOPMAT_ITEMS_AHEAD take the items kernel
@@ -57,6 +51,12 @@ ITEMS_WHOLE_TILES = 96
 COOPMAT_ITEMS_COLS = 32
 COOPMAT_ITEMS_TILE = (128, 32, 32, 32, 128, 1)
 COOPMAT_ITEMS_AHEAD = {T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 2}
+# The items kernel keeps K whole where a product has ITEMS_WHOLE_TILES tiles or more (two such
+# workgroups fit an H100 SM, 132 of them): H100, 32 columns, (128, 32) tiles, 14336x4096 Q4_K
+# gate+up (112 tiles each) 116 us in one range against 142 in the 4 that SPLIT_FEW_COLS_GROUPS gives
+# (16 columns 101 against 120), while 6144x4096 (48 tiles) took 60 us whole against 42 in 4
+# ranges, and 4096x14336 (32 tiles) 186 against 72 in 14.
+ITEMS_WHOLE_TILES = 96
 
 
 def coopmat_kernel(info, w: DeviceTensor, n: int) -> tuple[tuple[int, ...], int]:
