@@ -18,6 +18,7 @@ from rq.job import Job, JobStatus
 from rq.utils import now, utcformat
 
 from vkllm import orphans, protocol
+from vkllm.jobqueue import JobQueue
 from vkllm.outage import CLIENT_OPTIONS, UNAVAILABLE
 
 # RQ's statuses as users see them. The worker files a generation stopped by cancellation as
@@ -111,8 +112,8 @@ def count_tokens(model: str, prompt: str | None = None, messages: list[dict] | N
     return answer["tokens"]
 
 
-def _queue(model: str) -> Queue:
-    return Queue(protocol.queue_name(model), connection=get_redis())
+def _queue(model: str) -> JobQueue:
+    return JobQueue(protocol.queue_name(model), connection=get_redis())
 
 
 def submit(request: dict, *, priority: str, metadata: dict, kind: str) -> tuple[str, int]:
@@ -143,7 +144,7 @@ def submit_batch(lines: list[tuple[str, dict, dict]]) -> None:
                   "progress": {"tokens": 0, "max_tokens": request["params"]["max_tokens"]}}))
     with r.pipeline() as pipe:
         for model, datas in jobs.items():
-            Queue(protocol.batch_queue_name(model), connection=r).enqueue_many(datas, pipeline=pipe)
+            JobQueue(protocol.batch_queue_name(model), connection=r).enqueue_many(datas, pipeline=pipe)
         pipe.execute()
 
 

@@ -149,12 +149,12 @@ VKLLM = "import sys; from vkllm.cli import main; sys.exit(main())"   # what the 
 class WorkerProcess:
     """`vkllm worker` as a real subprocess; its metrics port is read from its Redis registration."""
 
-    def __init__(self, redis_url, model, name, cache_dir, log_dir, n_ctx=256, args=(), env=None):
+    def __init__(self, redis_url, model, name, cache_dir, log_dir, n_ctx=256, args=(), env=None, code=VKLLM):
         self.redis_url, self.name = redis_url, name
         self.log = open(log_dir / f"{name}.log", "w+")
         env = os.environ | {"VKLLM_CACHE_DIR": str(cache_dir)} | (env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", VKLLM, "worker", "-m", str(model), "--redis-url", redis_url,
+            [sys.executable, "-c", code, "worker", "-m", str(model), "--redis-url", redis_url,
              "--name", name, "--metrics-port", "0", "--heartbeat-interval", "1", "-c", str(n_ctx), *args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
@@ -191,13 +191,13 @@ class WorkerProcess:
 
 @contextmanager
 def worker_starter(redis_url, model, tmp_path_factory, logs):
-    """start(name, model=model, n_ctx=256, args=(), env=None) -> a running, registered WorkerProcess
-    (args: more `vkllm worker` arguments; env: settings on top of this process's environment); all
-    are stopped on leaving."""
+    """start(name, model=model, n_ctx=256, args=(), env=None, code=VKLLM) -> a running, registered
+    WorkerProcess (args: more `vkllm worker` arguments; env: settings on top of this process's
+    environment; code: the Python that runs `vkllm`); all are stopped on leaving."""
     started, cache = [], tmp_path_factory.getbasetemp() / "vkcache-workers"
 
-    def start(name, model=model, n_ctx=256, args=(), env=None):
-        w = WorkerProcess(redis_url, model, name, cache, logs, n_ctx, args, env)
+    def start(name, model=model, n_ctx=256, args=(), env=None, code=VKLLM):
+        w = WorkerProcess(redis_url, model, name, cache, logs, n_ctx, args, env, code)
         started.append(w)
         w.registration()
         return w

@@ -10,13 +10,14 @@ import urllib.request
 
 import pytest
 from redis import Redis
-from rq import Queue, Worker
+from rq import Worker
 from rq.registry import StartedJobRegistry
 
 from tests.conftest import API_KEY
 from tests.test_api import AUTH, wait
 from tests.test_metrics import samples, value
 from vkllm import protocol
+from vkllm.jobqueue import JobQueue
 
 MODEL = "tiny-llama"
 
@@ -132,7 +133,7 @@ def test_bad_requests_fail_alone_while_the_batch_goes_on(client, worker, redis_u
     good = [enqueue(client.application, prompt=f"Fable {i}", max_tokens=150) for i in range(2)]
     while min(stream_tokens(r, j) for j in good) < 2:
         time.sleep(0.01)
-    queue = Queue(protocol.queue_name(MODEL), connection=r)   # queued as no API would let them through
+    queue = JobQueue(protocol.queue_name(MODEL), connection=r)   # queued as no API would let them through
     asked = {"prompt": "Hi", "params": {"max_tokens": 2}}
     bad = [queue.enqueue(protocol.JOB_FUNCTION, kwargs={"request": asked | rest}, meta={"model": MODEL})
            for rest in ({"model": MODEL, "prompt": "word " * 2000}, {"model": "no-such-model"},

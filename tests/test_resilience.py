@@ -11,10 +11,10 @@ import urllib.request
 
 import pytest
 from redis import Redis
-from rq import Queue
 
 from tests.conftest import API_KEY, _free_port, worker_starter
 from tests.test_api import AUTH, sse_events
+from tests.test_taking import enqueue, take_and_freeze
 from vkllm import protocol
 
 
@@ -412,17 +412,11 @@ def test_a_job_taken_as_redis_starts_refusing_writes_runs_once_it_accepts_them(r
     like an outage. It was a plain ResponseError: the worker quit on it (and `vkllm up` restarted it
     again and again), a job it had just taken stayed "queued" in no queue and no registry, the web
     app answered an HTML 500 and /readyz said Redis was unreachable."""
-    url, _ = served
+    url, app = served
     worker = workers("misconf-w1")
-    r = Redis.from_url(redis_server.url)
-    deadline = time.monotonic() + 30
-    while not any(c["cmd"] == "blpop" for c in r.client_list()):   # idle in its blocking pop
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.kill(worker.proc.pid, signal.SIGSTOP)   # the pop takes the job all the same
+    # taken, the worker frozen before it reads what its take answered
+    taken = take_and_freeze(Redis.from_url(redis_server.url), worker, lambda: enqueue(app, max_tokens=4))
     try:
-        taken = submit(url, max_tokens=4)
-        assert Queue(protocol.queue_name("tiny-llama"), connection=r).count == 0
         redis_server.refuse_writes()
     finally:
         os.kill(worker.proc.pid, signal.SIGCONT)   # reads the job it took, then cannot start it

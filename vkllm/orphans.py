@@ -8,13 +8,20 @@ or when that key belongs to a later start of a worker of the same name. After a 
 live worker's key may be gone too, until its next heartbeat: so the key must stay missing for the
 worker's whole liveness window (the job's meta says how long) before the job is failed. The first
 sweep that finds it missing notes when (protocol.orphan_key); the worker, while alive, deletes
-that note at each heartbeat."""
+that note at each heartbeat.
+
+A job a worker took from its queue but had not started yet waits in that worker start's taking
+list (protocol.taking_key, worker/service/taking.py); when the worker is gone for its liveness
+window, judged the same way, requeue_taken puts the job back at the front of its queue."""
+import json
 import time
 
+from redis import Redis
 from rq import Queue
 from rq.job import Job
 
 from vkllm import protocol
+from vkllm.jobqueue import give_back
 
 DEFAULT_LIVENESS = 15   # seconds, for jobs whose worker did not say (a worker's default: 3 x 5 s)
 # A sweep takes milliseconds. Its lock is ours, not RQ's maintenance lock, which lasts 15 minutes:
@@ -40,6 +47,46 @@ def reap(queues: list[Queue], stream_ttl: int) -> list[str]:
     return failed
 
 
+def requeue_taken(r: Redis) -> list[str]:
+    """Put the jobs that dead workers took from their queues, and never started, back at the front
+    of their queues; returns their ids."""
+    if not r.set(protocol.TAKERS_SWEEP_LOCK, 1, nx=True, ex=SWEEP_LOCK_SECONDS):   # another sweeper is at it
+        return []
+    try:
+        requeued = []
+        for instance, raw in r.hgetall(protocol.TAKERS).items():
+            instance, taker = instance.decode(), json.loads(raw)
+            if not _gone(r, taker["worker"], instance, protocol.taker_gone_key(instance), taker["liveness_ttl"]):
+                continue
+            taking = protocol.taking_key(instance)
+            for job_id in reversed([i.decode() for i in r.lrange(taking, 0, -1)]):   # the first taken ends first
+                if give_back(r, taking, job_id):
+                    requeued.append(job_id)
+            with r.pipeline() as pipe:
+                pipe.hdel(protocol.TAKERS, instance)
+                pipe.delete(protocol.taker_gone_key(instance))   # the list went with its last id
+                pipe.execute()
+        return requeued
+    finally:
+        r.delete(protocol.TAKERS_SWEEP_LOCK)
+
+
+def _gone(r: Redis, worker: str, instance: str | None, note: str, window: float) -> bool:
+    """Whether this start of the worker (any start, for instance None) stopped refreshing its key
+    for its whole liveness window: the first sweep that finds the key missing (or another start's)
+    notes when, in `note`; a later one past the window says gone."""
+    with r.pipeline(transaction=False) as pipe:
+        pipe.hget(protocol.worker_key(worker), "instance")
+        pipe.get(note)
+        alive, noted = pipe.execute()
+    if alive is not None and instance in (None, alive.decode()):
+        return False
+    if noted is None:
+        r.set(note, time.time(), ex=int(4 * window) + 1)
+        return False
+    return time.time() - float(noted) >= window
+
+
 def stream_lifetime(job: Job, default: int) -> int:
     """Seconds a job's stream stays readable: as long as the job itself (its result_ttl, the web
     app's RESULT_TTL), else `default` (RQ's -1 keeps a job forever)."""
@@ -51,20 +98,9 @@ def _reap(queue: Queue, stream_ttl: int) -> list[str]:
     for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
         job = Job.fetch(job_id, connection=r) if Job.exists(job_id, r) else None
         owner = job.worker_name if job else None
-        if not owner:
-            continue
-        with r.pipeline(transaction=False) as pipe:
-            pipe.hget(protocol.worker_key(owner), "instance")
-            pipe.get(protocol.orphan_key(job_id))
-            instance, noted = pipe.execute()
         # a job the worker has not stamped yet (it just took it) belongs to whoever has the name
-        if instance is not None and job.meta.get("worker_instance") in (None, instance.decode()):
-            continue
-        window = job.meta.get("liveness_ttl", DEFAULT_LIVENESS)
-        if noted is None:
-            r.set(protocol.orphan_key(job_id), time.time(), ex=4 * window)
-            continue
-        if time.time() - float(noted) < window:
+        if not owner or not _gone(r, owner, job.meta.get("worker_instance"), protocol.orphan_key(job_id),
+                                  job.meta.get("liveness_ttl", DEFAULT_LIVENESS)):
             continue
         stream = protocol.stream_key(job_id)
         with r.pipeline() as pipe:

@@ -70,6 +70,29 @@ def sweep_lock_key(queue_name: str) -> str:
     return f"vkllm:sweep-lock:{queue_name}"
 
 
+def wake_key(queue_name: str) -> str:
+    """List of wake-up tokens of a queue: every push of a job onto the queue pushes one
+    (vkllm.jobqueue), and an idle worker blocks on its queues' lists (worker/service/taking.py)."""
+    return f"vkllm:wake:{queue_name}"
+
+
+# A job a worker has taken from its queue but not yet started (not yet in RQ's started registry)
+# waits in that worker start's taking list; if the worker dies first, the watchdog (vkllm.orphans)
+# puts it back at the front of its queue. A worker start's instance (a uuid) names its list.
+TAKERS = "vkllm:takers"                   # hash: instance -> JSON {"worker": name, "liveness_ttl": s}
+TAKERS_SWEEP_LOCK = "vkllm:sweep-lock:takers"
+
+
+def taking_key(instance: str) -> str:
+    """List of the job ids a worker start has taken from their queues and not yet started."""
+    return f"vkllm:taking:{instance}"
+
+
+def taker_gone_key(instance: str) -> str:
+    """When a sweep first found a taker's worker gone (vkllm.orphans); the worker deletes it."""
+    return f"vkllm:taker-gone:{instance}"
+
+
 # Stream records: field "type" is one of these, field "data" a JSON object. A token's data is
 # {"text"} with "logprobs" (OpenAI's chat entry) when the job asked for them; the end's is
 # {"finish_reason", "usage", "timings"} with "tool_calls" (OpenAI's shape) when the model made any.

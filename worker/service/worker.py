@@ -1,7 +1,8 @@
 """The GPU worker (`vkllm worker`): an RQ SimpleWorker that keeps its models resident and runs
 many jobs at once, one continuous batch per model (worker.engine.batch).
 
-RQ hands the worker a job when it is idle (its blocking dequeue). That job starts the batch loop:
+RQ hands the worker a job when it is idle (its blocking dequeue, which takes the job into this
+worker's taking list: worker.service.taking). That job starts the batch loop:
 each step runs every model's batch once, then one Redis round trip carries all the jobs' new
 stream records, cancel checks and progress; between steps more jobs join, taken from the
 worker's queues without blocking (interactive queues before batch queues, while their model's
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from redis import Redis
 from rq import Queue, SimpleWorker, get_current_job
+from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.utils import now
 from rq.worker import WorkerStatus
@@ -45,19 +47,12 @@ from worker.service.jobrun import JobRun
 from worker.service.metrics import WorkerMetrics
 from worker.service.outbox import Outbox
 from worker.service.redislink import connect, wait_for_redis
+from worker.service.taking import Taking, queue_class
 from worker.service.tokenize import TokenCounter
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 0.5   # seconds between a running job's progress updates in job.meta
 PUBSUB_POLL = 1.0   # seconds the command channel's thread waits per read (GPUWorker.subscribe)
-# The first job of the first non-empty queue (KEYS in order), popped in one command. RQ's
-# non-blocking dequeue pops one queue after another: a chat request queued between its pop of the
-# interactive queue and its pop of the batch queue would lose its turn to a batch line.
-POP_FIRST = """for _, key in ipairs(KEYS) do
-    local id = redis.call('lpop', key)
-    if id then return {key, id} end
-end
-return false"""
 _current_worker: contextvars.ContextVar["GPUWorker"] = contextvars.ContextVar("vkllm_worker")
 
 
@@ -72,11 +67,16 @@ class GPUWorker(SimpleWorker):
                  metrics_port: int, heartbeat_interval: float = 5.0, stream_ttl: int = 7 * 86400, **kwargs):
         # batch lines come last: jobs are taken from the first non-empty queue in this order
         queues = [protocol.queue_name(name) for name in engines] + [protocol.batch_queue_name(name) for name in engines]
+        self.instance = uuid.uuid4().hex
+        self.interval = heartbeat_interval
+        self.liveness_ttl = max(2, int(3 * heartbeat_interval))
+        # every take, RQ's idle one too, moves the job into this start's taking list (taking.py)
+        self.taking = Taking(connection, metrics.worker, self.instance, self.liveness_ttl)
         # RQ logs a job's description (its arguments: the prompt) unless told not to
-        super().__init__(queues, connection=connection, name=metrics.worker, log_job_description=False, **kwargs)
+        super().__init__(queues, connection=connection, name=metrics.worker, log_job_description=False,
+                         queue_class=queue_class(self.taking), **kwargs)
         self.link = link   # connection (see connect) is patient; this one answers at once
         self.outbox = Outbox(link)
-        self.instance = uuid.uuid4().hex
         self.engines = engines
         self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer),
                               "sampling_defaults": e.sampling_defaults}
@@ -85,12 +85,9 @@ class GPUWorker(SimpleWorker):
                                                                 protocol.batch_queue_name(name))}
         self.metrics = metrics
         self.metrics_port = metrics_port
-        self.interval = heartbeat_interval
-        self.liveness_ttl = max(2, int(3 * heartbeat_interval))
         self.stream_ttl = stream_ttl
         self.last_tokens_per_second = 0.0
         self.running: dict[str, JobRun] = {}   # job id -> its run, from its start until RQ has filed it
-        self._pop_script = connection.register_script(POP_FIRST)
 
     # RQ's own heartbeat would only come between jobs; ours comes from a thread every interval.
     # RQ gives up on a job well after our liveness key expires, so that fail_orphans, which
@@ -127,7 +124,8 @@ class GPUWorker(SimpleWorker):
                     thread.join()
             try:
                 self.link.delete(protocol.worker_key(self.name))
-            except UNAVAILABLE:   # the key expires by itself
+                self.taking.leave(self.link)
+            except UNAVAILABLE:   # the key expires by itself; the watchdog gives back what was taken
                 pass
 
     def _forget_dead_namesake(self) -> None:
@@ -187,11 +185,22 @@ class GPUWorker(SimpleWorker):
             _current_worker.reset(token)
         self.set_state(WorkerStatus.IDLE)
 
+    def prepare_execution(self, job: Job) -> Execution:
+        """RQ's (an execution in the started registry, the worker busy), the job leaving the
+        taking list in the same transaction: it is always in one of the two."""
+        with self.connection.pipeline() as pipe:
+            execution = Execution.create(job, self.get_heartbeat_ttl(job), pipeline=pipe, worker_name=self.name)
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self.taking.started(job.id, pipe)
+            pipe.execute()
+        self.executions[execution.id] = execution
+        return execution
+
     def _start(self, job: Job, queue) -> None:
         """Start a job as RQ does (an execution in the started registry) and run its function,
         which joins the request to its model's batch; a bad request fails the job alone."""
         execution = self.prepare_execution(job)
-        self.prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
+        self.prepare_job_execution(job)   # RQ's intermediate queue is not used (taking.py)
         job.started_at = now()
         # for the watchdog (vkllm.orphans): how long to wait for this worker, and which start
         # of it runs the job (a worker restarted under the same name does not)
@@ -228,20 +237,17 @@ class GPUWorker(SimpleWorker):
             self._start(job, queue)
 
     def _pop_first(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
-        """The job at the front of the first non-empty queue, and its queue (dequeue_any's answer).
-        The pop goes through the link (raising UNAVAILABLE at once when Redis is away); a popped
+        """The job at the front of the first non-empty queue, taken (taking.py), and its queue.
+        The take goes through the link (raising UNAVAILABLE at once when Redis is away); a taken
         job is fetched through the patient connection, which does not give it up."""
         while True:
-            popped = self._pop_script(keys=[q.key for q in queues], client=self.link)
-            if popped is None:
+            taken = self.taking.take(queues, self.link)
+            if taken is None:
                 return None
-            key, job_id = (v.decode() for v in popped)
-            # as RQ does after its pop: None for a job deleted meanwhile, so the next one is popped
-            taken = self.queue_class._fetch_dequeued_job(
-                self.connection, key, job_id, job_class=self.job_class, serializer=self.serializer,
-                death_penalty_class=self.death_penalty_class)
-            if taken is not None:
-                return taken
+            job = self.taking.fetch(self.connection, *taken, job_class=self.job_class, serializer=self.serializer,
+                                    death_penalty_class=self.death_penalty_class)
+            if job is not None:
+                return job
 
     def _step(self) -> None:
         """One step of every model's batch, then one round trip for all the jobs; then the jobs
@@ -410,13 +416,16 @@ class GPUWorker(SimpleWorker):
             pipe.expire(key, self.liveness_ttl)
             pipe.sadd(protocol.WORKERS, self.name)
             pipe.hset(protocol.MODELS, mapping={name: json.dumps(m) for name, m in self.models.items()})
+            self.taking.register(pipe)
             for job_id in jobs:   # alive: no sweep may count these jobs as orphaned
                 pipe.delete(protocol.orphan_key(job_id))
             pipe.execute()
 
     def fail_orphans(self) -> None:
-        """Fail started jobs of this worker's models whose worker died (vkllm.orphans)."""
+        """Fail started jobs of this worker's models whose worker died, and put back in their
+        queue the jobs dead workers took and never started (vkllm.orphans)."""
         orphans.reap(self.queues, self.stream_ttl)
+        orphans.requeue_taken(self.connection)
 
 
 def _max_token_bytes(tokenizer) -> int:
