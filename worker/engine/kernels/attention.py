@@ -58,6 +58,15 @@ MIN_CHUNK = 64
 SHORT_CHUNK = 32
 SHORT_SPAN = 256
 TARGET_WORKGROUPS = 1024  # enough workgroups to keep a large GPU's loads in flight in decode
+# A pass of several tokens (batched decode, a short prompt) splits towards fewer workgroups, of
+# BATCH_THREADS invocations (`attention_threads`): each split's fixed cost (its q loads and
+# rotation, the merge of its streams and of the splits) is paid per token there. H100, the 8B's
+# sequences decoding together (bench --batch 1,8,32 -p 64 -n 256; target / threads, tok/s at 8
+# and 32 sequences): 1024 / 128 (one token's) 1264.4, 2741.7; 256 / 64 1292.2, 2916.9 and again
+# 1292.0, 2912.6; 256 / 128 1280.9, 2897.3; 128 / 64 1272.4, 2912.8; 256 / 32 1250.8, 2825.6;
+# as committed against one token's, again: 1293.3, 2913.7 against 1265.0, 2744.1.
+BATCH_TARGET_WORKGROUPS = 256
+BATCH_THREADS = 64
 OFFSET_ALIGN = 256       # the largest minStorageBufferOffsetAlignment Vulkan allows
 TILE_SUBGROUPS = 4       # attention_tiled.comp's subgroups a workgroup, 16 rows each
 TILE_ROWS = 16 * TILE_SUBGROUPS
@@ -93,9 +102,11 @@ def takes_tiles(shape: AttentionShape, cache: PagedCache, n_tokens: int, own: bo
             and shape.head_dim <= TILED_MAX_HEAD_DIM and not own)
 
 
-def attention_threads(ctx) -> int:
-    """Invocations per attention workgroup: whole subgroups, 4 to 16 positions in flight."""
-    return max(32, min(128, 4 * ctx.info.subgroup_size))
+def attention_threads(ctx, n_tokens: int) -> int:
+    """Invocations per attention workgroup of a pass of n_tokens: whole subgroups, 4 to 16
+    positions in flight (to 8 in a pass of several tokens, BATCH_THREADS)."""
+    most = 128 if n_tokens == 1 else BATCH_THREADS
+    return max(32, min(most, 4 * ctx.info.subgroup_size))
 
 
 @dataclass(frozen=True)
@@ -111,8 +122,9 @@ def _plan(shape: AttentionShape, n_tokens: int, splits: int | None) -> _Plan:
     rows = cdiv(shape.group, row_groups)
     if splits is None:
         base_groups = n_tokens * shape.n_head_kv * row_groups
+        target = TARGET_WORKGROUPS if n_tokens == 1 else BATCH_TARGET_WORKGROUPS
         most = max(cdiv(shape.n_ctx, MIN_CHUNK), cdiv(min(shape.n_ctx, SHORT_SPAN), SHORT_CHUNK))
-        splits = max(1, min(cdiv(TARGET_WORKGROUPS, base_groups), most))
+        splits = max(1, min(cdiv(target, base_groups), most))
     return _Plan(rows, row_groups, splits)
 
 
@@ -224,7 +236,7 @@ def _record(rec: Recording, shape: AttentionShape, q: Buffer, cache: PagedCache,
             x8: Buffer | None, own: OwnKV | None) -> bool:
     """attention's dispatch; True where it wrote x8 too."""
     ctx = rec.ctx
-    size = attention_threads(ctx)
+    size = attention_threads(ctx, n_tokens)
     plan = _plan(shape, n_tokens, splits)
     splits = plan.splits
     spec = {0: size, 1: shape.head_dim, 2: plan.rows, 3: LANES, 5: cache.block}
