@@ -4,6 +4,7 @@ no worker answers. References are counted here with the model file's own tokeniz
 rendered by hand in ChatML (the tiny model's template)."""
 import pytest
 from redis import Redis
+from rq.job import Job
 
 from appliance import queue, schema
 from tests.test_api import AUTH, submit, wait
@@ -74,8 +75,10 @@ def test_tokenize_validates(client, worker, body, status, param):
 
 
 def _jobs(client, redis_url) -> tuple[int, int]:
+    """The jobs the API lists, and RQ's job hashes in Redis (a refused request creates neither; a
+    job the worker took at once would have left its queue, not its hash)."""
     listed = client.get("/api/v1/jobs", headers=AUTH).json["total"]
-    return listed, Redis.from_url(redis_url).llen(protocol.queue_name("tiny-llama"))
+    return listed, len(list(Redis.from_url(redis_url).scan_iter(f"{Job.redis_job_namespace_prefix}*")))
 
 
 def test_a_prompt_that_fills_the_context_is_refused_by_every_endpoint(client, worker, reference, redis_url):
