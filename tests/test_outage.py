@@ -1,6 +1,6 @@
 """vkllm.outage against a real redis-server: a Redis that refuses writes (MISCONF, READONLY) is away
 for the worker's clients and the web app's alike, as an unreachable one is; other command errors
-are not."""
+are not. And the worker's check of the Redis version it meets."""
 import threading
 import time
 
@@ -11,7 +11,8 @@ from redis.exceptions import ResponseError
 from tests.conftest import _free_port
 from tests.test_resilience import RedisServer
 from vkllm import outage
-from worker.service.redislink import connect
+from vkllm.errors import VkllmError
+from worker.service.redislink import check_version, connect, wait_for_redis
 
 
 @pytest.fixture
@@ -72,3 +73,18 @@ def test_other_errors_and_an_unreachable_redis(server):
     with pytest.raises(outage.UNAVAILABLE) as away:
         link.get("k")
     assert outage.describe(away.value) == "unreachable"
+
+
+def test_a_redis_older_than_the_take_needs_is_refused_with_a_line(server):
+    """The worker takes jobs with LMOVE (Redis 6.2): an older Redis is named and refused before
+    the worker registers, not met by a script error at its first take. The real server here
+    passes; the versions of older releases (as INFO server gives them) are refused."""
+    _, link = connect(server.url)
+    wait_for_redis(link)
+    for version in ("6.2.0", "7.0.15", "10.0.1"):
+        check_version(version, "h:1")
+    for version in ("6.0.16", "5.0.14"):
+        with pytest.raises(VkllmError) as old:
+            check_version(version, "h:1")
+        assert str(old.value) == (f"Redis at h:1 is {version}; the worker needs Redis 6.2 or later "
+                                  f"(it takes jobs with LMOVE)")

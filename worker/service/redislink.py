@@ -1,5 +1,5 @@
-"""The worker's two Redis clients (one that waits out any outage, one that fails at once) and
-the wait for a Redis that is not there when the worker starts."""
+"""The worker's two Redis clients (one that waits out any outage, one that fails at once), the
+wait for a Redis that is not there when the worker starts, and the check of its version."""
 import logging
 import time
 
@@ -7,9 +7,11 @@ from redis import Redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from vkllm.errors import VkllmError
 from vkllm.outage import CLIENT_OPTIONS, UNAVAILABLE, RefusesWrites
 
 log = logging.getLogger(__name__)
+MIN_REDIS = (6, 2)   # LMOVE, in the script that takes jobs (worker/service/taking.py)
 
 
 class _SharedRetry(Retry):
@@ -32,21 +34,34 @@ def connect(url: str) -> tuple[Redis, Redis]:
 
 
 def wait_for_redis(link: Redis) -> None:
-    """Return once Redis answers. A worker started before its Redis (or given a wrong --redis-url)
-    says so, where RQ's first command would wait for it in silence."""
+    """Return once Redis answers (then refuse one older than MIN_REDIS, `check_version`). A worker
+    started before its Redis (or given a wrong --redis-url) says so, where RQ's first command
+    would wait for it in silence."""
     waiting = False
     while True:
         try:
-            link.ping()
+            version = link.info("server")["redis_version"]
         except UNAVAILABLE as e:
             if not waiting:
-                where = link.connection_pool.connection_kwargs
-                log.warning("Redis at %s %s (%s); waiting for it",
-                            where.get("path") or f"{where.get('host')}:{where.get('port')}",
+                log.warning("Redis at %s %s (%s); waiting for it", _where(link),
                             "refuses writes" if isinstance(e, RefusesWrites) else "is unreachable", e)
                 waiting = True
             time.sleep(1)
             continue
         if waiting:
             log.info("Redis is up")
+        check_version(version, _where(link))
         return
+
+
+def check_version(version: str, where: str) -> None:
+    """A Redis older than MIN_REDIS is refused with a line, where the worker's first take would
+    fail inside a script."""
+    if tuple(int(part) for part in version.split(".")[:2]) < MIN_REDIS:
+        raise VkllmError(f"Redis at {where} is {version}; the worker needs Redis "
+                         f"{'.'.join(map(str, MIN_REDIS))} or later (it takes jobs with LMOVE)")
+
+
+def _where(link: Redis) -> str:
+    where = link.connection_pool.connection_kwargs
+    return where.get("path") or f"{where.get('host')}:{where.get('port')}"
