@@ -58,8 +58,10 @@ MIN_CHUNK = 64
 SHORT_CHUNK = 32
 SHORT_SPAN = 256
 TARGET_WORKGROUPS = 1024  # enough workgroups to keep a large GPU's loads in flight in decode
-# A pass of several tokens (batched decode, a short prompt) splits towards fewer workgroups, of
-# BATCH_THREADS invocations (`attention_threads`): each split's fixed cost (its q loads and
+# A pass of 2 to TILED_MIN_TOKENS - 1 tokens (batched decode, a short prompt: `_few_tokens`)
+# splits towards fewer workgroups, of BATCH_THREADS invocations (`attention_threads`; a longer
+# pass, a prefill chunk where the device has no tiled kernel, keeps one token's target and
+# workgroup: not measured otherwise): each split's fixed cost (its q loads and
 # rotation, the merge of its streams and of the splits) is paid per token there. H100, the 8B's
 # sequences decoding together (bench --batch 1,8,32 -p 64 -n 256; target / threads, tok/s at 8
 # and 32 sequences): 1024 / 128 (one token's) 1264.4, 2741.7; 256 / 64 1292.2, 2916.9 and again
@@ -104,9 +106,14 @@ def takes_tiles(shape: AttentionShape, cache: PagedCache, n_tokens: int, own: bo
 
 def attention_threads(ctx, n_tokens: int) -> int:
     """Invocations per attention workgroup of a pass of n_tokens: whole subgroups, 4 to 16
-    positions in flight (to 8 in a pass of several tokens, BATCH_THREADS)."""
-    most = 128 if n_tokens == 1 else BATCH_THREADS
+    positions in flight (to 8 in a pass of a few tokens, BATCH_THREADS)."""
+    most = BATCH_THREADS if _few_tokens(n_tokens) else 128
     return max(32, min(most, 4 * ctx.info.subgroup_size))
+
+
+def _few_tokens(n_tokens: int) -> bool:
+    """Whether a pass takes the split target and workgroups of a few tokens (BATCH_TARGET_WORKGROUPS)."""
+    return 1 < n_tokens < TILED_MIN_TOKENS
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ def _plan(shape: AttentionShape, n_tokens: int, splits: int | None) -> _Plan:
     rows = cdiv(shape.group, row_groups)
     if splits is None:
         base_groups = n_tokens * shape.n_head_kv * row_groups
-        target = TARGET_WORKGROUPS if n_tokens == 1 else BATCH_TARGET_WORKGROUPS
+        target = BATCH_TARGET_WORKGROUPS if _few_tokens(n_tokens) else TARGET_WORKGROUPS
         most = max(cdiv(shape.n_ctx, MIN_CHUNK), cdiv(min(shape.n_ctx, SHORT_SPAN), SHORT_CHUNK))
         splits = max(1, min(cdiv(target, base_groups), most))
     return _Plan(rows, row_groups, splits)
