@@ -64,13 +64,15 @@ def _client_command(args):
 
 def _apikey(args):
     from redis import Redis
-    from redis.exceptions import ConnectionError
 
     from appliance.auth import rotate
     from vkllm.errors import VkllmError
+    from vkllm.outage import CLIENT_OPTIONS, UNAVAILABLE, RefusesWrites
     try:
-        key = rotate(Redis.from_url(args.redis_url))
-    except ConnectionError as e:
+        key = rotate(Redis.from_url(args.redis_url, **CLIENT_OPTIONS))
+    except RefusesWrites as e:
+        raise VkllmError(f"Redis at {args.redis_url} refuses writes: {e}") from None
+    except UNAVAILABLE as e:
         raise VkllmError(f"cannot reach Redis at {args.redis_url}: {e}") from None
     print(f"new API key (shown only now): {key}")
     if args.key_in_env:

@@ -29,6 +29,7 @@ from werkzeug.serving import LISTEN_QUEUE, get_sockaddr, make_server, select_add
 from appliance import auth
 from vkllm.config import worker_environment
 from vkllm.errors import VkllmError
+from vkllm.outage import CLIENT_OPTIONS, RefusesWrites
 
 USAGE_STATUS = 2      # what `vkllm` exits with for an error of the user's (vkllm.cli.main, argparse)
 YOUNG = 60.0          # seconds: a child that exits sooner after its start is dying young
@@ -200,7 +201,11 @@ def run(args, api_key: str | None) -> int:
     redis = _Supervised("redis-server", lambda: _start_redis(data_dir, port), data_dir / "redis.log")
     worker = server = None
     try:
-        generated = auth.ensure_key(Redis.from_url(redis_url), api_key)
+        try:
+            generated = auth.ensure_key(Redis.from_url(redis_url, **CLIENT_OPTIONS), api_key)
+        except RefusesWrites as e:   # its append-only file cannot be written: a full or failing disk
+            raise VkllmError(f"the appliance's Redis refuses writes ({e}); its data is in {data_dir / 'redis'}, "
+                             f"its log {data_dir / 'redis.log'}") from None
         app = create_app({"REDIS_URL": redis_url, "API_KEY": api_key, "MODELS_DIR": str(models_dir),
                           "DATA_DIR": str(data_dir)})
         server = make_server(args.host, args.port, app, threaded=True, fd=listener.fileno())

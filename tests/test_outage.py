@@ -10,7 +10,7 @@ from redis.exceptions import ResponseError
 
 from tests.conftest import _free_port
 from tests.test_resilience import RedisServer
-from vkllm import outage
+from vkllm import outage, protocol
 from vkllm.errors import VkllmError
 from worker.service.redislink import check_version, connect, wait_for_redis
 
@@ -88,3 +88,17 @@ def test_a_redis_older_than_the_take_needs_is_refused_with_a_line(server):
             check_version(version, "h:1")
         assert str(old.value) == (f"Redis at h:1 is {version}; the worker needs Redis 6.2 or later "
                                   f"(it takes jobs with LMOVE)")
+
+
+def test_apikey_rotate_against_a_redis_refusing_writes_is_one_line(server):
+    """`vkllm apikey rotate` against a Redis that refuses writes: one 'error:' line with Redis's
+    reason, exit 2, the stored key unchanged (it was a ResponseError traceback)."""
+    from tests.test_api_cli import vkllm
+    Redis.from_url(server.url).set(protocol.API_KEY_HASH, "before")
+    server.refuse_writes()
+    done = vkllm("apikey", "rotate", "--redis-url", server.url, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(f"vkllm: error: Redis at {server.url} refuses writes: MISCONF "), \
+        done.stderr
+    server.accept_writes()
+    assert Redis.from_url(server.url).get(protocol.API_KEY_HASH) == b"before"
