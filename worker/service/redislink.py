@@ -8,7 +8,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from vkllm.errors import VkllmError
-from vkllm.outage import CLIENT_OPTIONS, UNAVAILABLE, RefusesWrites
+from vkllm.outage import UNAVAILABLE, WORKER_OPTIONS, RefusesWrites
 
 log = logging.getLogger(__name__)
 MIN_REDIS = (6, 2)   # LMOVE, in the script that takes jobs (worker/service/taking.py)
@@ -25,11 +25,11 @@ class _SharedRetry(Retry):
 def connect(url: str) -> tuple[Redis, Redis]:
     """Two clients of the worker's Redis: one whose commands wait out any outage (RQ, the
     threads), and one that fails at once, for the batch's outbox. Both count a Redis that refuses
-    writes as away (vkllm.outage)."""
+    writes as away, a full one (OOM) too (vkllm.outage.WORKER_OPTIONS)."""
     patient = Redis.from_url(url, socket_connect_timeout=5, retry_on_error=list(UNAVAILABLE),
-                             retry=_SharedRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1), **CLIENT_OPTIONS)
+                             retry=_SharedRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1), **WORKER_OPTIONS)
     prompt = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=Retry(
-        ExponentialWithJitterBackoff(), 0), **CLIENT_OPTIONS)
+        ExponentialWithJitterBackoff(), 0), **WORKER_OPTIONS)
     return patient, prompt
 
 

@@ -17,8 +17,8 @@ other worker or by the web app (vkllm.orphans), its partial output left in its s
 thread counts prompt tokens for the web app (worker.service.tokenize).
 
 Redis may go away for a while (a restart, a network cut), or refuse writes (a full disk: MISCONF;
-vkllm.outage counts that as away too): every command of RQ and of these threads
-waits it out (the connection retries with backoff, without end), and the batch keeps generating
+Redis at its maxmemory: OOM; vkllm.outage counts both as away too): every command of RQ and of
+these threads waits it out (the connection retries with backoff, without end), and the batch keeps generating
 into the outbox (worker.service.outbox), which catches up once Redis is back. Meanwhile no job
 joins, and a job that ends is filed once Redis has its whole stream."""
 import contextvars
@@ -106,7 +106,7 @@ class GPUWorker(SimpleWorker):
         try:
             self._forget_dead_namesake()
             counter.start()   # before publish: the web app asks for counts once it sees the models
-            self.publish()
+            self.publish(self.connection)
             self.fail_orphans()
             beat.start()
             return super().work(*args, **kwargs)   # its loop's first turn ends on a stop noted before
@@ -352,23 +352,35 @@ class GPUWorker(SimpleWorker):
         down = False
         while not stop.wait(self.interval):
             try:
-                self.link.ping()
-            except UNAVAILABLE as e:
-                if not down:
-                    log.warning("Redis unavailable (%s); waiting for it", e)
-                down = True
-                continue
-            try:
+                self.publish(self.link)   # at once: Redis away, or refusing writes (a full one answers PING)
                 if down:
                     self._register_again()
                     down = False
-                self.publish()
                 runs = list(self.running.values())
                 if runs:
                     self.maintain_all_heartbeats(runs)
                 self.fail_orphans()
+            except UNAVAILABLE as e:
+                if not down:
+                    log.warning("Redis unavailable (%s); waiting for it", e)
+                down = True
+                self._stay_alive()
             except Exception:  # a Redis hiccup must not end the heartbeat for good
                 log.exception("heartbeat failed")
+
+    def _stay_alive(self) -> None:
+        """While Redis refuses writes for want of memory (OOM), EXPIRE and DEL still go through
+        (outside MULTI, which it refuses whole): this worker's liveness key lives on and the
+        watchdog's notes that it looked gone go, so that no sweep that gets a write through while
+        memory comes and goes takes this worker for dead. Down, or refusing every write (MISCONF),
+        Redis takes no sweep's note either."""
+        with self.link.pipeline(transaction=False) as pipe:
+            pipe.expire(protocol.worker_key(self.name), self.liveness_ttl)
+            pipe.delete(protocol.taker_gone_key(self.instance), *map(protocol.orphan_key, list(self.running)))
+            try:
+                pipe.execute()
+            except UNAVAILABLE:
+                pass
 
     def maintain_all_heartbeats(self, runs: list[JobRun]) -> None:
         """RQ's maintain_heartbeats for all running jobs in one round trip: the worker's record,
@@ -400,13 +412,14 @@ class GPUWorker(SimpleWorker):
         if not self.connection.exists(self.key):
             self.register_birth()
 
-    def publish(self) -> None:
-        """Tell the web app what this worker serves and runs; the key dies with the worker."""
+    def publish(self, client: Redis) -> None:
+        """Tell the web app what this worker serves and runs; the key dies with the worker.
+        `client`: the patient connection at start, the link (failing at once) in the heartbeat."""
         stats = {name: engine.stats() for name, engine in self.engines.items()}
         for name, device in stats.items():
             self.metrics.device_stats(name, device)
         key, jobs = protocol.worker_key(self.name), list(self.running)
-        with self.connection.pipeline() as pipe:
+        with client.pipeline() as pipe:
             pipe.hset(key, mapping={
                 "name": self.name, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "models": json.dumps(self.models), "stats": json.dumps(stats),
