@@ -92,13 +92,16 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    """Ready when Redis answers and at least one worker serves a model."""
+    """Ready when Redis answers, has room (a full one answers reads and PING but refuses new
+    jobs: 503 store_full), and at least one worker serves a model."""
     try:
-        queue.get_redis().ping()
+        r = queue.get_redis()
+        r.ping()
+        full = outage.full(r.info("memory"))
         workers = queue.live_workers()
     except Exception as e:  # any Redis failure means not ready; the log says which, not the body (its address)
         current_app.logger.warning("readyz: Redis %s: %s", outage.describe(e), e)
         return {"status": "unavailable", "redis": outage.describe(e)}, 503
     models = sorted(queue.models())
-    ok = bool(models)
-    return {"status": "ok" if ok else "no workers", "workers": len(workers), "models": models}, 200 if ok else 503
+    status = "store full" if full else "ok" if models else "no workers"
+    return {"status": status, "workers": len(workers), "models": models}, 200 if status == "ok" else 503

@@ -6,7 +6,7 @@ import time
 
 import pytest
 from redis import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from tests.conftest import _free_port
 from tests.test_resilience import RedisServer
@@ -102,3 +102,18 @@ def test_apikey_rotate_against_a_redis_refusing_writes_is_one_line(server):
         done.stderr
     server.accept_writes()
     assert Redis.from_url(server.url).get(protocol.API_KEY_HASH) == b"before"
+
+
+def test_a_full_redis_is_told_from_its_info(server):
+    """outage.full, from a real redis-server's INFO memory: no maxmemory, or room under it, is not
+    full; a maxmemory below what it uses is, and its writes get OOM."""
+    r = Redis.from_url(server.url)
+    assert not outage.full(r.info("memory"))
+    r.config_set("maxmemory", 100 * 2**20)
+    assert not outage.full(r.info("memory"))
+    r.config_set("maxmemory", 1)
+    assert outage.full(r.info("memory"))
+    with pytest.raises(OutOfMemoryError):
+        r.set("k", "v")
+    r.config_set("maxmemory", 0)
+    assert not outage.full(r.info("memory")) and r.set("k", "v")

@@ -53,12 +53,15 @@ def test_a_job_running_when_redis_fills_up_finishes_with_its_whole_text_once_mem
         os.kill(worker.proc.pid, signal.SIGCONT)
     status, body = http(f"{url}/api/v1/jobs", "POST", {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 2})
     assert status == 503 and body["error"]["code"] == "store_full", body   # the web app's answer is unchanged
+    status, body = http(f"{url}/readyz")   # PING and reads still answer: not ready all the same
+    assert status == 503 and body["status"] == "store full" and body["models"] == ["tiny-llama"], body
     # past the worker's liveness window (3 heartbeats of 1 s), short of RQ's heartbeat TTL (7 s)
     stays_listed(r, worker, 5)
     free_up(r)
 
     done = wait_for(url, running, timeout=60)
     assert done["state"] == "finished" and done["usage"]["completion_tokens"] == 240, done
+    assert http(f"{url}/readyz") == (200, {"status": "ok", "workers": 1, "models": ["tiny-llama"]})
     events = sse_events(http(f"{url}/api/v1/jobs/{running}/stream")[1])
     assert events[-1][1] == "end"
     assert "".join(d["text"] for _, kind, d in events if kind == "token") == done["output"]

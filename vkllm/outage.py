@@ -40,6 +40,14 @@ CLIENT_OPTIONS = {"parser_class": _Parser, "protocol": 2}
 WORKER_OPTIONS = {"parser_class": _WorkerParser, "protocol": 2}
 
 
+def full(memory: dict) -> bool:
+    """Whether a Redis at its maxmemory refuses the writes that may grow it (OOM), from its INFO
+    memory: what it counts against maxmemory (its replication and append-only buffers not
+    counted) is past it. No maxmemory: never."""
+    limit = memory.get("maxmemory", 0)
+    return limit > 0 and memory["used_memory"] - memory.get("mem_not_counted_for_evict", 0) > limit
+
+
 def describe(error: Exception) -> str:
     """What is wrong with Redis, without its address (/readyz shows it): "unreachable", or
     "refuses writes: " and Redis's own reason."""
