@@ -78,9 +78,19 @@ def test_other_errors_and_an_unreachable_redis(server):
 def test_a_redis_older_than_the_take_needs_is_refused_with_a_line(server):
     """The worker takes jobs with LMOVE (Redis 6.2): an older Redis is named and refused before
     the worker registers, not met by a script error at its first take. The real server here
-    passes; the versions of older releases (as INFO server gives them) are refused."""
+    passes (once it accepts writes: the wait reads the version after a PING, which a Redis
+    refusing writes refuses); the versions of older releases (as INFO server gives them) are
+    refused."""
     _, link = connect(server.url)
     wait_for_redis(link)
+    server.refuse_writes()   # INFO answers, PING is refused: the worker waits until writes are accepted
+    waited = threading.Thread(target=wait_for_redis, args=(link,), daemon=True)
+    waited.start()
+    waited.join(2)
+    assert waited.is_alive()
+    server.accept_writes()
+    waited.join(10)
+    assert not waited.is_alive()
     for version in ("6.2.0", "7.0.15", "10.0.1"):
         check_version(version, "h:1")
     for version in ("6.0.16", "5.0.14"):

@@ -40,6 +40,7 @@ def wait_for_redis(link: Redis) -> None:
     waiting = False
     while True:
         try:
+            link.ping()   # refused by a Redis refusing writes (MISCONF), where INFO answers
             version = link.info("server")["redis_version"]
         except UNAVAILABLE as e:
             if not waiting:
