@@ -99,10 +99,9 @@ class Taking:
         pipeline.lrem(self.key, 1, job_id)
 
     def register(self, pipeline) -> None:
-        """For the watchdog: whose this list is, how long to wait for its worker; its note that the
-        worker looked gone, if a sweep made one (after a Redis restart, before this heartbeat)."""
+        """For the watchdog: whose this list is, how long to wait for its worker (the worker's
+        heartbeat deletes the watchdog's note that it looked gone, GPUWorker._forget_gone_notes)."""
         pipeline.hset(protocol.TAKERS, self.instance, self.record)
-        pipeline.delete(protocol.taker_gone_key(self.instance))
 
     def leave(self, connection: Redis) -> None:
         """A worker that stops gives back what it took and did not start (the first taken ends

@@ -376,7 +376,7 @@ class GPUWorker(SimpleWorker):
         Redis takes no sweep's note either."""
         with self.link.pipeline(transaction=False) as pipe:
             pipe.expire(protocol.worker_key(self.name), self.liveness_ttl)
-            pipe.delete(protocol.taker_gone_key(self.instance), *map(protocol.orphan_key, list(self.running)))
+            self._forget_gone_notes(pipe, list(self.running))
             try:
                 pipe.execute()
             except UNAVAILABLE:
@@ -430,9 +430,14 @@ class GPUWorker(SimpleWorker):
             pipe.sadd(protocol.WORKERS, self.name)
             pipe.hset(protocol.MODELS, mapping={name: json.dumps(m) for name, m in self.models.items()})
             self.taking.register(pipe)
-            for job_id in jobs:   # alive: no sweep may count these jobs as orphaned
-                pipe.delete(protocol.orphan_key(job_id))
+            self._forget_gone_notes(pipe, jobs)
             pipe.execute()
+
+    def _forget_gone_notes(self, pipe, jobs: list[str]) -> None:
+        """Deletes the watchdog's notes (vkllm.orphans) that this worker looked gone, made by a
+        sweep after a Redis restart or while it refused writes: alive, no sweep may count its
+        running `jobs` as orphaned, nor give back what it took."""
+        pipe.delete(protocol.taker_gone_key(self.instance), *map(protocol.orphan_key, jobs))
 
     def fail_orphans(self) -> None:
         """Fail started jobs of this worker's models whose worker died, and put back in their
