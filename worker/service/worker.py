@@ -107,7 +107,7 @@ class GPUWorker(SimpleWorker):
             self._forget_dead_namesake()
             counter.start()   # before publish: the web app asks for counts once it sees the models
             self.publish(self.connection)
-            self.fail_orphans()
+            self.fail_orphans(self.connection)
             beat.start()
             return super().work(*args, **kwargs)   # its loop's first turn ends on a stop noted before
         except UNAVAILABLE:
@@ -359,7 +359,7 @@ class GPUWorker(SimpleWorker):
                 runs = list(self.running.values())
                 if runs:
                     self.maintain_all_heartbeats(runs)
-                self.fail_orphans()
+                self.fail_orphans(self.link)
             except UNAVAILABLE as e:
                 if not down:
                     log.warning("Redis unavailable (%s); waiting for it", e)
@@ -386,7 +386,7 @@ class GPUWorker(SimpleWorker):
         """RQ's maintain_heartbeats for all running jobs in one round trip: the worker's record,
         each execution (in the started registry) and each job."""
         worker_ttl = self.job_monitoring_interval + 60
-        with self.connection.pipeline() as pipe:
+        with self.link.pipeline() as pipe:   # at once: the heartbeat thread must not hang in a retry
             self.heartbeat(worker_ttl, pipeline=pipe)
             job_beats = []
             for run in runs:
@@ -439,11 +439,13 @@ class GPUWorker(SimpleWorker):
         running `jobs` as orphaned, nor give back what it took."""
         pipe.delete(protocol.taker_gone_key(self.instance), *map(protocol.orphan_key, jobs))
 
-    def fail_orphans(self) -> None:
+    def fail_orphans(self, client: Redis) -> None:
         """Fail started jobs of this worker's models whose worker died, and put back in their
-        queue the jobs dead workers took and never started (vkllm.orphans)."""
-        orphans.reap(self.queues, self.stream_ttl)
-        orphans.requeue_taken(self.connection)
+        queue the jobs dead workers took and never started (vkllm.orphans). `client`: the patient
+        connection at start, the link in the heartbeat, which must not hang in the patient one's
+        endless retry (Redis full: then its EXPIRE keeps this worker alive, _stay_alive)."""
+        orphans.reap([Queue(q.name, connection=client) for q in self.queues], self.stream_ttl)
+        orphans.requeue_taken(client)
 
 
 def _max_token_bytes(tokenizer) -> int:
