@@ -25,4 +25,5 @@ for a in new head; do
   timeout 75 python3 -m vkllm.cli bench -m /tmp/8b.gguf -p 64 -n 256 -r 1 --batch 1,8,32 2>&1 | tail -3
 done | tee $OUT/ab.log
 arm new
+timeout 60 python3 -m vkllm.cli bench -m /tmp/8b.gguf -p 64 -n 32 -r 1 --batch 8,32 --profile > $OUT/profile.log 2>&1
 timeout 150 python3 docs/pending/diag_items.py 8,16,32 2>&1 | grep -v "^   (" > $OUT/sweep.log
