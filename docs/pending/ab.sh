@@ -2,7 +2,7 @@
 # applied in the tree that travels and HEAD's shader in .device/exp/coopmat.head:
 #   git show HEAD:shaders/mul_mat_coopmat.comp > .device/exp/coopmat.head
 #   git apply docs/pending/items_f16.patch
-# then the device's command: bash docs/pending/ab.sh (carry .device). Up to about 400 s (the last part, the sweep, is cut at 150).
+# then the device's command: bash docs/pending/ab.sh (carry .device). Up to about 480 s (the last part, the sweep, is cut at 150).
 source .device/env.sh
 export XDG_CACHE_HOME=/tmp/xdg VKLLM_TEST_NO_VALIDATION=1
 mkdir -p /tmp/xdg/vkllm; cp .device/cache/*.json /tmp/xdg/vkllm/ 2>/dev/null; chmod u+w /tmp/xdg/vkllm/* 2>/dev/null
