@@ -1,4 +1,4 @@
-"""The worker's model loading (worker/service/worker.py's resolve_model and load_models): a model
+"""The worker's model loading (worker/service/serve.py's resolve_model and load_models): a model
 named by what it is, and the loaded models out of the garbage collector's reach, so that a full
 collection does not walk them mid-stream."""
 import gc
@@ -7,7 +7,7 @@ import pytest
 
 from vkllm.errors import VkllmError
 from worker.engine.config import Settings
-from worker.service.worker import load_models, resolve_model
+from worker.service.serve import load_models, resolve_model
 
 
 def tracked(obj) -> bool:

@@ -26,6 +26,6 @@ def register(sub) -> None:
 
 
 def _worker(args):
-    from worker.service.worker import serve
+    from worker.service.serve import serve
     from worker.tools.devices import settings
     return serve(args, settings(args))

@@ -22,7 +22,6 @@ these threads waits it out (the connection retries with backoff, without end), a
 into the outbox (worker.service.outbox), which catches up once Redis is back. Meanwhile no job
 joins, and a job that ends is filed once Redis has its whole stream."""
 import contextvars
-import gc
 import json
 import logging
 import os
@@ -31,7 +30,6 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 
 from redis import Redis
 from rq import Queue, SimpleWorker, get_current_job
@@ -41,12 +39,10 @@ from rq.utils import now
 from rq.worker import WorkerStatus
 
 from vkllm import orphans, protocol
-from vkllm.errors import VkllmError
 from vkllm.outage import UNAVAILABLE
 from worker.service.jobrun import JobRun
 from worker.service.metrics import WorkerMetrics
 from worker.service.outbox import Outbox
-from worker.service.redislink import connect, wait_for_redis
 from worker.service.taking import Taking, queue_class
 from worker.service.tokenize import TokenCounter
 
@@ -75,7 +71,7 @@ class GPUWorker(SimpleWorker):
         # RQ logs a job's description (its arguments: the prompt) unless told not to
         super().__init__(queues, connection=connection, name=metrics.worker, log_job_description=False,
                          queue_class=queue_class(self.taking), **kwargs)
-        self.link = link   # connection (see connect) is patient; this one answers at once
+        self.link = link   # connection (see redislink.connect) is patient; this one answers at once
         self.outbox = Outbox(link)
         self.engines = engines
         self.models = {name: {"n_ctx": e.n_ctx, "info": e.info, "max_token_bytes": _max_token_bytes(e.tokenizer),
@@ -452,52 +448,3 @@ def _max_token_bytes(tokenizer) -> int:
     """The longest token in bytes: with it the web app, which has no tokenizer, can refuse a
     prompt that cannot fit the context whatever it tokenizes to."""
     return max(len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size))
-
-
-def resolve_model(spec: str, models_dir: Path) -> Path:
-    """A model is given as a path or as a file name (with or without .gguf) in the models folder."""
-    candidates = (Path(spec), models_dir / spec, models_dir / f"{spec}.gguf")
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    for candidate in candidates:
-        if candidate.is_dir():
-            raise VkllmError(f"model {spec!r}: {candidate} is a directory, not a GGUF file")
-    raise VkllmError(f"model {spec!r} not found (as a path or in {models_dir})")
-
-
-def load_models(specs: list[str], settings, n_ctx: int | None):
-    """Every model loaded once, before serving (one that fails to load stops the worker); then
-    all that is alive is moved out of the garbage collector's reach (gc.freeze): the models'
-    tokenizers and recordings live as long as the worker, and a full collection that walked them
-    would stall every running stream (SmolLM2 loaded: 43k objects, 14-21 ms a collection on
-    lavapipe's machine, 0.03 ms frozen)."""
-    from worker.engine.resident import load_resident
-    resident = load_resident([resolve_model(spec, settings.models_dir) for spec in specs], settings, n_ctx)
-    gc.freeze()
-    return resident
-
-
-def serve(args, settings) -> int:
-    """`vkllm worker`: load the models, expose metrics, serve their queues until stopped."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
-    connection, link = connect(args.redis_url)
-    resident = load_models(args.model, settings, args.n_ctx)
-    engines = {engine.name: engine for engine in resident.engines}
-    # host and pid are not unique enough: a container restarted keeps both (pid 1), and RQ refuses
-    # a name whose last holder was killed (its record lingers for minutes)
-    name = args.name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    metrics = WorkerMetrics(name)
-    for model, engine in engines.items():
-        metrics.loaded(model, engine.stats())
-        metrics.batch(model, engine.batch.stats())
-    port = metrics.serve(args.metrics_port, args.metrics_host)
-    log.info("worker %s serving %s; metrics on %s port %d", name, ", ".join(engines), args.metrics_host, port)
-    wait_for_redis(link)
-    worker = GPUWorker(engines, connection, link, metrics=metrics, metrics_port=port,
-                       heartbeat_interval=args.heartbeat_interval)
-    try:
-        worker.work(burst=args.burst, logging_level="INFO")
-    finally:
-        resident.close()
-    return 0
