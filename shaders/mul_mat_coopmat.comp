@@ -7,7 +7,6 @@
 #endif
 #include "common.glsl"
 #if defined(ITEMS)
-#include "bytes.glsl"
 #include "mul_mat_vec_items.glsl"
 #else
 #include "dequant.glsl"
@@ -41,7 +40,10 @@
 // raw 16-byte loads, mul_mat_vec_items.glsl: a Q4_K item is 64 values in 12 words where their
 // dequantized f32 take 64) AHEAD steps before their step and dequantizes them at the store: at
 // few columns a workgroup's step is short and waits on its loads, so what bounds it is the bytes
-// each SM keeps in flight, which staging f32 values one step ahead kept small.
+// each SM keeps in flight, which staging f32 values one step ahead kept small. The items are
+// dequantized in packed f16 arithmetic (halves4: about two instructions a value, where bytes to
+// f32, an fma and a conversion back took about five), with K permuted within runs of 4 in both
+// tiles.
 layout(constant_id = 1) const uint BM = 128;
 layout(constant_id = 2) const uint BN = 128;
 layout(constant_id = 3) const uint WM = 64;
@@ -87,6 +89,24 @@ uvec4 pack8(vec4 a, vec4 b) {
     return uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(b.xy), packHalf2x16(b.zw));
 }
 
+#if defined(ITEMS)
+// The items kernel keeps K in each run of 4 values in the order 0, 2, 1, 3 in both tiles (the
+// product is the same): then a pair of f16 from the bytes 0 and 2 (or 1 and 3) of a word of
+// quants is one masked OR, 1024 + q exactly, and a value two packed f16 operations. The quants
+// are unsigned bytes (group_quants of the items kernel's types), w = ab.x * q + ab.y.
+uvec2 halves4(uint q, f16vec2 a, f16vec2 b) {
+    const f16vec2 even = unpackFloat2x16((q & 0x00FF00FFu) | 0x64006400u) - float16_t(1024.0);
+    const f16vec2 odd = unpackFloat2x16(((q >> 8) & 0x00FF00FFu) | 0x64006400u) - float16_t(1024.0);
+    return uvec2(packFloat2x16(fma(even, a, b)), packFloat2x16(fma(odd, a, b)));
+}
+
+// Eight f16 of x in natural order (pairs 01 23 45 67) into the items kernel's (02 13 46 57).
+uvec4 interleave8(uvec4 x) {
+    return uvec4((x.x & 0xFFFFu) | (x.y << 16), (x.x >> 16) | (x.y & 0xFFFF0000u),
+                 (x.z & 0xFFFFu) | (x.w << 16), (x.z >> 16) | (x.w & 0xFFFF0000u));
+}
+#endif
+
 // The weights of the step at k0 into slot `slot`. Past the rows or k_end (the range's end) the
 // loads read values left unused: zeros, or with ITEMS the last item of the row or range (a row's
 // K is a multiple of its blocks, so x is zero at any k past p.ncols that a step holds).
@@ -126,8 +146,9 @@ void store_tiles(uint tid, uint stage, uint slot, uint k0) {
             [[unroll]] for (uint g = 0; g < ITEM_GROUPS; g++) {
                 vec2 ab;
                 const uvec4 q = uvec4(group_quants(w, item, g, ab));
-                buf_a[v + 2 * g] = pack8(sbytes4(q.x) * ab.x + ab.y, sbytes4(q.y) * ab.x + ab.y);
-                buf_a[v + 2 * g + 1] = pack8(sbytes4(q.z) * ab.x + ab.y, sbytes4(q.w) * ab.x + ab.y);
+                const f16vec2 a = f16vec2(ab.x), b = f16vec2(ab.y);
+                buf_a[v + 2 * g] = uvec4(halves4(q.x, a, b), halves4(q.y, a, b));
+                buf_a[v + 2 * g + 1] = uvec4(halves4(q.z, a, b), halves4(q.w, a, b));
             }
 #else
             const mat4 a = reg_a[slot * A_PER_THREAD + j];
@@ -139,7 +160,11 @@ void store_tiles(uint tid, uint stage, uint slot, uint k0) {
     [[unroll]] for (uint j = 0; j < X_PER_THREAD; j++) {
         const uint i = tid + j * THREADS;
         if (i < BN * (BK / 8)) {
+#if defined(ITEMS)
+            buf_x[x0 + (i / (BK / 8)) * STRIDE + i % (BK / 8)] = interleave8(reg_x[j]);
+#else
             buf_x[x0 + (i / (BK / 8)) * STRIDE + i % (BK / 8)] = reg_x[j];
+#endif
         }
     }
 }

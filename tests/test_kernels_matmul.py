@@ -5,7 +5,8 @@ gguf.quants.dequantize + numpy in float64.
 Tolerance: ||y - ref|| <= 1e-5 * ||ref|| (fp32 accumulation of exactly dequantized weights;
 observed errors are ~1e-7). The cooperative-matrix kernel multiplies f16 weights and
 activations: its reference rounds both to f16 first (numpy), within 1e-4 (a value the GPU
-rounds the other way now and then; the f16 rounding itself is ~5e-4, so the check still tells).
+rounds the other way now and then; the f16 rounding itself is ~5e-4, so the check still tells);
+where the items kernel takes the product, the weights as it dequantizes them in f16 (`items_f16`).
 get_rows must match the dequantized rows to fp32 rounding."""
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from gguf import quants as gq
 
 from tests.kernel_io import own_context
 from worker.engine.kernels import coopmat
-from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits
+from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits, items_kernel
 from worker.engine.kernels.embedding import get_rows
 from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.mat_vec import mat_vec_shape
@@ -108,6 +109,39 @@ def product(x, w, path):
     return x.astype(np.float64) @ w.T, RTOL
 
 
+def multiplied(ctx, path, qtype, raw, w, n):
+    """The weights that `path` multiplies over n columns: w (dequantized exactly), or where the
+    items kernel takes the product, w as it dequantizes them in f16 (`items_f16`)."""
+    return items_f16(raw, qtype) if path == "coopmat" and items_kernel(ctx.info, qtype, n) else w
+
+
+def items_f16(raw, qtype):
+    """The weights of `raw` (Q4_K, Q5_K or Q6_K) as the items kernel stores them: per sub-block
+    a = d * sc and b (-dmin * m, -32 a for Q6_K) rounded to f16, then a * q + b for the
+    unsigned quants q rounded once (an f16 fma). q comes from gguf with unit scales."""
+    blocks = raw.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    unit = blocks.copy()
+    if qtype == T.Q6_K:
+        scale = blocks[:, 192:208].view(np.int8).astype(np.float64)
+        d = blocks[:, 208:210].copy().view(np.float16).astype(np.float64)
+        a = (d * scale).astype(np.float16).astype(np.float64)
+        b = -32 * a
+        unit[:, 192:208] = 1
+        unit[:, 208:210] = np.array([1.0], np.float16).view(np.uint8)
+        offset = 32
+    else:
+        sc, m = gq.Q4_K.get_scale_min(blocks[:, 4:16])
+        d, dmin = (blocks[:, i:i + 2].copy().view(np.float16).astype(np.float64) for i in (0, 2))
+        a = (d * sc).astype(np.float16).astype(np.float64)
+        b = (-dmin * m).astype(np.float16).astype(np.float64)
+        unit[:, 0:4] = np.array([1.0, 0.0], np.float16).view(np.uint8)
+        unit[:, 4:16] = [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]   # get_scale_min: sc 1, m 0
+        offset = 0
+    q = gq.dequantize(unit, qtype).astype(np.float64).reshape(len(blocks), a.shape[1], -1) + offset
+    w = (a[:, :, None] * q + b[:, :, None]).astype(np.float16).astype(np.float64)
+    return w.reshape(raw.shape[0], -1)
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_mat_vec_every_type(vk_ctx, qtype):
     for rows in (1, 7, 33, 257):
@@ -129,7 +163,7 @@ def test_mat_mat_every_type(vk_ctx, qtype, path):
     for n in (3, 17, 70):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
         y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path=path)
-        assert_close(y, *product(x, w, path))
+        assert_close(y, *product(x, multiplied(vk_ctx, path, qtype, raw, w, n), path))
 
 
 @pytest.mark.parametrize("qtype", [T.F32, T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
@@ -187,7 +221,7 @@ def test_coopmat_split_k(vk_ctx, qtype, n):
     (bm, bn, _, _, bk, _), ahead = coopmat_kernel(vk_ctx.info, tensor, n)
     assert (coopmat_splits(vk_ctx, tensor, n, (bm, bn, bk), ahead) > 1) == vk_ctx.info.float_atomic_add
     free_tensor(vk_ctx, tensor)
-    ref, rtol = product(x, w, "coopmat")
+    ref, rtol = product(x, multiplied(vk_ctx, "coopmat", qtype, raw, w, n), "coopmat")
     y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, y0=y0, path="coopmat")
     assert_close(y, y0 + ref, rtol)
     y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="coopmat")
@@ -202,12 +236,12 @@ def test_coopmat_items_few_columns(vk_ctx, monkeypatch, qtype, n):
     and split-K, written over y and added to it."""
     offered(vk_ctx, "coopmat")
     for cols in (256 * 7, 256 * 23):
-        raw, w = random_weights(qtype, 301, cols, seed=n + cols)
+        raw, _ = random_weights(qtype, 301, cols, seed=n + cols)
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
         tensor = upload_tensor(vk_ctx, "w", qtype, (cols, 301), raw)
         assert coopmat_kernel(vk_ctx.info, tensor, n)[1] >= 1   # the items kernel
         free_tensor(vk_ctx, tensor)
-        ref, rtol = product(x, w, "coopmat")
+        ref, rtol = product(x, items_f16(raw, qtype), "coopmat")
         for ahead in (1, 2, 3, 5):
             monkeypatch.setattr(coopmat, "COOPMAT_ITEMS_AHEAD", {qtype: ahead})
             y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, path="coopmat")
@@ -262,7 +296,7 @@ def test_rows_split_into_parts(small_binding_ctx, qtype):
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
         y, parts = run_matmul(small_binding_ctx, qtype, raw, cols, x, n, path=path)
         assert parts > 3
-        assert_close(y, *product(x, w, path))
+        assert_close(y, *product(x, multiplied(small_binding_ctx, path, qtype, raw, w, n), path))
 
 
 def test_more_row_groups_than_dispatch_limit(vk_ctx):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from tests.test_kernels_matmul import ALL_TYPES, assert_close, cols_for, offered, product, random_weights
+from tests.test_kernels_matmul import (ALL_TYPES, assert_close, cols_for, multiplied, offered, product,
+                                       random_weights)
 from tests.test_kernels_matmul_glu import Weights, reference
 from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits
 from worker.engine.kernels.halves import f16_bytes
@@ -184,7 +185,8 @@ def test_qkv_as_one_tensor_mat_mat(vk_ctx, path, types, cols, n):
         xh = r.empty(f16_bytes(n, cols) // 4)
         dispatches = r.run(lambda rec: matmul_qkv(rec, fused, members, xb, outs, n, path=path, xh=xh))
         assert dispatches == 4 - joined_count + (path == "coopmat")   # x converted to f16 once for all
-        for out, rows_i, (_, w) in zip(outs, rows, raws):
+        for out, rows_i, qtype, (raw, w) in zip(outs, rows, types, raws):
+            w = multiplied(vk_ctx, path, qtype, raw, w, n)
             assert_close(r.get(out, (n, rows_i)), *product(x, w, path))
     free_tensor(vk_ctx, fused)
 

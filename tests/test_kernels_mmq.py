@@ -352,14 +352,14 @@ def test_gpus_take_mmq_where_accelerated_without_matrix_units(accelerated, coopm
     ("mat_vec", T.Q4_K, {1: "mat_vec_x8", 8: "mat_vec_x8", 9: "coopmat", 16: "coopmat"}),
     ("mat_cols", T.Q4_K, {1: "mat_vec_x8", 2: "mat_cols", 8: "mat_cols", 16: "mat_cols", 17: "coopmat"}),
     ("mat_mat", T.Q4_K, {1: "mat_vec_x8", 2: "coopmat", 8: "coopmat", 64: "coopmat"}),
-    ("auto+atomics", T.Q4_K, {2: "mat_cols_x8", 16: "mat_cols_x8", 17: "coopmat", 64: "coopmat"})])
+    ("auto+atomics", T.Q4_K, {2: "mat_cols_x8", 8: "mat_cols_x8", 9: "coopmat", 16: "coopmat", 64: "coopmat"})])
 def test_gpus_decode_batches_by_rule(batch_kernel, qtype, expected):
     """A GPU with integer dot products and matrix units (an H200), under auto: Q4_K, Q5_K and Q6_K
     products of 2 .. 64 columns through the 8-bit mat-cols kernel, other quantized types' of up
     to 8 through the 8-bit mat-vec kernel (but MXFP4's, slower there), then the f32 mat-cols to
     16; batch_kernel mat_vec, mat_cols or
     mat_mat forces those kernels (the 8-bit mat-vec one still takes one column). With float
-    atomics (split-K cooperative-matrix products) those take 17 columns and more under auto."""
+    atomics (split-K cooperative-matrix products) those take 9 columns and more under auto."""
     batch_kernel, _, atomics = batch_kernel.partition("+")
     info = DeviceInfo(0, "gpu", "discrete", 8 << 30, 32, 1 << 32, 64, 1 << 30, 65535, 128, 1.0, frozenset(),
                       coopmat_shapes=((16, 16, 16),), int8_dot=True, int8_dot_accelerated=True,

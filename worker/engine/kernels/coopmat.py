@@ -48,7 +48,10 @@ SPLIT_MIN_STEPS = 8
 # 142 (116 unsplit), 4096x14336 Q4_K 80 -> 72, Q6_K 99 -> 89 (two steps ahead; one: 106),
 # 6144x4096 Q4_K 40 -> 42, the best of 5 tiles x 1-3 steps ahead; at 64 columns the items
 # kernel lost on 4096x14336 (Q4_K 102 -> 106, Q6_K 121 -> 150). The 8B decoding 32 sequences
-# (bench --batch 32, 64-token prompts, 256 tokens each, same run): 2437 -> 2744 tok/s.
+# (bench --batch 32, 64-token prompts, 256 tokens each, same run): 2437 -> 2744 tok/s. Dequantizing
+# in packed f16 (mul_mat_coopmat.comp's halves4; H100, 2026-12-07, 32 columns, us): gate+up 114 ->
+# 97, 4096x14336 Q4_K 72 -> 66, Q6_K 90 -> 84, 6144x4096 41 -> 37 (storing the quants undecoded,
+# a bound: 79, 56, 76, 32); the 8B at 32 sequences 2901 -> 3249 tok/s, TPOT 11.20 -> 10.03 ms.
 COOPMAT_ITEMS_COLS = 32
 COOPMAT_ITEMS_TILE = (128, 32, 32, 32, 128, 1)
 COOPMAT_ITEMS_AHEAD = {T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 2}
@@ -61,16 +64,20 @@ ITEMS_WHOLE_TILES = 96
 
 
 def coopmat_kernel(info, w: DeviceTensor, n: int) -> tuple[tuple[int, ...], int]:
-    """(tile, steps ahead) of w's product over n columns: the items kernel's (steps ahead >= 1)
-    up to COOPMAT_ITEMS_COLS columns of its types where the device runs its tile, else
-    mul_mat_coopmat's (`coopmat_tile`, 0)."""
-    ahead = COOPMAT_ITEMS_AHEAD.get(w.ggml_type)
-    if ahead is not None and n <= COOPMAT_ITEMS_COLS:
-        bm, bn, wm, wn, bk, stages = COOPMAT_ITEMS_TILE
-        tile = (bm, 16, wm, 16, bk, stages) if n <= 16 else COOPMAT_ITEMS_TILE
-        if coopmat_tile_runs(info, tile):
-            return tile, ahead
-    return coopmat_tile(info, w, n), 0
+    """(tile, steps ahead) of w's product over n columns: `items_kernel`'s where it takes the
+    product, else mul_mat_coopmat's (`coopmat_tile`, 0)."""
+    return items_kernel(info, w.ggml_type, n) or (coopmat_tile(info, w, n), 0)
+
+
+def items_kernel(info, qtype, n: int) -> tuple[tuple[int, ...], int] | None:
+    """(tile, steps ahead >= 1) of the items kernel for a product of a `qtype` weight over n
+    columns: up to COOPMAT_ITEMS_COLS columns of its types where the device runs its tile."""
+    ahead = COOPMAT_ITEMS_AHEAD.get(qtype)
+    if ahead is None or n > COOPMAT_ITEMS_COLS:
+        return None
+    bm, bn, wm, wn, bk, stages = COOPMAT_ITEMS_TILE
+    tile = (bm, 16, wm, 16, bk, stages) if n <= 16 else COOPMAT_ITEMS_TILE
+    return (tile, ahead) if coopmat_tile_runs(info, tile) else None
 
 
 def coopmat_tile(info, w: DeviceTensor, n: int) -> tuple[int, ...]:

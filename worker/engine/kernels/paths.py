@@ -38,9 +38,13 @@ MAT_COLS_MAX = 16
 # products of more than MAT_COLS_X8_SPLIT_MAX columns take it instead: the H200 decoding 64
 # sequences of the 8B, 2100.7 tok/s against 1806.5 through this kernel (at 32, 1348.8 against
 # 1572.3 before coopmat.py's narrow tiles; at 32 columns those took 14336x4096 in 94 us where this
-# kernel's fused gate+up took 208 for two, at 8 columns 76 us against 60 for two).
+# kernel's fused gate+up took 208 for two, at 8 columns 76 us against 60 for two). Since the items
+# kernel dequantizes in packed f16 the limit is 8: H100, 2026-12-07, 16 columns (us, mat-cols ->
+# items) 14336x4096 gate+up 95.7 -> 85.5, 4096x14336 Q4_K 52.2 -> 56.1, Q6_K 100.2 -> 75.5,
+# 6144x4096 Q/K/V 35.1 -> 31.7; at 8 mat-cols wins (gate+up 55.0 against 84.7). The 8B (bench
+# --batch, same run): 12 sequences 1409.1 -> 1441.6 tok/s, 16 1875.6 -> 1917.1, 8 and 32 the same.
 MAT_COLS_X8_MAX = 64
-MAT_COLS_X8_SPLIT_MAX = 16
+MAT_COLS_X8_SPLIT_MAX = 8
 # The kernels over 8-bit activations in decode: their input is x quantized once (x8 scratch).
 X8_PATHS = frozenset({"mat_vec_x8", "mat_cols_x8"})
 # Types whose one-column products keep f32 x under decode_kernel "auto": MXFP4's 8-bit quants
@@ -132,27 +136,27 @@ def decode_x8(ctx) -> bool:
 
 def product_path(ctx, n: int, k: int = 0, folded: bool = False, qtype: T | None = None) -> str:
     """One column takes the mat-vec kernel, and so do products with a `folded` norm (only it
-    applies one). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K
-    the caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols":
-    on any device; "mat_vec": never), both reading the weights once for all columns; with
-    "mat_mat" every product of 2 or more takes `mat_mat_path`'s kernel. Otherwise,
-    on a CPU driver any number takes the mat-vec kernel (in groups), much faster there than
-    tiles (unless Settings.prefill_kernel names a mat-mat kernel); on a GPU up to
-    MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel. Where `decode_x8` says so (then no norm
-    folds into them) and batch_kernel is "auto", products of weights of `qtype` over a K that
-    is a multiple of 256 take kernels over 8-bit x: 2 .. MAT_COLS_X8_MAX columns (..
-    MAT_COLS_X8_SPLIT_MAX where cooperative-matrix products split K) of the types of
-    `x8_cols_types` the mat-cols one, others of up to MAT_VEC_MAX_COLS columns of a type with an
-    8-bit mat-vec kernel (and K a multiple of 32) that one, but for F32_DECODE_TYPES unless
-    decode_kernel is "x8" (so on a GPU with integer dot products: Q4_K, Q5_K and Q6_K 8-bit
-    mat-cols up to 64 columns; other quantized types 8-bit mat-vec up to 8, f32 mat-cols 9 .. 16;
-    MXFP4 the f32 kernels: mat-vec for one column, mat-cols for 2 .. 16)."""
+    applies one). 2 .. MAT_COLS_MAX columns over a K that is a multiple of 16 (`k`, 0: every K the
+    caller has) take the mat-cols kernel on a GPU (Settings.batch_kernel "auto"; "mat_cols": on any
+    device; "mat_vec": never), both reading the weights once for all columns; with "mat_mat" every
+    product of 2 or more takes `mat_mat_path`'s kernel. Otherwise, on a CPU driver any number takes
+    the mat-vec kernel (in groups), much faster there than tiles (unless Settings.prefill_kernel
+    names a mat-mat kernel); on a GPU up to MAT_VEC_MAX_COLS do, more `mat_mat_path`'s kernel.
+    Where `decode_x8` says so (then no norm folds into them) and batch_kernel is "auto", products
+    of weights of `qtype` over a K that is a multiple of 256 take kernels over 8-bit x: 2 ..
+    MAT_COLS_X8_MAX columns (.. MAT_COLS_X8_SPLIT_MAX where cooperative-matrix products split K,
+    more `mat_mat_path`'s) of the types of `x8_cols_types` the mat-cols one, others of up to
+    MAT_VEC_MAX_COLS columns of a type with an 8-bit mat-vec kernel (and K a multiple of 32) that
+    one, but for F32_DECODE_TYPES unless decode_kernel is "x8" (so on a GPU with integer dot
+    products: Q4_K, Q5_K and Q6_K 8-bit mat-cols up to 64 columns; other quantized types 8-bit
+    mat-vec up to 8, f32 mat-cols 9 .. 16; MXFP4 the f32 kernels: mat-vec for one column, mat-cols
+    for 2 .. 16)."""
     path = _f32_path(ctx, n, k, folded)
     auto = ctx.settings.batch_kernel == "auto"
     if folded or not decode_x8(ctx) or not (auto or path == "mat_vec"):
         return path
-    if auto and 2 <= n <= _x8_cols_max(ctx) and qtype in x8_cols_types() and k % 256 == 0:
-        return "mat_cols_x8"
+    if auto and n >= 2 and qtype in x8_cols_types() and k % 256 == 0:
+        return "mat_cols_x8" if n <= _x8_cols_max(ctx) else mat_mat_path(ctx)
     if n <= MAT_VEC_MAX_COLS and qtype in mmq_types() and k % X8_BLOCK_VALUES == 0 \
             and not (qtype in F32_DECODE_TYPES and ctx.settings.decode_kernel == "auto"):
         return "mat_vec_x8"
