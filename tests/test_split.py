@@ -181,3 +181,26 @@ def test_split_over_8bit_decode_equals_the_unsplit_run(vk_settings, synth_dir):
                 engine.close()
     assert results[2][0] == results[1][0] and len(results[1][0]) == GREEDY.max_tokens
     np.testing.assert_allclose(results[2][1], results[1][1], rtol=0, atol=1e-5 * np.abs(results[1][1]).max())
+
+
+def test_contexts_of_one_device_share_its_logical_device(vk_ctx, vk_settings, synth_dir):
+    """A model split over one device named twice (`--devices 0,0`) runs its stages on one logical
+    device and queue (engine.open_contexts), ordered by one timeline semaphore on any driver:
+    greedy tokens and logits as unsplit, and closing the engine closes the device once."""
+    from worker.engine.vk.linked import shares_timeline
+    path = _model(synth_dir, "tiny-qwen3")
+    ids = np.random.default_rng(6).integers(0, ModelFile.open(path).config.vocab_size, 7).tolist()
+    settings = dataclasses.replace(vk_settings, devices=(vk_settings.device or "0",) * 2)
+    results = {}
+    for n, engine in ((1, Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=16)),
+                      (2, Engine.load(path, settings, n_ctx=64, max_batch=16))):
+        try:
+            ctxs = [stage.ctx for stage in engine.placement]
+            assert len(ctxs) == n and len({ctx.logical for ctx in ctxs}) == 1 and shares_timeline(ctxs)
+            events = list(engine.generate_ids(ids, GREEDY))
+            results[n] = [e.token_id for e in events if e.token_id is not None], engine.logits(ids)
+        finally:
+            engine.close()
+    assert ctxs[0].logical.users == 0
+    assert results[2][0] == results[1][0] and len(results[1][0]) == GREEDY.max_tokens
+    np.testing.assert_allclose(results[2][1], results[1][1], rtol=0, atol=1e-5 * np.abs(results[1][1]).max())

@@ -1,10 +1,12 @@
 """What the contexts of a split model share (worker/engine/vk/linked.py): host memory every one of
 them imports, and on a GPU whose driver exports them a timeline semaphore that orders their
 submissions on the GPU. lavapipe imports host memory but exports no semaphore: there the
-timeline runs within one context, and the cross-context case runs on the GPU machine."""
+timeline orders contexts that share a logical device, and the case of two logical devices runs
+on the GPU machine."""
 import numpy as np
 import pytest
 
+from tests.kernel_io import own_context
 from worker.engine.vk.linked import SharedMemory, Timeline, shares_timeline
 
 
@@ -56,12 +58,24 @@ def test_a_timeline_queues_each_submission_after_the_one_before(vk_ctx):
         timeline.destroy()
 
 
-def test_a_timeline_orders_stages_on_two_contexts_of_one_gpu(vk_ctxs):
-    """A stage on one context writes the shared memory, the next on another reads it, queued at
-    once: the second waits for the first on the GPU."""
+def test_a_timeline_orders_stages_on_two_contexts_of_one_logical_device(vk_ctx, vk_settings):
+    """Contexts sharing a logical device (engine.open_contexts gives those of one device one)
+    share the semaphore itself and one import of the shared memory: on any driver."""
+    with own_context(vk_settings, block_size=128 << 20, share=vk_ctx) as b:
+        assert b.device == vk_ctx.device and b.queue == vk_ctx.queue and shares_timeline([vk_ctx, b])
+        _two_stages_in_order(vk_ctx, b)
+
+
+def test_a_timeline_orders_stages_on_two_logical_devices_of_one_gpu(vk_ctxs):
     a, b = vk_ctxs[:2]
     if not shares_timeline([a, b]):
         pytest.skip(f"{a.info.name} exports no timeline semaphore (the GPU machine runs this)")
+    _two_stages_in_order(a, b)
+
+
+def _two_stages_in_order(a, b):
+    """A stage on a writes the shared memory, the next on b reads it, queued at once: the second
+    waits for the first on the GPU."""
     shared = SharedMemory([a, b], {"x": 64 << 20})
     xa, xb = shared.buffers("x")
     data = np.random.default_rng(1).integers(0, 2**32, (64 << 20) // 4, dtype=np.uint32)

@@ -330,14 +330,15 @@ class Engine:
 
 def open_contexts(settings: Settings) -> list:
     """A context per entry of settings.devices (the same device may repeat: several contexts
-    on it), or the one of settings.device."""
+    on its one logical device), or the one of settings.device."""
     from dataclasses import replace
 
     from worker.engine.vk.context import Context
-    ctxs = []
+    ctxs, on_device = [], {}
     try:
         for device in settings.devices or (settings.device,):
-            ctxs.append(Context(replace(settings, device=device)))
+            ctxs.append(Context(replace(settings, device=device), share=on_device.get(device)))
+            on_device.setdefault(device, ctxs[-1])
     except BaseException:
         for ctx in ctxs:
             ctx.close()

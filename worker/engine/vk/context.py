@@ -1,4 +1,5 @@
-"""The Vulkan context a model runs on: device, memory pools, kernels, submission."""
+"""The Vulkan context a model runs on (or a stage of a split one): device, memory pools, kernels,
+submission."""
 import time
 from pathlib import Path
 
@@ -25,21 +26,47 @@ vk = load_vulkan()
 STAGING_BYTES = 64 << 20
 
 
-class Context:
-    """Owns one logical device. `block_size` and `max_binding_range` can be lowered (tests do,
-    to exercise block spill-over and row splitting on small data); `direct_upload=False` forces
-    uploads through the staging buffer even when device memory is host-visible."""
+class LogicalDevice:
+    """The instance, logical device and compute queue of settings.device, shared by the contexts
+    that run on it (`Context`'s `share`); the last context closed destroys them."""
 
-    def __init__(self, settings: Settings | None = None, *, block_size: int = 1 << 30,
-                 max_binding_range: int | None = None, direct_upload: bool | None = None):
-        self.settings = settings or Settings()
-        self.instance = vkdevice.create_instance(self.settings.validation)
-        self.validation = ValidationLog(self.instance) if self.settings.validation else None
+    def __init__(self, settings: Settings):
+        self.instance = vkdevice.create_instance(settings.validation)
+        self.validation = ValidationLog(self.instance) if settings.validation else None
         self.info, self.physical_device = vkdevice.choose_device(vkdevice.list_devices(self.instance),
-                                                                 self.settings.device)
+                                                                 settings.device)
         self.queue_family = vkdevice.compute_queue_family(self.physical_device)
         self.device, self.queue, self.extensions = vkdevice.create_logical_device(
             self.physical_device, self.info, self.queue_family)
+        self.users = 0
+
+    def release(self):
+        self.users -= 1
+        if self.users == 0:
+            vk.vkDestroyDevice(self.device, None)
+            if self.validation is not None:
+                self.validation.destroy()
+            vk.vkDestroyInstance(self.instance, None)
+
+
+class Context:
+    """Memory pools, kernels and submission on a logical device: its own, or `share`'s (another
+    context's on the same device: engine.open_contexts gives one device's contexts one logical
+    device and queue, where a VkDevice each made the GPU switch between them at every hand-off of
+    a split, vk/linked.py). `block_size` and `max_binding_range` can be lowered (tests do, to
+    exercise block spill-over and row splitting on small data); `direct_upload=False` forces
+    uploads through the staging buffer even when device memory is host-visible."""
+
+    def __init__(self, settings: Settings | None = None, *, block_size: int = 1 << 30,
+                 max_binding_range: int | None = None, direct_upload: bool | None = None,
+                 share: "Context | None" = None):
+        self.settings = settings or Settings()
+        self.logical = share.logical if share is not None else LogicalDevice(self.settings)
+        self.logical.users += 1
+        self.instance, self.validation = self.logical.instance, self.logical.validation
+        self.info, self.physical_device = self.logical.info, self.logical.physical_device
+        self.queue_family, self.queue = self.logical.queue_family, self.logical.queue
+        self.device, self.extensions = self.logical.device, self.logical.extensions
         self.max_binding_range = min(self.info.max_storage_buffer_range, max_binding_range or 1 << 62)
         block_size = min(block_size, self.info.max_allocation)
         self.alignment = alignment = max(self.info.storage_offset_alignment, 16)   # of every buffer and sub-range
@@ -189,7 +216,4 @@ class Context:
         for fence in [self.fence, *self._extra_fences]:
             vk.vkDestroyFence(self.device, fence, None)
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
-        vk.vkDestroyDevice(self.device, None)
-        if self.validation is not None:
-            self.validation.destroy()
-        vk.vkDestroyInstance(self.instance, None)
+        self.logical.release()

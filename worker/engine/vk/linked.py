@@ -4,14 +4,15 @@
   pages under a buffer of each device), so a stage reads the hidden state and the token ids the
   stage before wrote with no copy by the host. Two GPUs can import the same pages; so can two
   contexts on one.
-- **Order** (`Timeline`): where every context is on one GPU whose driver exports timeline
-  semaphores as opaque fds (VK_KHR_external_semaphore_fd; NVIDIA's does, lavapipe's does not),
-  one timeline semaphore imported by all of them: each submission waits for the value the one
-  before it signalled and signals the next, whatever its context, so a pass's stages, and the
-  passes after it, are queued at once and run one after the other on the GPU with no host
-  round trip between them. An opaque fd only travels between devices with the same UUIDs
-  (the spec's compatibility rule), so contexts on different GPUs order their stages through
-  the host instead (`staged.py`).
+- **Order** (`Timeline`): where every context is on one logical device (engine.open_contexts
+  gives the contexts of one GPU one), or on one GPU whose driver exports timeline semaphores as
+  opaque fds (VK_KHR_external_semaphore_fd; NVIDIA's does, lavapipe's does not), one timeline
+  semaphore that all of them use: each submission waits for the value the one before it
+  signalled and signals the next, whatever its context, so a pass's stages, and the passes
+  after it, are queued at once and run one after the other on the GPU with no host round trip
+  between them. An opaque fd only travels between devices with the same UUIDs (the spec's
+  compatibility rule), so contexts on different GPUs order their stages through the host
+  instead (`staged.py`).
 
 H200, 2026-12-02 (an experiment: two VkDevices, stages of 5 ms of copies each): the next stage
 started 212 us after the one before ended when the host polled its fence and submitted it, 553 us
@@ -45,34 +46,41 @@ class SharedMemory:
             total = round_up(total + nbytes, alignment)
         total = round_up(max(total, 1), mmap.PAGESIZE)
         self._host = mmap.mmap(-1, total)   # page-aligned: the import alignment of every driver seen
-        self._blocks = [Block(ctx.device, total, 0, True, host=self._host) for ctx in ctxs]
+        imported = {}   # one import per logical device (contexts may share one)
+        for ctx in ctxs:
+            imported.setdefault(ctx.device, Block(ctx.device, total, 0, True, host=self._host))
+        self._blocks = [imported[ctx.device] for ctx in ctxs]
 
     def buffers(self, name: str) -> list[Buffer]:
         offset, nbytes = self._offsets[name]
         return [Buffer(block, offset, nbytes) for block in self._blocks]
 
     def destroy(self):
-        for block in self._blocks:
+        for block in {id(b): b for b in self._blocks}.values():
             block.destroy()
         self._blocks = []
 
 
 def shares_timeline(ctxs) -> bool:
-    """Whether `Timeline` can order submissions across `ctxs` on the GPU."""
-    return all(ctx.info.shares_timeline for ctx in ctxs) and len({ctx.info.uuid for ctx in ctxs}) == 1
+    """Whether `Timeline` can order submissions across `ctxs` on the GPU: they share one logical
+    device, or its semaphore's fd can move between theirs."""
+    return len({ctx.device for ctx in ctxs}) == 1 or (
+        all(ctx.info.shares_timeline for ctx in ctxs) and len({ctx.info.uuid for ctx in ctxs}) == 1)
 
 
 class Timeline:
-    """One timeline semaphore, created in the first context (exportable where there are others)
-    and imported by the others; `submit` queues a recording after everything submitted through
-    it before."""
+    """One timeline semaphore, created in the first context: the contexts on its logical device
+    take it as it is, those on others import it (exported then); `submit` queues a recording
+    after everything submitted through it before."""
 
     def __init__(self, ctxs):
         kind = vk.VkSemaphoreTypeCreateInfo(semaphoreType=vk.VK_SEMAPHORE_TYPE_TIMELINE)
-        export = vk.VkExportSemaphoreCreateInfo(pNext=kind, handleTypes=_OPAQUE_FD) if len(ctxs) > 1 else kind
         first = ctxs[0]
-        self.semaphores = {first: vk.vkCreateSemaphore(first.device, vk.VkSemaphoreCreateInfo(pNext=export), None)}
-        for ctx in ctxs[1:]:
+        others = [ctx for ctx in ctxs if ctx.device != first.device]
+        export = vk.VkExportSemaphoreCreateInfo(pNext=kind, handleTypes=_OPAQUE_FD) if others else kind
+        created = vk.vkCreateSemaphore(first.device, vk.VkSemaphoreCreateInfo(pNext=export), None)
+        self.semaphores = {ctx: created for ctx in ctxs if ctx.device == first.device}
+        for ctx in others:
             get_fd = vk.vkGetDeviceProcAddr(first.device, "vkGetSemaphoreFdKHR")
             semaphore = vk.vkCreateSemaphore(ctx.device, vk.VkSemaphoreCreateInfo(pNext=kind), None)
             self.semaphores[ctx] = semaphore
@@ -91,6 +99,6 @@ class Timeline:
         vk.vkQueueSubmit(recording.ctx.queue, 1, infos, fence[0] if fence else None)
 
     def destroy(self):
-        for ctx, semaphore in self.semaphores.items():
+        for ctx, semaphore in {id(s): (c, s) for c, s in self.semaphores.items()}.values():
             vk.vkDestroySemaphore(ctx.device, semaphore, None)
         self.semaphores = {}
