@@ -204,3 +204,23 @@ def test_contexts_of_one_device_share_its_logical_device(vk_ctx, vk_settings, sy
     assert ctxs[0].logical.users == 0
     assert results[2][0] == results[1][0] and len(results[1][0]) == GREEDY.max_tokens
     np.testing.assert_allclose(results[2][1], results[1][1], rtol=0, atol=1e-5 * np.abs(results[1][1]).max())
+
+
+def test_a_split_over_shared_and_separate_logical_devices(vk_ctxs, vk_settings, synth_dir):
+    """Two stages on one logical device and a third on a VkDevice of its own (as `--devices 0,0,1`
+    gives on two GPUs): the hand-off memory imported once per logical device, the stages ordered
+    by the host where no timeline spans them all (lavapipe): greedy tokens and logits as unsplit."""
+    path = _model(synth_dir, "tiny-llama")
+    ids = np.random.default_rng(7).integers(0, ModelFile.open(path).config.vocab_size, 9).tolist()
+    results = {}
+    with own_context(vk_settings, block_size=64 << 20, share=vk_ctxs[0]) as shared:
+        for n, ctxs in ((1, vk_ctxs[:1]), (3, [vk_ctxs[0], shared, vk_ctxs[1]])):
+            engine = Engine.load(path, n_ctx=64, ctx=ctxs, max_batch=16)
+            try:
+                assert [stage.ctx for stage in engine.placement] == ctxs
+                events = list(engine.generate_ids(ids, GREEDY))
+                results[n] = [e.token_id for e in events if e.token_id is not None], engine.logits(ids)
+            finally:
+                engine.close()
+    assert results[3][0] == results[1][0] and len(results[1][0]) == GREEDY.max_tokens
+    np.testing.assert_allclose(results[3][1], results[1][1], rtol=0, atol=1e-5 * np.abs(results[1][1]).max())
