@@ -50,8 +50,8 @@ class LogicalDevice:
 
 
 class Context:
-    """Memory pools, kernels and submission on a logical device: its own, or `share`'s (another
-    context's on the same device: engine.open_contexts gives one device's contexts one logical
+    """Memory pools, kernels and submission on a logical device: its own (settings.device's), or
+    `share`'s, another context's (engine.open_contexts gives the contexts of one device one logical
     device and queue, where a VkDevice each made the GPU switch between them at every hand-off of
     a split, vk/linked.py). `block_size` and `max_binding_range` can be lowered (tests do, to
     exercise block spill-over and row splitting on small data); `direct_upload=False` forces
