@@ -163,6 +163,22 @@ def test_split_with_an_8bit_kv_cache_and_a_grammar_equals_the_unsplit_run(vk_ctx
     assert results[2][1:] == results[1][1:]
 
 
+def _greedy_and_logits(engine, ids, check=None) -> tuple[list[int], np.ndarray]:
+    """(greedy tokens, logits) of `ids` on `engine` (after `check(engine)`, if given); closes it."""
+    try:
+        if check is not None:
+            check(engine)
+        events = list(engine.generate_ids(ids, GREEDY))
+        return [e.token_id for e in events if e.token_id is not None], engine.logits(ids)
+    finally:
+        engine.close()
+
+
+def _assert_as_unsplit(split, unsplit):
+    assert split[0] == unsplit[0] and len(unsplit[0]) == GREEDY.max_tokens
+    np.testing.assert_allclose(split[1], unsplit[1], rtol=0, atol=1e-5 * np.abs(unsplit[1]).max())
+
+
 def test_split_over_8bit_decode_equals_the_unsplit_run(vk_settings, synth_dir):
     """Under decode_kernel "x8" (a GPU's default) each residual product writes the next norm's
     input where that norm's products are on its context, and the last layer of a stage hands x
@@ -170,17 +186,10 @@ def test_split_over_8bit_decode_equals_the_unsplit_run(vk_settings, synth_dir):
     path = _model(synth_dir, "tiny-llama")
     ids = np.random.default_rng(5).integers(0, ModelFile.open(path).config.vocab_size, 5).tolist()
     settings = dataclasses.replace(vk_settings, decode_kernel="x8")
-    results = {}
     with own_context(settings) as first, own_context(settings) as second:
-        for n in (1, 2):
-            engine = Engine.load(path, n_ctx=64, ctx=[first, second][:n], max_batch=16)
-            try:
-                events = list(engine.generate_ids(ids, GREEDY))
-                results[n] = [e.token_id for e in events if e.token_id is not None], engine.logits(ids)
-            finally:
-                engine.close()
-    assert results[2][0] == results[1][0] and len(results[1][0]) == GREEDY.max_tokens
-    np.testing.assert_allclose(results[2][1], results[1][1], rtol=0, atol=1e-5 * np.abs(results[1][1]).max())
+        unsplit, split = (_greedy_and_logits(Engine.load(path, n_ctx=64, ctx=[first, second][:n], max_batch=16), ids)
+                          for n in (1, 2))
+    _assert_as_unsplit(split, unsplit)
 
 
 def test_contexts_of_one_device_share_its_logical_device(vk_ctx, vk_settings, synth_dir):
@@ -191,19 +200,16 @@ def test_contexts_of_one_device_share_its_logical_device(vk_ctx, vk_settings, sy
     path = _model(synth_dir, "tiny-qwen3")
     ids = np.random.default_rng(6).integers(0, ModelFile.open(path).config.vocab_size, 7).tolist()
     settings = dataclasses.replace(vk_settings, devices=(vk_settings.device or "0",) * 2)
-    results = {}
-    for n, engine in ((1, Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=16)),
-                      (2, Engine.load(path, settings, n_ctx=64, max_batch=16))):
-        try:
-            ctxs = [stage.ctx for stage in engine.placement]
-            assert len(ctxs) == n and len({ctx.logical for ctx in ctxs}) == 1 and shares_timeline(ctxs)
-            events = list(engine.generate_ids(ids, GREEDY))
-            results[n] = [e.token_id for e in events if e.token_id is not None], engine.logits(ids)
-        finally:
-            engine.close()
+    ctxs = []
+
+    def on_one_logical_device(engine):
+        ctxs[:] = [stage.ctx for stage in engine.placement]
+        assert len(ctxs) == 2 and ctxs[0].logical is ctxs[1].logical and shares_timeline(ctxs)
+
+    unsplit = _greedy_and_logits(Engine.load(path, n_ctx=64, ctx=vk_ctx, max_batch=16), ids)
+    split = _greedy_and_logits(Engine.load(path, settings, n_ctx=64, max_batch=16), ids, on_one_logical_device)
     assert ctxs[0].logical.users == 0
-    assert results[2][0] == results[1][0] and len(results[1][0]) == GREEDY.max_tokens
-    np.testing.assert_allclose(results[2][1], results[1][1], rtol=0, atol=1e-5 * np.abs(results[1][1]).max())
+    _assert_as_unsplit(split, unsplit)
 
 
 def test_a_split_over_shared_and_separate_logical_devices(vk_ctxs, vk_settings, synth_dir):
@@ -212,15 +218,12 @@ def test_a_split_over_shared_and_separate_logical_devices(vk_ctxs, vk_settings, 
     by the host where no timeline spans them all (lavapipe): greedy tokens and logits as unsplit."""
     path = _model(synth_dir, "tiny-llama")
     ids = np.random.default_rng(7).integers(0, ModelFile.open(path).config.vocab_size, 9).tolist()
-    results = {}
     with own_context(vk_settings, block_size=64 << 20, share=vk_ctxs[0]) as shared:
-        for n, ctxs in ((1, vk_ctxs[:1]), (3, [vk_ctxs[0], shared, vk_ctxs[1]])):
-            engine = Engine.load(path, n_ctx=64, ctx=ctxs, max_batch=16)
-            try:
-                assert [stage.ctx for stage in engine.placement] == ctxs
-                events = list(engine.generate_ids(ids, GREEDY))
-                results[n] = [e.token_id for e in events if e.token_id is not None], engine.logits(ids)
-            finally:
-                engine.close()
-    assert results[3][0] == results[1][0] and len(results[1][0]) == GREEDY.max_tokens
-    np.testing.assert_allclose(results[3][1], results[1][1], rtol=0, atol=1e-5 * np.abs(results[1][1]).max())
+        ctxs = [vk_ctxs[0], shared, vk_ctxs[1]]
+
+        def one_stage_a_context(engine):
+            assert [stage.ctx for stage in engine.placement] == ctxs
+
+        unsplit = _greedy_and_logits(Engine.load(path, n_ctx=64, ctx=vk_ctxs[0], max_batch=16), ids)
+        split = _greedy_and_logits(Engine.load(path, n_ctx=64, ctx=ctxs, max_batch=16), ids, one_stage_a_context)
+    _assert_as_unsplit(split, unsplit)
