@@ -193,13 +193,14 @@ def test_split_over_8bit_decode_equals_the_unsplit_run(vk_settings, synth_dir):
 
 
 def test_contexts_of_one_device_share_its_logical_device(vk_ctx, vk_settings, synth_dir):
-    """A model split over one device named twice (`--devices 0,0`) runs its stages on one logical
-    device and queue (engine.open_contexts), ordered by one timeline semaphore on any driver:
-    greedy tokens and logits as unsplit, and closing the engine closes the device once."""
+    """A model split over one device named twice (`--devices 0,0`; here by its index, then its
+    name) runs its stages on one logical device and queue (engine.open_contexts), ordered by one
+    timeline semaphore on any driver: greedy tokens and logits as unsplit, and closing the engine
+    closes the device once."""
     from worker.engine.vk.linked import shares_timeline
     path = _model(synth_dir, "tiny-qwen3")
     ids = np.random.default_rng(6).integers(0, ModelFile.open(path).config.vocab_size, 7).tolist()
-    settings = dataclasses.replace(vk_settings, devices=(vk_settings.device or "0",) * 2)
+    settings = dataclasses.replace(vk_settings, devices=(str(vk_ctx.info.index), vk_ctx.info.name))
     ctxs = []
 
     def on_one_logical_device(engine):

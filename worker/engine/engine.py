@@ -329,16 +329,18 @@ class Engine:
 
 
 def open_contexts(settings: Settings) -> list:
-    """A context per entry of settings.devices (the same device may repeat: several contexts
-    on its one logical device), or the one of settings.device."""
+    """A context per entry of settings.devices (the same device may repeat, by index or name:
+    several contexts on its one logical device), or the one of settings.device."""
     from dataclasses import replace
 
     from worker.engine.vk.context import Context
-    ctxs, on_device = [], {}
+    from worker.engine.vk.device import choose_device, list_devices
+    ctxs = []
     try:
         for device in settings.devices or (settings.device,):
-            ctxs.append(Context(replace(settings, device=device), share=on_device.get(device)))
-            on_device.setdefault(device, ctxs[-1])
+            index = choose_device(list_devices(ctxs[0].instance), device)[0].index if ctxs else None
+            share = next((ctx for ctx in ctxs if ctx.info.index == index), None)
+            ctxs.append(Context(replace(settings, device=device), share=share))
     except BaseException:
         for ctx in ctxs:
             ctx.close()
