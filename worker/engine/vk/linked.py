@@ -46,19 +46,19 @@ class SharedMemory:
             total = round_up(total + nbytes, alignment)
         total = round_up(max(total, 1), mmap.PAGESIZE)
         self._host = mmap.mmap(-1, total)   # page-aligned: the import alignment of every driver seen
-        imported = {}   # one import per logical device (contexts may share one)
+        self._imports = {}   # one per logical device (contexts may share one)
         for ctx in ctxs:
-            imported.setdefault(ctx.device, Block(ctx.device, total, 0, True, host=self._host))
-        self._blocks = [imported[ctx.device] for ctx in ctxs]
+            self._imports.setdefault(ctx.device, Block(ctx.device, total, 0, True, host=self._host))
+        self._blocks = [self._imports[ctx.device] for ctx in ctxs]
 
     def buffers(self, name: str) -> list[Buffer]:
         offset, nbytes = self._offsets[name]
         return [Buffer(block, offset, nbytes) for block in self._blocks]
 
     def destroy(self):
-        for block in {id(b): b for b in self._blocks}.values():
+        for block in self._imports.values():
             block.destroy()
-        self._blocks = []
+        self._imports, self._blocks = {}, []
 
 
 def shares_timeline(ctxs) -> bool:
@@ -80,10 +80,12 @@ class Timeline:
         export = vk.VkExportSemaphoreCreateInfo(pNext=kind, handleTypes=_OPAQUE_FD) if others else kind
         created = vk.vkCreateSemaphore(first.device, vk.VkSemaphoreCreateInfo(pNext=export), None)
         self.semaphores = {ctx: created for ctx in ctxs if ctx.device == first.device}
+        self._owned = [(first.device, created)]   # (device, semaphore) of each handle made here
         for ctx in others:
             get_fd = vk.vkGetDeviceProcAddr(first.device, "vkGetSemaphoreFdKHR")
             semaphore = vk.vkCreateSemaphore(ctx.device, vk.VkSemaphoreCreateInfo(pNext=kind), None)
             self.semaphores[ctx] = semaphore
+            self._owned.append((ctx.device, semaphore))
             fd = get_fd(first.device, vk.VkSemaphoreGetFdInfoKHR(semaphore=self.semaphores[first],
                                                                  handleType=_OPAQUE_FD))
             import_fd = vk.vkGetDeviceProcAddr(ctx.device, "vkImportSemaphoreFdKHR")
@@ -99,6 +101,6 @@ class Timeline:
         vk.vkQueueSubmit(recording.ctx.queue, 1, infos, fence[0] if fence else None)
 
     def destroy(self):
-        for ctx, semaphore in {id(s): (c, s) for c, s in self.semaphores.items()}.values():
-            vk.vkDestroySemaphore(ctx.device, semaphore, None)
-        self.semaphores = {}
+        for device, semaphore in self._owned:
+            vk.vkDestroySemaphore(device, semaphore, None)
+        self.semaphores, self._owned = {}, []
