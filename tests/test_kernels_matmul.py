@@ -8,6 +8,8 @@ activations: its reference rounds both to f16 first (numpy), within 1e-4 (a valu
 rounds the other way now and then; the f16 rounding itself is ~5e-4, so the check still tells);
 where the items kernel takes the product, the weights as it dequantizes them in f16 (`items_f16`).
 get_rows must match the dequantized rows to fp32 rounding."""
+import dataclasses
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
@@ -251,20 +253,25 @@ def test_coopmat_items_few_columns(vk_ctx, monkeypatch, qtype, n):
         assert_close(y, y0 + ref, rtol)
 
 
-def test_items_kernel_keeps_k_whole_over_many_tiles(vk_ctx):
-    """coopmat_splits: a product of coopmat.ITEMS_WHOLE_TILES tiles or more keeps K whole through
-    the items kernel, where the plain kernel's splits it (on devices that add floats atomically:
-    lavapipe too); one tile fewer splits through both."""
+def test_items_kernel_splits_k_to_one_workgroup_a_multiprocessor(vk_ctx, monkeypatch):
+    """coopmat_splits: the items kernel splits K into as many ranges as keep a product's
+    workgroups within one per multiprocessor (coopmat.ITEMS_SPLIT_GROUPS where the driver does not
+    count them), where the plain kernel's go towards SPLIT_FEW_COLS_GROUPS; on devices that add
+    floats atomically (lavapipe too)."""
     if not vk_ctx.info.float_atomic_add:
         pytest.skip(f"{vk_ctx.info.name} adds no floats atomically: no product splits K")
-    bm, bn, bk, k = 128, 32, 128, 2048   # K of two ranges of SPLIT_MIN_STEPS steps
-    for tiles, items_splits in ((coopmat.ITEMS_WHOLE_TILES, 1), (coopmat.ITEMS_WHOLE_TILES - 1, 2)):
-        rows = tiles * bm
-        raw = np.zeros(rows * (k // 256) * GGML_QUANT_SIZES[T.Q4_K][1], np.uint8)
-        tensor = upload_tensor(vk_ctx, "w", T.Q4_K, (k, rows), raw)
+    bm, bn, bk, k = 128, 32, 128, 128 * 8 * 16   # K of 16 ranges of SPLIT_MIN_STEPS steps
+    # (multiprocessors, tiles): ranges through the items kernel (the 8B's down, Q/K/V, gate, ...)
+    expected = {(132, 32): 4, (132, 48): 2, (132, 112): 1, (132, 8): 16, (132, 67): 1, (132, 66): 2,
+                (28, 32): 1, (28, 8): 3, (0, 32): 4, (0, 48): 2, (0, 65): 1, (0, 64): 2}
+    assert coopmat.ITEMS_SPLIT_GROUPS == 128
+    for (sms, tiles), ranges in expected.items():
+        monkeypatch.setattr(vk_ctx, "info", dataclasses.replace(vk_ctx.info, multiprocessors=sms))
+        raw = np.zeros(tiles * bm * (k // 256) * GGML_QUANT_SIZES[T.Q4_K][1], np.uint8)
+        tensor = upload_tensor(vk_ctx, "w", T.Q4_K, (k, tiles * bm), raw)
         try:
-            assert coopmat_splits(vk_ctx, tensor, 32, (bm, bn, bk)) == 2
-            assert coopmat_splits(vk_ctx, tensor, 32, (bm, bn, bk), 1) == items_splits
+            assert coopmat_splits(vk_ctx, tensor, 32, (bm, bn, bk), 1) == ranges, (sms, tiles)
+            assert coopmat_splits(vk_ctx, tensor, 32, (bm, bn, bk)) == min(16, 1536 // tiles)
         finally:
             free_tensor(vk_ctx, tensor)
 

@@ -55,12 +55,15 @@ SPLIT_MIN_STEPS = 8
 COOPMAT_ITEMS_COLS = 32
 COOPMAT_ITEMS_TILE = (128, 32, 32, 32, 128, 1)
 COOPMAT_ITEMS_AHEAD = {T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 2}
-# The items kernel keeps K whole where a product has ITEMS_WHOLE_TILES tiles or more (two such
-# workgroups fit an H100 SM, 132 of them): H100, 32 columns, (128, 32) tiles, 14336x4096 Q4_K
-# gate+up (112 tiles each) 116 us in one range against 142 in the 4 that SPLIT_FEW_COLS_GROUPS gives
-# (16 columns 101 against 120), while 6144x4096 (48 tiles) took 60 us whole against 42 in 4
-# ranges, and 4096x14336 (32 tiles) 186 against 72 in 14.
-ITEMS_WHOLE_TILES = 96
+# The items kernel splits K into as many ranges as keep a product's workgroups within one per
+# multiprocessor (DeviceInfo.multiprocessors; ITEMS_SPLIT_GROUPS where the driver does not say): its
+# workgroups hold 4 subgroups and pay a fixed cost a step that nothing overlaps, so a second wave or a
+# second workgroup on an SM costs more than a longer range. H100 (132 SMs), 2026-12-07, us at 16 / 32
+# columns over 2, 4, 6 and 14 ranges: 4096x14336 Q4_K (32 tiles) 73/83, 45/50, 56/65, 56/65; Q6_K
+# 107/108, 65/65, 78/85, 76/83; 6144x4096 Q4_K (48 tiles) 29/33, 32/37, 28/34, 35/44; 4096x4096 Q4_K
+# 29/33, 21/23, 27/32, 27/33; 14336x4096 gate+up (112 tiles each) is best in one range (n=32: 96 us,
+# 114 in 2, 119 in 3). The plain kernel's SPLIT_FEW_COLS_GROUPS gave 14, 4 and 4 ranges.
+ITEMS_SPLIT_GROUPS = 128
 
 
 def coopmat_kernel(info, w: DeviceTensor, n: int) -> tuple[tuple[int, ...], int]:
@@ -100,13 +103,14 @@ def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int], ahe
     """Ranges of K for the cooperative-matrix product of w over n columns with (BM, BN, BK)
     `tile` (`ahead` as coopmat_kernel gives it: >= 1 for the items kernel): where the device adds
     floats atomically, enough to bring the largest part's tiles towards SPLIT_GROUPS workgroups
-    (SPLIT_FEW_COLS_GROUPS for few columns), each range SPLIT_MIN_STEPS steps or more, and none
-    for the items kernel over ITEMS_WHOLE_TILES tiles or more; else 1."""
+    (SPLIT_FEW_COLS_GROUPS for few columns; for the items kernel, at most one a multiprocessor),
+    each range SPLIT_MIN_STEPS steps or more; else 1."""
     bm, bn, bk = tile
     if not ctx.info.float_atomic_add:
         return 1
     tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
-    if ahead and tiles >= ITEMS_WHOLE_TILES:
-        return 1
-    groups = SPLIT_FEW_COLS_GROUPS if n <= COOPMAT_FEW_COLS else SPLIT_GROUPS
+    if ahead:
+        groups = ctx.info.multiprocessors or ITEMS_SPLIT_GROUPS
+    else:
+        groups = SPLIT_FEW_COLS_GROUPS if n <= COOPMAT_FEW_COLS else SPLIT_GROUPS
     return max(1, min(groups // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))

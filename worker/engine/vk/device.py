@@ -17,6 +17,8 @@ INTEGER_DOT = "VK_KHR_shader_integer_dot_product"
 HOST_MEMORY = "VK_EXT_external_memory_host"       # host memory imported by several devices (vk/linked.py)
 SEMAPHORE_FD = "VK_KHR_external_semaphore_fd"     # a semaphore shared with another device of this GPU
 ATOMIC_FLOAT = "VK_EXT_shader_atomic_float"       # atomicAdd on f32 in buffers (split-K mat-mat products)
+SM_BUILTINS = "VK_NV_shader_sm_builtins"          # NVIDIA's count of SMs (multiprocessors)
+CORE_PROPERTIES = "VK_AMD_shader_core_properties"  # AMD's count of compute units
 _WANTED_DEVICE_EXTENSIONS = ("VK_EXT_memory_budget", COOPMAT, INTEGER_DOT, HOST_MEMORY, SEMAPHORE_FD, ATOMIC_FLOAT)
 
 
@@ -54,6 +56,8 @@ class DeviceInfo:
     shares_timeline: bool = False
     # VK_EXT_shader_atomic_float's atomicAdd on f32 in storage buffers (split-K mat-mat products)
     float_atomic_add: bool = False
+    # streaming multiprocessors (NVIDIA) or compute units (AMD) where the driver tells; else 0
+    multiprocessors: int = 0
 
     def describe(self) -> str:
         return (f"[{self.index}] {self.name} ({self.kind}, {self.device_local_bytes / 2**30:.1f} GiB, "
@@ -107,6 +111,18 @@ def _float_atomic_add(physical_device, extensions) -> bool:
     return bool(features.shaderBufferFloat32AtomicAdd)
 
 
+def _multiprocessors(physical_device, extensions) -> int:
+    if SM_BUILTINS in extensions:
+        props = vk.VkPhysicalDeviceShaderSMBuiltinsPropertiesNV()
+        vk.vkGetPhysicalDeviceProperties2(physical_device, vk.VkPhysicalDeviceProperties2(pNext=props))
+        return props.shaderSMCount
+    if CORE_PROPERTIES in extensions:
+        props = vk.VkPhysicalDeviceShaderCorePropertiesAMD()
+        vk.vkGetPhysicalDeviceProperties2(physical_device, vk.VkPhysicalDeviceProperties2(pNext=props))
+        return props.shaderEngineCount * props.shaderArraysPerEngineCount * props.computeUnitsPerShaderArray
+    return 0
+
+
 def _shares_timeline(physical_device, extensions) -> bool:
     """Timeline semaphores exported and imported as opaque fds (VK_KHR_external_semaphore_fd)."""
     if SEMAPHORE_FD not in extensions:
@@ -145,7 +161,8 @@ def describe_physical_device(instance, index, physical_device) -> DeviceInfo:
         int8_dot=int8_dot, int8_dot_accelerated=int8_dot_accelerated,
         uuid=bytes(ids.deviceUUID) + bytes(ids.driverUUID),
         shares_timeline=_shares_timeline(physical_device, extensions),
-        float_atomic_add=_float_atomic_add(physical_device, extensions))
+        float_atomic_add=_float_atomic_add(physical_device, extensions),
+        multiprocessors=_multiprocessors(physical_device, extensions))
 
 
 def list_devices(instance) -> list[tuple[DeviceInfo, object]]:
