@@ -56,13 +56,15 @@ COOPMAT_ITEMS_COLS = 32
 COOPMAT_ITEMS_TILE = (128, 32, 32, 32, 128, 1)
 COOPMAT_ITEMS_AHEAD = {T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 2}
 # The items kernel splits K into as many ranges as keep a product's workgroups within one per
-# multiprocessor (DeviceInfo.multiprocessors; ITEMS_SPLIT_GROUPS where the driver does not say): its
-# workgroups hold 4 subgroups and pay a fixed cost a step that nothing overlaps, so a second wave or a
-# second workgroup on an SM costs more than a longer range. H100 (132 SMs), 2026-12-07, us at 16 / 32
-# columns over 2, 4, 6 and 14 ranges: 4096x14336 Q4_K (32 tiles) 73/83, 45/50, 56/65, 56/65; Q6_K
-# 107/108, 65/65, 78/85, 76/83; 6144x4096 Q4_K (48 tiles) 29/33, 32/37, 28/34, 35/44; 4096x4096 Q4_K
-# 29/33, 21/23, 27/32, 27/33; 14336x4096 gate+up (112 tiles each) is best in one range (n=32: 96 us,
-# 114 in 2, 119 in 3). The plain kernel's SPLIT_FEW_COLS_GROUPS gave 14, 4 and 4 ranges.
+# multiprocessor (DeviceInfo.multiprocessors; ITEMS_SPLIT_GROUPS where the driver does not say;
+# AMD's compute units are not measured): a second workgroup on some SMs (6 ranges of 32 tiles, 4
+# of 48) or many more ranges (14) cost more than the longer range they save. H100 (132 SMs),
+# 2026-12-07, us at 16 / 32 columns over 2, 4, 6 and 14 ranges: 4096x14336 Q4_K (32 tiles) 73/83,
+# 45/50, 56/65, 56/65; Q6_K 107/108, 65/65, 78/85, 76/83; 6144x4096 Q4_K (48 tiles) 29/33, 32/37,
+# 28/34, 35/44; 4096x4096 Q4_K 29/33, 21/23, 27/32, 27/33; 14336x4096 gate+up (112 tiles each) is
+# best in one range (n=32: 96 us, 114 in 2, 119 in 3). The plain kernel's SPLIT_FEW_COLS_GROUPS
+# gave 14, 4 and 4 ranges; the 8B decoding 32 sequences (bench --batch, same run) 3250 -> 3400
+# tok/s, 16 1938 -> 2047.
 ITEMS_SPLIT_GROUPS = 128
 
 
