@@ -260,7 +260,9 @@ def test_items_kernel_splits_k_to_one_workgroup_a_multiprocessor(vk_ctx, monkeyp
     floats atomically (lavapipe too)."""
     if not vk_ctx.info.float_atomic_add:
         pytest.skip(f"{vk_ctx.info.name} adds no floats atomically: no product splits K")
-    bm, bn, bk, k = 128, 32, 128, 128 * 8 * 16   # K of 16 ranges of SPLIT_MIN_STEPS steps
+    # a small tile keeps the weights small (the rule counts tiles and steps): K of 16 ranges of
+    # SPLIT_MIN_STEPS steps
+    bm, bn, bk, k = 16, 32, 16, 16 * 8 * 16
     # (multiprocessors, tiles): ranges through the items kernel (the 8B's down, Q/K/V, gate, ...)
     expected = {(132, 32): 4, (132, 48): 2, (132, 112): 1, (132, 8): 16, (132, 67): 1, (132, 66): 2,
                 (28, 32): 1, (28, 8): 3, (0, 32): 4, (0, 48): 2, (0, 65): 1, (0, 64): 2}
