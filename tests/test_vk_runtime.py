@@ -95,9 +95,11 @@ def test_suballocation_alignment_and_accounting(vk_ctx):
 
 
 def test_block_spill_and_oversized_request(vk_ctx):
-    blocks0 = len(vk_ctx.device_pool.blocks)
-    big = vk_ctx.alloc(vk_ctx.device_pool.block_size + 1)  # larger than a block: a block of its own
-    assert len(vk_ctx.device_pool.blocks) == blocks0 + 1 and big.offset == 0
+    pool = vk_ctx.device_pool
+    blocks0 = len(pool.blocks)
+    # larger than a block, and than any block earlier tests left: a block of its own
+    big = vk_ctx.alloc(max([pool.block_size] + [b.size for b in pool.blocks]) + 1)
+    assert len(pool.blocks) == blocks0 + 1 and big.offset == 0
     data = np.arange(big.size // 4, dtype=np.uint32)
     vk_ctx.upload(big, data)
     np.testing.assert_array_equal(vk_ctx.download(big, np.uint32, data.size), data)
