@@ -96,20 +96,10 @@ uvec4 pack8(vec4 a, vec4 b) {
 }
 
 #if defined(ITEMS)
-// The items kernel keeps K in each run of 4 values in the order 0, 2, 1, 3 in both tiles (the
-// product is the same): then a pair of f16 from the bytes 0 and 2 (or 1 and 3) of a word of
-// quants is one masked OR, 1024 + q exactly, and a value two packed f16 operations. The quants
-// are unsigned bytes (group_quants of the items kernel's types), w = ab.x * q + ab.y.
-uvec2 halves4(uint q, f16vec2 a, f16vec2 b) {
-    const f16vec2 even = unpackFloat2x16((q & 0x00FF00FFu) | 0x64006400u) - float16_t(1024.0);
-    const f16vec2 odd = unpackFloat2x16(((q >> 8) & 0x00FF00FFu) | 0x64006400u) - float16_t(1024.0);
-    return uvec2(packFloat2x16(fma(even, a, b)), packFloat2x16(fma(odd, a, b)));
-}
-
-// Eight f16 of x in natural order (pairs 01 23 45 67) into the items kernel's (02 13 46 57).
+#include "halves4.glsl"
+// Eight f16 of x in natural order (pairs 01 23 45 67) into halves4.glsl's (02 13 46 57).
 uvec4 interleave8(uvec4 x) {
-    return uvec4((x.x & 0xFFFFu) | (x.y << 16), (x.x >> 16) | (x.y & 0xFFFF0000u),
-                 (x.z & 0xFFFFu) | (x.w << 16), (x.z >> 16) | (x.w & 0xFFFF0000u));
+    return uvec4(interleave4(x.xy), interleave4(x.zw));
 }
 #endif
 

@@ -17,13 +17,14 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
 from tests.kernel_io import own_context
-from worker.engine.kernels import coopmat
-from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits, items_kernel
+from worker.engine.kernels import coopmat, fragments
+from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits, frag_kernel, items_kernel
 from worker.engine.kernels.embedding import get_rows
+from worker.engine.kernels.fragments import nv_fragments
 from worker.engine.kernels.halves import f16_bytes
 from worker.engine.kernels.mat_vec import mat_vec_shape
 from worker.engine.kernels.matmul import matmul
-from worker.engine.kernels.paths import paths
+from worker.engine.kernels.paths import coopmat_shape, paths
 from worker.engine.kernels.tensor import free_tensor, upload_tensor
 from worker.engine.kernels.tile_tuning import candidates as tile_candidates
 from worker.engine.kernels.tuning import candidates
@@ -230,18 +231,25 @@ def test_coopmat_split_k(vk_ctx, qtype, n):
     assert_close(y, ref, rtol)
 
 
+@pytest.mark.parametrize("kernel", ["items", "frag"])
 @pytest.mark.parametrize("n", [5, 16, 17, 32])
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
-def test_coopmat_items_few_columns(vk_ctx, monkeypatch, qtype, n):
-    """Up to COOPMAT_ITEMS_COLS columns the K-quants take the items kernel: each count of steps
-    loaded ahead (more than a short range has), partial tiles in both directions, one range of K
-    and split-K, written over y and added to it."""
+def test_coopmat_items_few_columns(vk_ctx, monkeypatch, qtype, n, kernel):
+    """Up to COOPMAT_ITEMS_COLS columns the K-quants take the items kernel, or where the device's
+    matrix layout is NVIDIA's mul_mat_coopmat_frag.comp (on others it runs the items kernel
+    here): each count of steps loaded ahead (more than a short range has), partial tiles in both
+    directions, one range of K and split-K, written over y and added to it."""
     offered(vk_ctx, "coopmat")
+    if kernel == "frag" and not nv_fragments(vk_ctx):
+        pytest.skip(f"{vk_ctx.info.name} lays its matrices out otherwise")
+    if kernel == "items":
+        monkeypatch.setattr(fragments, "_known", {vk_ctx: False})
+    assert (frag_kernel(vk_ctx, qtype, n) is not None) == (kernel == "frag")
     for cols in (256 * 7, 256 * 23):
         raw, _ = random_weights(qtype, 301, cols, seed=n + cols)
         x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
         tensor = upload_tensor(vk_ctx, "w", qtype, (cols, 301), raw)
-        assert coopmat_kernel(vk_ctx.info, tensor, n)[1] >= 1   # the items kernel
+        assert coopmat_kernel(vk_ctx.info, tensor, n)[1] >= 1   # the items kernel's products
         free_tensor(vk_ctx, tensor)
         ref, rtol = product(x, items_f16(raw, qtype), "coopmat")
         for ahead in (1, 2, 3, 5):
@@ -251,6 +259,18 @@ def test_coopmat_items_few_columns(vk_ctx, monkeypatch, qtype, n):
         y0 = np.random.default_rng(7).standard_normal((n, 301)).astype(np.float32)
         y, _ = run_matmul(vk_ctx, qtype, raw, cols, x, n, y0=y0, path="coopmat")
         assert_close(y, y0 + ref, rtol)
+
+
+def test_coopmat_layout_probe(vk_ctx):
+    """coopmat_layout.comp finds where each of the 256 elements of a 16 x 16 matrix (as A and as
+    B) lives: every element in exactly one place over the lanes. On NVIDIA, NVIDIA's layout."""
+    offered(vk_ctx, "coopmat")
+    if vk_ctx.info.subgroup_size != fragments.SUBGROUP or coopmat_shape(vk_ctx.info) != (16, 16, 16):
+        pytest.skip("the probe runs 16x16x16 matrices over 32 lanes")
+    for found in fragments.device_layout(vk_ctx):
+        assert sorted(found[found >= 0].tolist()) == list(range(256))
+    if "NVIDIA" in vk_ctx.info.name:
+        assert nv_fragments(vk_ctx)
 
 
 def test_items_kernel_splits_k_to_one_workgroup_a_multiprocessor(vk_ctx, monkeypatch):

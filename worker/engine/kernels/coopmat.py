@@ -1,11 +1,13 @@
 """Which tile and how many ranges of K a cooperative-matrix product (mul_mat_coopmat.comp) takes:
 a weight's tuned tile (kernels/tile_tuning.py) or the default past COOPMAT_FEW_COLS columns, a
 fixed tile for fewer (`few_cols_tile`) or, for K-quants up to COOPMAT_ITEMS_COLS, the items
-kernel's (`coopmat_kernel`), and split-K where the product has fewer tiles than the
-GPU has room for (`coopmat_splits`). kernels/matmul.py records the products with them."""
+kernel's (`coopmat_kernel`), or mul_mat_coopmat_frag.comp's where the device's matrix layout
+allows (`frag_kernel`), and split-K where the product has fewer tiles than the GPU has room for
+(`coopmat_splits`, `frag_splits`). kernels/matmul.py records the products with them."""
 from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
+from worker.engine.kernels.fragments import nv_fragments
 from worker.engine.kernels.paths import coopmat_tile_runs
 from worker.engine.kernels.tensor import DeviceTensor
 
@@ -66,6 +68,43 @@ COOPMAT_ITEMS_AHEAD = {T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 2}
 # gave 14, 4 and 4 ranges; the 8B decoding 32 sequences (bench --batch, same run) 3250 -> 3400
 # tok/s, 16 1938 -> 2047.
 ITEMS_SPLIT_GROUPS = 128
+
+
+# Where fragments.py finds the device's matrices laid out as NVIDIA's, the products the items
+# kernel takes (its types, up to COOPMAT_ITEMS_COLS columns) take mul_mat_coopmat_frag.comp
+# instead: no shared tiles, each lane building its matrix elements in registers. FRAG_TILE: 128
+# rows (4 subgroups of 32) and 32 columns, cut to 16 up to 16 (BK: the steps of SPLIT_MIN_STEPS
+# for the split rule, as an item of Q4_K); K split towards FRAG_SM_GROUPS workgroups a
+# multiprocessor. H100, 2026-12-07, us at 8 / 16 / 32 columns (items -> frag): Q/K/V 6144x4096
+# 27.6 / 28.2 / 32.0 -> 22.0 / 23.0 / 27.6; 4096x14336 Q4_K 43.3 / 43.8 / 49.9 -> 36.6 / 38.1 /
+# 47.1, Q6_K 64.3 / 65.3 / 67.1 -> 53.2 / 54.8 / 67.8; gate+up 14336x4096 79.4 / 81.2 / 94.7 ->
+# 74.0 / 76.5 / 97.8; 4096x4096 19.7 / 20.0 / 22.5 -> 19.5 / 20.5 / 23.8. Tiles of 64 rows, 64
+# rows a subgroup (Q6_K's items then spill) or 256, and 2 or 8 workgroups an SM, lost overall.
+# The 8B decoding together (bench --batch, tune off, same run): 12 sequences 1654.9 -> 1830.9
+# tok/s, 16 2199.7 -> 2429.5, 24 2896.0 -> 3007.8, 32 3752.8 -> 3795.9.
+FRAG_TILE = (128, 32, 32, 32, 64, 1)
+FRAG_SM_GROUPS = 4
+
+
+def frag_kernel(ctx, qtype, n: int) -> tuple[int, ...] | None:
+    """The tile of mul_mat_coopmat_frag.comp for a product of a `qtype` weight over n columns,
+    where it takes it (`items_kernel` would, and the device's layout is the kernel's); else None."""
+    if items_kernel(ctx.info, qtype, n) is None or not nv_fragments(ctx):
+        return None
+    bm, bn, wm, wn, bk, stages = FRAG_TILE
+    return (bm, 16, wm, 16, bk, stages) if n <= 16 else FRAG_TILE
+
+
+def frag_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, ...]) -> int:
+    """Ranges of K for mul_mat_coopmat_frag.comp's product of w over n columns with `tile`: where
+    the device adds floats atomically, enough to bring the largest part's tiles towards
+    FRAG_SM_GROUPS workgroups a multiprocessor, each range SPLIT_MIN_STEPS steps or more."""
+    bm, bn, _, _, bk, _ = tile
+    if not ctx.info.float_atomic_add:
+        return 1
+    tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
+    groups = FRAG_SM_GROUPS * (ctx.info.multiprocessors or ITEMS_SPLIT_GROUPS)
+    return max(1, min(groups // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))
 
 
 def coopmat_kernel(info, w: DeviceTensor, n: int) -> tuple[tuple[int, ...], int]:

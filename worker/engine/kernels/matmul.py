@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as T
 
 from worker.engine.intmath import cdiv
 from worker.engine.kernels import elementwise
-from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits
+from worker.engine.kernels.coopmat import coopmat_kernel, coopmat_splits, frag_kernel, frag_splits
 from worker.engine.kernels.halves import VECTOR_VALUES, Halves, halves
 from worker.engine.kernels.launch import grid
 from worker.engine.kernels.norm import FoldedNorm, rms_norm, rms_norm_f16, rms_norm_x8
@@ -253,9 +253,13 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
-        splits = coopmat_splits(ctx, w, n, (bm, bn, bk), ahead)
+        splits, kind = coopmat_splits(ctx, w, n, (bm, bn, bk), ahead), "_items" if ahead else ""
+        frag = frag_kernel(ctx, w.ggml_type, n)
+        if frag is not None:
+            (bm, bn, wm, wn, bk, stages), kind = frag, "_frag"
+            splits, threads = frag_splits(ctx, w, n, frag), (bm // wm) * subgroup
         _zero_for_ranges(rec, splits, push, outputs or [(buffers[-1], 4 * n * w.rows)])
-        name = f"mul_mat_coopmat{variant}{'_items' if ahead else ''}{'_split' if splits > 1 else ''}_{type_name}"
+        name = f"mul_mat_coopmat{variant}{kind}{'_split' if splits > 1 else ''}_{type_name}"
         kernel = ctx.kernel(name, {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
                                    10: stages, 11: max(ahead, 1)})
     else:
