@@ -12,7 +12,7 @@
 
 // Matrix x few columns on matrix units with no shared tiles: each lane builds its own elements of
 // the 16 x 16 f16 cooperative matrices in registers, the weights' straight from their items
-// (mul_mat_vec_items.glsl's loads, group_ab and group_word), x's straight from its f16 rows (binding 1,
+// (mul_mat_vec_items.glsl's loads and group_quants), x's straight from its f16 rows (binding 1,
 // as mul_mat_coopmat.comp's). That needs the device's layout of a matrix's elements over the
 // lanes, which Vulkan leaves to the driver: this kernel assumes the one NVIDIA's driver gives
 // (found on an H100 by coopmat_layout.comp; kernels/fragments.py checks it on the device before a
@@ -28,9 +28,9 @@
 // share nothing (no barrier: a workgroup is BM / WM independent subgroups). Per item of K each
 // lane loads the items of its 2 WM / 16 rows (the next item's while the matrix units work on this
 // one), then per 16-value group builds the A matrices of its rows and the B matrices of the
-// columns and multiplies. Each lane takes word t of every group (lane_word moves it first, once an
-// item; where a type lacks it, pick4 per group): indexing the words by t at run time put them in
-// local memory (H100, gate+up at 8 columns 118.5 us against 74.0). The four lanes of a row each
+// columns and multiplies. Each lane takes word t of every group (lane_word moves it to word 0 once
+// an item, by selects): indexing the words by t at run time put them in local memory (H100,
+// gate+up at 8 columns 118.5 us against 74.0). The four lanes of a row each
 // decode its scales (align_item): what this costs beyond the shared-tile kernel's single decode
 // the shared tile's stores, loads and barriers more than pay (kernels/coopmat.py has the times).
 // Subgroups of 64 rows spill Q6_K's items (4096x14336 at 8 columns: 132.7 us against 53.2). With SPLIT_K workgroup z takes the z-th of gl_NumWorkGroups.z ranges
@@ -108,10 +108,7 @@ void main() {
     for (uint item = begin; item < end; item++) {
         item_words w[LANE_ROWS];
         [[unroll]] for (uint i = 0; i < LANE_ROWS; i++) {
-            w[i] = align_item(raw[i], item);
-#if defined(LANE_WORD)
-            w[i] = lane_word(w[i], t);
-#endif
+            w[i] = lane_word(align_item(raw[i], item), t);
             raw[i] = load_item(row_byte[i], min(item + 1, end - 1));   // the next item's, in flight
         }
         [[unroll]] for (uint grp = 0; grp < ITEM_GROUPS; grp++) {
@@ -125,13 +122,8 @@ void main() {
             [[unroll]] for (uint i = 0; i < CM_ROWS; i++) {
                 uvec2 e[2];
                 [[unroll]] for (uint h = 0; h < 2; h++) {
-                    const vec2 ab = group_ab(w[2 * i + h], item, grp);
-#if defined(LANE_WORD)   // lane_word put the lane's words first
-                    const uint q = group_word(w[2 * i + h], item, grp, 0);
-#else
-                    const uint q = pick4(uvec4(group_word(w[2 * i + h], item, grp, 0), group_word(w[2 * i + h], item, grp, 1),
-                                               group_word(w[2 * i + h], item, grp, 2), group_word(w[2 * i + h], item, grp, 3)), t);
-#endif
+                    vec2 ab;
+                    const uint q = uint(group_quants(w[2 * i + h], item, grp, ab).x);   // the lane's word
                     e[h] = halves4(q, f16vec2(ab.x), f16vec2(ab.y));
                 }
                 const coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a = frag_a(e[0], e[1]);

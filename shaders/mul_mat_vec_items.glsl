@@ -20,15 +20,15 @@
 //   uint group_x(uint item, uint g)                 index in the row of group g's first value
 //   float group_dot(item_words w, uint item, uint g, mat4 x, float sx)
 //                                                   sum of w_i x_i over the group; sx = sum of x_i
-// and, for the kernels over 8-bit x and on matrix units (X8_ITEMS: the K-quants),
-//   vec2 group_ab(item_words w, uint item, uint g)  w_i = ab.x * q_i + ab.y over the group
-//   uint group_word(item_words w, uint item, uint g, uint c)
-//                                                   the quants q of the group's values 4c .. 4c + 3,
-//                                                   a byte each (as dequant.glsl's quants16)
-// (group_quants below: all four words and ab), and for a kernel whose lanes take one word c of
-// every group (mul_mat_coopmat_frag.comp), where the type has it (LANE_WORD),
-//   item_words lane_word(item_words w, uint c)      w with word c of every group in word 0's place
+// and, for the kernel over 8-bit x (X8_ITEMS: the K-quants),
+//   ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab)
+//                                                   the group's quants as signed bytes (as
+//                                                   dequant.glsl's quants16), w_i = ab.x * q_i + ab.y
 //   PAIRED_GROUPS (defined where groups 2k and 2k + 1 always have the same ab: one 32-value block)
+// and, for a kernel whose lanes each take one word c of every group's quants (Q4_K, Q5_K, Q6_K:
+// mul_mat_coopmat_frag.comp),
+//   item_words lane_word(item_words w, uint c)      w with word c of every group in word 0's
+//                                                   place: group_quants(...).x is then word c
 // Layouts follow ggml's dequantize_row_* (as dequant.glsl, which the other kernels use).
 // A kernel over two weights (GLU) includes this file again with ITEMS_UP defined: the loaders
 // over binding 1, named *_up.
@@ -249,21 +249,17 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 }
 
 // ab from align_item's form (w = a * (1 + q / 2^bits) + b) to a * q / 2^bits + (a + b).
-vec2 group_ab(item_words w, uint item, uint g) {
-    const vec2 f = g < 2 ? w.ab.xy : w.ab.zw;
-    return vec2(f.x * (1.0 / float(1 << Q_BITS)), f.x + f.y);
-}
-
-uint group_word(item_words w, uint item, uint g, uint c) {
+ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
     const uint h = g & 1u, hi = g >> 1;
-    uint q = (w.r.qs[h][c] >> (4 * hi)) & 0x0F0F0F0Fu;
+    const vec2 f = hi == 0 ? w.ab.xy : w.ab.zw;
+    ab = vec2(f.x * (1.0 / float(1 << Q_BITS)), f.x + f.y);
+    uvec4 q = (w.r.qs[h] >> (4 * hi)) & 0x0F0F0F0Fu;
 #if defined(DATA_A_Q5_K)
-    q |= ((w.r.qh[h][c] >> (2 * (item & 3u) + hi)) << 4) & 0x10101010u;
+    q |= ((w.r.qh[h] >> (2 * (item & 3u) + hi)) << 4) & 0x10101010u;
 #endif
-    return q;
+    return ivec4(q);
 }
 
-#define LANE_WORD
 item_words lane_word(item_words w, uint c) {
     [[unroll]] for (uint h = 0; h < 2; h++) {
         w.r.qs[h].x = pick4(w.r.qs[h], c);
@@ -317,12 +313,9 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 }
 
 // ab from align_item's form (w = a * (1 + q / 4) + b) to a * q / 4 + (a + b), as Q4_K's.
-vec2 group_ab(item_words w, uint item, uint g) {
-    return vec2(w.ab[g].x * 0.25, w.ab[g].x + w.ab[g].y);
-}
-
-uint group_word(item_words w, uint item, uint g, uint c) {
-    return (w.qs[4 * (g & 1u) + c] >> (2 * (g >> 1))) & 0x03030303u;
+ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
+    ab = vec2(w.ab[g].x * 0.25, w.ab[g].x + w.ab[g].y);
+    return ivec4((q2_k_words(w, g) >> (2 * (g >> 1))) & 0x03030303u);
 }
 
 #elif defined(DATA_A_Q3_K)
@@ -369,12 +362,10 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
     return 8.0 * w.dl[g] * dot16(COLUMNS(Q3_K_COLUMN), x);
 }
 
-vec2 group_ab(item_words w, uint item, uint g) {
-    return vec2(w.dl[g], -4.0 * w.dl[g]);
-}
-
-uint group_word(item_words w, uint item, uint g, uint c) {
-    return q3_k_codes(w, item, g, c);
+ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
+    ab = vec2(w.dl[g], -4.0 * w.dl[g]);
+    return ivec4(q3_k_codes(w, item, g, 0), q3_k_codes(w, item, g, 1), q3_k_codes(w, item, g, 2),
+                 q3_k_codes(w, item, g, 3));
 }
 
 #elif defined(DATA_A_Q6_K)
@@ -405,17 +396,17 @@ item_words align_item(item_raw r, uint item) {
 
 uint group_x(uint item, uint g) { return 128 * item + 16 * g; }
 
-vec2 group_ab(item_words w, uint item, uint g) {
-    return vec2(w.dl[g], -32.0 * w.dl[g]);
-}
-
 // Group g is quarter t = g / 2, values 16 (g % 2) .. of it.
-uint group_word(item_words w, uint item, uint g, uint c) {
+ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
     const uint t = g >> 1, h = g & 1u, l = 8 * (t & 1u) + 4 * h;
-    return ((w.ql[l + c] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((w.qh[4 * h + c] >> (2 * t)) & 0x03030303u) << 4);
+    ab = vec2(w.dl[g], -32.0 * w.dl[g]);
+    uvec4 q;
+    [[unroll]] for (uint c = 0; c < 4; c++) {
+        q[c] = ((w.ql[l + c] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((w.qh[4 * h + c] >> (2 * t)) & 0x03030303u) << 4);
+    }
+    return ivec4(q);
 }
 
-#define LANE_WORD
 item_words lane_word(item_words w, uint c) {
     [[unroll]] for (uint l = 0; l < 16; l += 4) {
         w.ql[l] = pick4(uvec4(w.ql[l], w.ql[l + 1], w.ql[l + 2], w.ql[l + 3]), c);
@@ -432,14 +423,6 @@ item_words lane_word(item_words w, uint c) {
 
 #if !defined(ITEMS_SHARED_TABLE)
 void items_setup() {}
-#endif
-
-#if QUANT_K == 256   // the K-quants
-ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
-    ab = group_ab(w, item, g);
-    return ivec4(group_word(w, item, g, 0), group_word(w, item, g, 1), group_word(w, item, g, 2),
-                 group_word(w, item, g, 3));
-}
 #endif
 
 #else
