@@ -263,12 +263,15 @@ def test_coopmat_items_few_columns(vk_ctx, monkeypatch, qtype, n, kernel):
 
 def test_coopmat_layout_probe(vk_ctx):
     """coopmat_layout.comp finds where each of the 256 elements of a 16 x 16 matrix (as A and as
-    B) lives: every element in exactly one place over the lanes. On NVIDIA, NVIDIA's layout."""
+    B) lives: every element somewhere over the lanes (AMD's lanes hold copies of others'), no
+    other value. On NVIDIA, NVIDIA's layout: each element in one place, as the frag kernel takes."""
     offered(vk_ctx, "coopmat")
     if vk_ctx.info.subgroup_size != fragments.SUBGROUP or coopmat_shape(vk_ctx.info) != (16, 16, 16):
         pytest.skip("the probe runs 16x16x16 matrices over 32 lanes")
     for found in fragments.device_layout(vk_ctx):
-        assert sorted(found[found >= 0].tolist()) == list(range(256))
+        assert set(found[found >= 0].tolist()) == set(range(256)) and (found >= -1).all()
+        if "NVIDIA" in vk_ctx.info.name:
+            assert sorted(found[found >= 0].tolist()) == list(range(256))
     if "NVIDIA" in vk_ctx.info.name:
         assert nv_fragments(vk_ctx)
 
