@@ -100,11 +100,7 @@ def frag_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, ...]) -> int:
     the device adds floats atomically, enough to bring the largest part's tiles towards
     FRAG_SM_GROUPS workgroups a multiprocessor, each range SPLIT_MIN_STEPS steps or more."""
     bm, bn, _, _, bk, _ = tile
-    if not ctx.info.float_atomic_add:
-        return 1
-    tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
-    groups = FRAG_SM_GROUPS * (ctx.info.multiprocessors or ITEMS_SPLIT_GROUPS)
-    return max(1, min(groups // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))
+    return _ranges(ctx, w, n, (bm, bn, bk), FRAG_SM_GROUPS * (ctx.info.multiprocessors or ITEMS_SPLIT_GROUPS))
 
 
 def coopmat_kernel(info, w: DeviceTensor, n: int) -> tuple[tuple[int, ...], int]:
@@ -146,12 +142,18 @@ def coopmat_splits(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int], ahe
     floats atomically, enough to bring the largest part's tiles towards SPLIT_GROUPS workgroups
     (SPLIT_FEW_COLS_GROUPS for few columns; for the items kernel, at most one a multiprocessor),
     each range SPLIT_MIN_STEPS steps or more; else 1."""
-    bm, bn, bk = tile
-    if not ctx.info.float_atomic_add:
-        return 1
-    tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
     if ahead:
         groups = ctx.info.multiprocessors or ITEMS_SPLIT_GROUPS
     else:
         groups = SPLIT_FEW_COLS_GROUPS if n <= COOPMAT_FEW_COLS else SPLIT_GROUPS
+    return _ranges(ctx, w, n, tile, groups)
+
+
+def _ranges(ctx, w: DeviceTensor, n: int, tile: tuple[int, int, int], groups: int) -> int:
+    """Ranges of K that bring the largest part's (BM, BN, BK) `tile`s towards `groups`
+    workgroups, each SPLIT_MIN_STEPS steps or more; 1 where the device adds no floats atomically."""
+    bm, bn, bk = tile
+    if not ctx.info.float_atomic_add:
+        return 1
+    tiles = cdiv(max(count for _, _, count in w.parts), bm) * cdiv(n, bn)
     return max(1, min(groups // tiles, w.cols // (bk * SPLIT_MIN_STEPS)))

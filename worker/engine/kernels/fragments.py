@@ -20,10 +20,9 @@ def expected_layout() -> tuple[np.ndarray, np.ndarray]:
     for lane in range(SUBGROUP):
         g, t = divmod(lane, 4)
         for i in range(8):
-            k = 2 * t + i % 2 + 8 * (i // 2 % 2)        # A: K 2t.., 2t + 8.. of row g, then g + 8
-            a[lane, i] = 16 * (g + 8 * (i // 4)) + k
-            kb = 2 * t + i % 2 + 8 * (i // 2 % 2)       # B: K 2t.., 2t + 8.. of column g, then g + 8
-            b[lane, i] = 16 * kb + g + 8 * (i // 4)
+            # K 2t.., 2t + 8.. of row (A) or column (B) g, then the same of g + 8
+            k, rc = 2 * t + i % 2 + 8 * (i // 2 % 2), g + 8 * (i // 4)
+            a[lane, i], b[lane, i] = 16 * rc + k, 16 * k + rc
     return a, b
 
 

@@ -249,15 +249,16 @@ def _mat_mat(rec: Recording, w: DeviceTensor, path: str, variant: str, buffers: 
     ctx, type_name = rec.ctx, w.ggml_type.name.lower()
     if path == "coopmat":
         buffers = [halves(rec, buffers[0], xh, n, w.cols), *buffers[1:]]
-        (bm, bn, wm, wn, bk, stages), ahead = coopmat_kernel(ctx.info, w, n)
+        frag = frag_kernel(ctx, w.ggml_type, n)
+        if frag is None:
+            (bm, bn, wm, wn, bk, stages), ahead = coopmat_kernel(ctx.info, w, n)
+            kind, splits = "_items" if ahead else "", coopmat_splits(ctx, w, n, (bm, bn, bk), ahead)
+        else:   # mul_mat_coopmat_frag.comp takes the same constants (steps ahead unused)
+            (bm, bn, wm, wn, bk, stages), ahead, kind = frag, 0, "_frag"
+            splits = frag_splits(ctx, w, n, frag)
         tm, tn, tk = coopmat_shape(ctx.info)
         subgroup = ctx.info.subgroup_size
         threads = (bm // wm) * (bn // wn) * subgroup
-        splits, kind = coopmat_splits(ctx, w, n, (bm, bn, bk), ahead), "_items" if ahead else ""
-        frag = frag_kernel(ctx, w.ggml_type, n)
-        if frag is not None:
-            (bm, bn, wm, wn, bk, stages), kind = frag, "_frag"
-            splits, threads = frag_splits(ctx, w, n, frag), (bm // wm) * subgroup
         _zero_for_ranges(rec, splits, push, outputs or [(buffers[-1], 4 * n * w.rows)])
         name = f"mul_mat_coopmat{variant}{kind}{'_split' if splits > 1 else ''}_{type_name}"
         kernel = ctx.kernel(name, {0: threads, 1: bm, 2: bn, 3: wm, 4: wn, 5: tm, 6: tn, 7: tk, 8: subgroup, 9: bk,
