@@ -38,6 +38,7 @@
 layout(std430, binding = 0) readonly buffer A4 { uvec4 data_u4[]; };
 
 #include "item_bits.glsl"
+#include "k_scales.glsl"
 
 #if defined(DATA_A_Q4_0)
 // 18 bytes: f16 d, 16 bytes of nibbles; value j < 16 the low nibble of byte j, j + 16 its high
@@ -214,13 +215,6 @@ struct item_raw { uvec4 head; uvec4 qs[2]; uvec4 qh[2]; };
 // ab: a and b of sub-blocks 2j and 2j + 1.
 struct item_words { item_raw r; vec4 ab; };
 
-// 6-bit scale and min of sub-block j (ggml's get_scale_min_k4) from the three scale words.
-vec2 scale_min_k4(uvec3 s, uint j) {
-    const uint sh = 8 * (j & 3u);
-    const uint b0 = s.x >> sh, b1 = s.y >> sh, b2 = s.z >> sh;
-    return j < 4 ? vec2(b0 & 63u, b1 & 63u)
-                 : vec2((b2 & 15u) | ((b0 >> 2) & 48u), ((b2 >> 4) & 15u) | ((b1 >> 2) & 48u));
-}
 
 item_words align_item(item_raw r, uint item) {
     const vec2 dm = unpackHalf2x16(r.head.x);
