@@ -25,10 +25,6 @@
 //                                                   the group's quants as signed bytes (as
 //                                                   dequant.glsl's quants16), w_i = ab.x * q_i + ab.y
 //   PAIRED_GROUPS (defined where groups 2k and 2k + 1 always have the same ab: one 32-value block)
-// and, for a kernel whose lanes each take one word c of every group's quants (Q4_K, Q5_K, Q6_K:
-// mul_mat_coopmat_frag.comp),
-//   item_words lane_word(item_words w, uint c)      w with word c of every group in word 0's
-//                                                   place: group_quants(...).x is then word c
 // Layouts follow ggml's dequantize_row_* (as dequant.glsl, which the other kernels use).
 // A kernel over two weights (GLU) includes this file again with ITEMS_UP defined: the loaders
 // over binding 1, named *_up.
@@ -254,16 +250,6 @@ ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
     return ivec4(q);
 }
 
-item_words lane_word(item_words w, uint c) {
-    [[unroll]] for (uint h = 0; h < 2; h++) {
-        w.r.qs[h].x = pick4(w.r.qs[h], c);
-#if defined(DATA_A_Q5_K)
-        w.r.qh[h].x = pick4(w.r.qh[h], c);
-#endif
-    }
-    return w;
-}
-
 #elif defined(DATA_A_Q2_K)
 // 84 bytes: 16 scale bytes (low nibble scale, high nibble min), qs[64] of 2-bit codes, f16 d and
 // dmin. An item is half n (128 values): value 32 j + l takes bits 2j .. 2j + 1 of qs[32 n + l],
@@ -399,16 +385,6 @@ ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
         q[c] = ((w.ql[l + c] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((w.qh[4 * h + c] >> (2 * t)) & 0x03030303u) << 4);
     }
     return ivec4(q);
-}
-
-item_words lane_word(item_words w, uint c) {
-    [[unroll]] for (uint l = 0; l < 16; l += 4) {
-        w.ql[l] = pick4(uvec4(w.ql[l], w.ql[l + 1], w.ql[l + 2], w.ql[l + 3]), c);
-    }
-    [[unroll]] for (uint l = 0; l < 8; l += 4) {
-        w.qh[l] = pick4(uvec4(w.qh[l], w.qh[l + 1], w.qh[l + 2], w.qh[l + 3]), c);
-    }
-    return w;
 }
 
 #else

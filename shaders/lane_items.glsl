@@ -1,0 +1,133 @@
+// A lane's share of the weights for mul_mat_coopmat_frag.comp (Q4_K, Q5_K, Q6_K): the four lanes
+// t = 0 .. 3 of a row each take word t of every 16-value group's quants (values 4t .. 4t + 3 of
+// the group), so a lane loads only those words and the scales, 32-bit loads of one uint view of
+// binding 0 (the four lanes of a row read 16 consecutive bytes). A lane item is a block (Q4_K,
+// Q5_K) or half a block (Q6_K):
+//   BLOCK_BYTES, LANE_ITEM_VALUES (values per lane item), LANE_GROUPS (16-value groups per item)
+//   lane_raw load_lane(uint row_byte, uint item, uint t)   the loads of lane t's words
+//   lane_item lane_words(lane_raw r)                          the words in place (Q6_K's blocks are
+//                                                             2-byte aligned: loads of the aligned
+//                                                             words around them, shifted here)
+//   uint lane_quants(lane_item w, uint grp, out vec2 ab)      the lane's four quants of group grp as
+//                                                             unsigned bytes, w_i = ab.x * q_i + ab.y
+// Layouts follow ggml's dequantize_row_* (as mul_mat_vec_items.glsl's sections of these types).
+#include "types.glsl"
+#include "k_scales.glsl"
+
+layout(std430, binding = 0) readonly buffer A1 { uint data_u32[]; };
+
+#if defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K)
+// Q4_K, 144 bytes: f16 d and dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles (8
+// vectors of 16 bytes). Q5_K, 176 bytes: the same with 32 bytes of fifth bits (2 vectors) before
+// the nibbles. Group grp is value 16 grp .. of chunk j = grp / 4 (qs vectors 2j and 2j + 1): g =
+// grp % 4 takes vector 2j + g % 2, low nibbles (sub-block 2j) for g < 2, else high (2j + 1); Q5_K's
+// fifth bit of sub-block s is bit s of each byte of qh vector g % 2. d * sc * q - dmin * m.
+#if defined(DATA_A_Q4_K)
+#define BLOCK_BYTES 144
+#define QS_BYTE 16
+#else
+#define BLOCK_BYTES 176
+#define QS_BYTE 48
+#endif
+#define LANE_ITEM_VALUES 256
+#define LANE_GROUPS 16
+struct lane_raw {
+    uvec4 head;   // d and dmin, the three scale words
+    uint qs[8];   // word t of each nibble vector
+#if defined(DATA_A_Q5_K)
+    uint qh[2];   // word t of each fifth-bit vector
+#endif
+};
+#define lane_item lane_raw
+
+lane_raw load_lane(uint row_byte, uint item, uint t) {
+    const uint w = (row_byte + item * BLOCK_BYTES) / 4;
+    lane_raw r;
+    r.head = uvec4(data_u32[w], data_u32[w + 1], data_u32[w + 2], data_u32[w + 3]);
+    [[unroll]] for (uint v = 0; v < 8; v++) {
+        r.qs[v] = data_u32[w + QS_BYTE / 4 + 4 * v + t];
+    }
+#if defined(DATA_A_Q5_K)
+    r.qh[0] = data_u32[w + 4 + t];
+    r.qh[1] = data_u32[w + 8 + t];
+#endif
+    return r;
+}
+
+lane_item lane_words(lane_raw r) { return r; }
+
+uint lane_quants(lane_item w, uint grp, out vec2 ab) {
+    const uint j = grp >> 2, h = grp & 1u, hi = (grp >> 1) & 1u, s = 2 * j + hi;
+    const vec2 dm = unpackHalf2x16(w.head.x), sm = scale_min_k4(w.head.yzw, s);
+    ab = vec2(dm.x * sm.x, -dm.y * sm.y);
+    uint q = (w.qs[2 * j + h] >> (4 * hi)) & 0x0F0F0F0Fu;
+#if defined(DATA_A_Q5_K)
+    q |= ((w.qh[h] >> s) << 4) & 0x10101010u;
+#endif
+    return q;
+}
+
+#elif defined(DATA_A_Q6_K)
+// 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), 16 signed scales, f16 d. A lane item is
+// half n (128 values): group grp is value 16 (grp % 2) .. of quarter u = grp / 2, whose value
+// 32 u + l takes nibble u / 2 of ql[64 n + 32 (u % 2) + l] and bits 2u .. 2u + 1 of
+// qh[32 n + l]; scale 8 n + grp: d * sc * (q - 32). Blocks are 2-byte aligned: a lane loads the
+// aligned words around each of its words (lo, hi) and lane_words shifts them by `odd` halves.
+#define BLOCK_BYTES 210
+#define LANE_ITEM_VALUES 128
+#define LANE_GROUPS 8
+struct lane_raw {
+    uint ql[8];   // (lo, hi) of word t of ql's 16-byte runs 0 .. 3
+    uint qh[4];   // (lo, hi) of word t of qh's runs 0 .. 1
+    uint sc[3];   // the aligned words around the item's 8 scales
+    uint d;       // the aligned word holding d
+    bool odd;     // the block starts 2 bytes into a word
+};
+struct lane_item { uint ql[4]; uint qh[2]; uint sc[2]; float d; };
+
+lane_raw load_lane(uint row_byte, uint item, uint t) {
+    const uint block = row_byte + (item / 2) * BLOCK_BYTES, n = item & 1u, w = block / 4;
+    lane_raw r;
+    [[unroll]] for (uint i = 0; i < 4; i++) {
+        const uint at = w + (64 * n + 16 * i) / 4 + t;
+        r.ql[2 * i] = data_u32[at];
+        r.ql[2 * i + 1] = data_u32[at + 1];
+    }
+    [[unroll]] for (uint h = 0; h < 2; h++) {
+        const uint at = w + (128 + 32 * n + 16 * h) / 4 + t;
+        r.qh[2 * h] = data_u32[at];
+        r.qh[2 * h + 1] = data_u32[at + 1];
+    }
+    [[unroll]] for (uint i = 0; i < 3; i++) {
+        r.sc[i] = data_u32[w + (192 + 8 * n) / 4 + i];
+    }
+    r.d = data_u32[w + 208 / 4];
+    r.odd = (block & 2u) != 0;
+    return r;
+}
+
+lane_item lane_words(lane_raw r) {
+    lane_item o;
+    [[unroll]] for (uint i = 0; i < 4; i++) {
+        o.ql[i] = r.odd ? (r.ql[2 * i] >> 16) | (r.ql[2 * i + 1] << 16) : r.ql[2 * i];
+    }
+    [[unroll]] for (uint h = 0; h < 2; h++) {
+        o.qh[h] = r.odd ? (r.qh[2 * h] >> 16) | (r.qh[2 * h + 1] << 16) : r.qh[2 * h];
+    }
+    [[unroll]] for (uint i = 0; i < 2; i++) {
+        o.sc[i] = r.odd ? (r.sc[i] >> 16) | (r.sc[i + 1] << 16) : r.sc[i];
+    }
+    o.d = unpackHalf2x16(r.odd ? r.d >> 16 : r.d).x;
+    return o;
+}
+
+uint lane_quants(lane_item w, uint grp, out vec2 ab) {
+    const uint u = grp >> 1, h = grp & 1u;
+    const float dl = w.d * float(bitfieldExtract(int(w.sc[grp >> 2]), int(8 * (grp & 3u)), 8));
+    ab = vec2(dl, -32.0 * dl);
+    return ((w.ql[2 * (u & 1u) + h] >> (4 * (u >> 1))) & 0x0F0F0F0Fu) | (((w.qh[h] >> (2 * u)) & 0x03030303u) << 4);
+}
+
+#else
+#error "lane_items.glsl: no lane items for this type"
+#endif
