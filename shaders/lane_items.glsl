@@ -12,6 +12,7 @@
 //                                                             unsigned bytes, w_i = ab.x * q_i + ab.y
 // Layouts follow ggml's dequantize_row_* (as mul_mat_vec_items.glsl's sections of these types).
 #include "types.glsl"
+#include "item_bits.glsl"
 #include "k_scales.glsl"
 
 layout(std430, binding = 0) readonly buffer A1 { uint data_u32[]; };
@@ -72,7 +73,8 @@ uint lane_quants(lane_item w, uint grp, out vec2 ab) {
 // half n (128 values): group grp is value 16 (grp % 2) .. of quarter u = grp / 2, whose value
 // 32 u + l takes nibble u / 2 of ql[64 n + 32 (u % 2) + l] and bits 2u .. 2u + 1 of
 // qh[32 n + l]; scale 8 n + grp: d * sc * (q - 32). Blocks are 2-byte aligned: a lane loads the
-// aligned words around each of its words (lo, hi) and lane_words shifts them by `odd` halves.
+// aligned words around each of its words (lo, hi) and lane_words joins them (item_bits.glsl's
+// funnel).
 #define BLOCK_BYTES 210
 #define LANE_ITEM_VALUES 128
 #define LANE_GROUPS 8
@@ -81,7 +83,7 @@ struct lane_raw {
     uint qh[4];   // (lo, hi) of word t of qh's runs 0 .. 1
     uint sc[3];   // the aligned words around the item's 8 scales
     uint d;       // the aligned word holding d
-    bool odd;     // the block starts 2 bytes into a word
+    uint m;       // block % 4: 2 where the block starts 2 bytes into a word
 };
 struct lane_item { uint ql[4]; uint qh[2]; uint sc[2]; float d; };
 
@@ -102,22 +104,22 @@ lane_raw load_lane(uint row_byte, uint item, uint t) {
         r.sc[i] = data_u32[w + (192 + 8 * n) / 4 + i];
     }
     r.d = data_u32[w + 208 / 4];
-    r.odd = (block & 2u) != 0;
+    r.m = block % 4;
     return r;
 }
 
 lane_item lane_words(lane_raw r) {
     lane_item o;
     [[unroll]] for (uint i = 0; i < 4; i++) {
-        o.ql[i] = r.odd ? (r.ql[2 * i] >> 16) | (r.ql[2 * i + 1] << 16) : r.ql[2 * i];
+        o.ql[i] = funnel(r.ql[2 * i], r.ql[2 * i + 1], r.m, 2);
     }
     [[unroll]] for (uint h = 0; h < 2; h++) {
-        o.qh[h] = r.odd ? (r.qh[2 * h] >> 16) | (r.qh[2 * h + 1] << 16) : r.qh[2 * h];
+        o.qh[h] = funnel(r.qh[2 * h], r.qh[2 * h + 1], r.m, 2);
     }
     [[unroll]] for (uint i = 0; i < 2; i++) {
-        o.sc[i] = r.odd ? (r.sc[i] >> 16) | (r.sc[i + 1] << 16) : r.sc[i];
+        o.sc[i] = funnel(r.sc[i], r.sc[i + 1], r.m, 2);
     }
-    o.d = unpackHalf2x16(r.odd ? r.d >> 16 : r.d).x;
+    o.d = unpackHalf2x16(r.d >> (8 * r.m)).x;
     return o;
 }
 

@@ -6,7 +6,7 @@
 // The weights as mul_mat_coopmat_frag.comp's lanes take them, dequantized: invocation 4 row + t
 // loads lane t's words of every lane item of its row (lane_items.glsl) and writes its four values
 // of each group, ab.x * q + ab.y, in their places in the row. A device without NVIDIA's matrix
-// layout (CI's lavapipe) runs no frag kernel; tests/test_kernels_matmul.py checks the lanes'
+// layout (CI's lavapipe) runs no frag kernel; tests/test_lane_items.py checks the lanes'
 // loads there against gguf's dequantization through this kernel.
 layout(std430, binding = 1) writeonly buffer Out { float values[]; };
 layout(push_constant) uniform Push { uint rows; uint ncols; } p;
