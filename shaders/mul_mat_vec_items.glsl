@@ -11,7 +11,7 @@
 // costs one fma per value and weight row, and sum(x) is shared by all rows. Types whose values
 // are centred on an offset (Q4_0's q - 8, Q3_K's q - 4) subtract it from f first, exactly
 // (f and the offset within a factor 2 of each other): a * dot(f, x) - a * offset * sum(x) would
-// cancel most of its bits. MXFP4's table values are not affine: a table lookup times the scale.
+// cancel most of its bits. MXFP4's values are not affine: its nibbles are read as f16s times the scale.
 // Per type:
 //   BLOCK_BYTES, ITEM_VALUES (values per item), ITEM_GROUPS (16-value groups per item),
 //   ITEM_ALIGN (the blocks' byte alignment), ITEM_RAW_WORDS (32-bit words an item loads)
@@ -144,25 +144,18 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 }
 
 #elif defined(DATA_A_MXFP4)
-// 17 bytes: e8m0 exponent, 16 bytes of e2m1 nibbles (low: values 0..15, high: 16..31), looked
-// up in a table in shared memory (doubled values; the scale halved to match).
+// 17 bytes: e8m0 exponent e, 16 bytes of e2m1 nibbles (low: values 0..15, high: 16..31), value
+// 2^(e - 127) times the nibble's e2m1 number (sign, 2-bit exponent, 1-bit mantissa). Those bits
+// placed in an f16 (sign at 15, exponent and mantissa at 9 .. 11) make that number times 2^-14
+// exactly (exponent 0 the f16 subnormals, as e2m1's), so two nibbles become a packed f16 pair in
+// three bit operations and unpackHalf2x16: no table.
 #define BLOCK_BYTES 17
 #define ITEM_VALUES 32
 #define ITEM_GROUPS 2
 #define ITEM_ALIGN 1
 #define ITEM_RAW_WORDS 12
-#define ITEMS_SHARED_TABLE
-const float kvalues_mxfp4[16] = float[16](0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-shared float kvalues_mxfp4_s[16];
 struct item_raw { uvec4 v[3]; uint m; };
 struct item_words { uvec4 q; float d; };
-
-void items_setup() {
-    for (uint i = gl_LocalInvocationID.x; i < 16; i += gl_WorkGroupSize.x) {
-        kvalues_mxfp4_s[i] = kvalues_mxfp4[i];
-    }
-    barrier();
-}
 
 item_words align_item(item_raw r, uint item) {
     uint w[5];
@@ -171,16 +164,28 @@ item_words align_item(item_raw r, uint item) {
     [[unroll]] for (uint c = 0; c < 4; c++) {
         o.q[c] = (w[c] >> 8) | (w[c + 1] << 24);
     }
-    o.d = exp2(float(w[0] & 255u) - 128.0);
+    o.d = exp2(float(w[0] & 255u) - 127.0);
     return o;
 }
 
 uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
 
-#define MXFP4_COLUMN(c) vec4(kvalues_mxfp4_s[(w.q[c] >> (4 * g)) & 15u], kvalues_mxfp4_s[(w.q[c] >> (8 + 4 * g)) & 15u], \
-                             kvalues_mxfp4_s[(w.q[c] >> (16 + 4 * g)) & 15u], kvalues_mxfp4_s[(w.q[c] >> (24 + 4 * g)) & 15u])
+// The nibbles at bit pos and pos + 16 of w as an f16 pair (pos < 16: a nibble of byte 0 or 1).
+vec2 e2m1_pair(uint w, int pos) {
+    const uint mag = (pos <= 9 ? w << (9 - pos) : w >> (pos - 9)) & 0x0E000E00u;
+    const uint sign = (pos <= 12 ? w << (12 - pos) : w >> (pos - 12)) & 0x80008000u;
+    return unpackHalf2x16(mag | sign);
+}
+
+// Values 4c .. 4c + 3 of group g: nibble g of bytes 0 and 2 (one pair), 1 and 3 (the other).
+#define MXFP4_COLUMN(c) e2m1_column(w.q[c], int(4 * g))
+vec4 e2m1_column(uint w, int pos) {
+    const vec2 even = e2m1_pair(w, pos), odd = e2m1_pair(w, pos + 8);
+    return vec4(even.x, odd.x, even.y, odd.y);
+}
+
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    return w.d * dot16(COLUMNS(MXFP4_COLUMN), x);
+    return w.d * (16384.0 * dot16(COLUMNS(MXFP4_COLUMN), x));
 }
 
 #elif defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K)
@@ -389,10 +394,6 @@ ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
 
 #else
 #error "mul_mat_vec_items.glsl: no items for this type"
-#endif
-
-#if !defined(ITEMS_SHARED_TABLE)
-void items_setup() {}
 #endif
 
 #else
