@@ -183,9 +183,6 @@ void main() {
 #else
     const uint k_begin = 0, k_end = p.ncols;
 #endif
-#if defined(ITEMS)
-    items_setup();
-#endif
     [[unroll]] for (uint d = 0; d < AHEAD; d++) {
         load_a(d, tid, row0, k_begin + d * BK, k_end);
     }

@@ -6,37 +6,34 @@
 #extension GL_EXT_shader_atomic_float : require
 #endif
 #include "common.glsl"
-#include "mul_mat_vec_items.glsl"
+#include "lane_items.glsl"
 #include "mul_mat_base.glsl"
 #include "halves4.glsl"
 
 // Matrix x few columns on matrix units with no shared tiles: each lane builds its own elements of
-// the 16 x 16 f16 cooperative matrices in registers, the weights' straight from their items
-// (mul_mat_vec_items.glsl's loads and group_quants), x's straight from its f16 rows (binding 1,
-// as mul_mat_coopmat.comp's). That needs the device's layout of a matrix's elements over the
-// lanes, which Vulkan leaves to the driver: this kernel assumes the one NVIDIA's driver gives
-// (found on an H100 by coopmat_layout.comp; kernels/fragments.py checks it on the device before a
-// product takes this kernel), with g = lane / 4 and t = lane % 4:
+// the 16 x 16 f16 cooperative matrices in registers, the weights' from its own words of their
+// blocks (lane_items.glsl), x's straight from its f16 rows (binding 1, as mul_mat_coopmat.comp's).
+// That needs the device's layout of a matrix's elements over the lanes, which Vulkan leaves to
+// the driver: this kernel assumes the one NVIDIA's driver gives (found on an H100 by
+// coopmat_layout.comp; kernels/fragments.py checks it on the device before a product takes this
+// kernel), with g = lane / 4 and t = lane % 4:
 //   A (16 rows x 16 of K): elements 0-1 row g, K 2t and 2t + 1; 2-3 row g, K 2t + 8 and 2t + 9;
 //                          4-7 the same for row g + 8;
 //   B (16 of K x 16 columns): elements 0-1 column g, K 2t and 2t + 1; 2-3 column g, K 2t + 8 and
 //                          2t + 9; 4-7 the same for column g + 8.
 // Fragment K position 2t, 2t + 1, 2t + 8, 2t + 9 is value 4t, 4t + 2, 4t + 1, 4t + 3 of a 16-value
-// group (halves4.glsl's order): so a lane's A elements of a row are one word of the group's quants
-// (halves4) and its B elements of a column four consecutive f16 of x (interleave4).
+// group (halves4.glsl's order): so a lane's A elements of a row are one word of the group's quants,
+// word t (halves4), and its B elements of a column four consecutive f16 of x (interleave4).
 // A subgroup owns WM rows (WM / 16 matrices) and all BN columns of the workgroup; its subgroups
-// share nothing (no barrier: a workgroup is BM / WM independent subgroups). Per item of K each
-// lane loads the items of its 2 WM / 16 rows (the next item's while the matrix units work on this
-// one), then per 16-value group builds the A matrices of its rows and the B matrices of the
-// columns and multiplies. Each lane takes word t of every group (lane_word moves it to word 0 once
-// an item, by selects): indexing the words by t at run time put them in local memory (H100,
-// gate+up at 8 columns 118.5 us against 74.0). The four lanes of a row each
-// decode its scales (align_item): what this costs beyond the shared-tile kernel's single decode
-// the shared tile's stores, loads and barriers more than pay (kernels/coopmat.py has the times).
-// Subgroups of 64 rows spill Q6_K's items (4096x14336 at 8 columns: 132.7 us against 53.2). With SPLIT_K workgroup z takes the z-th of gl_NumWorkGroups.z ranges
-// of whole items and adds its sums to y atomically. The constants are mul_mat_coopmat.comp's
-// (BN = WN; TM = TN = TK = 16 and SUBGROUP = 32 are what the layout above has; BK, STAGES and
-// AHEAD unused): kernels/matmul.py dispatches both alike.
+// share nothing (no barrier: a workgroup is BM / WM independent subgroups). Per lane item of K
+// each lane loads its words of its 2 WM / 16 rows (the next item's while the matrix units work on
+// this one), then per 16-value group builds the A matrices of its rows and the B matrices of the
+// columns and multiplies. The four lanes of a row each decode its scales: what this costs beyond
+// the shared-tile kernel's single decode the shared tile's stores, loads and barriers more than
+// pay (kernels/coopmat.py has the times). With SPLIT_K workgroup z takes the z-th of
+// gl_NumWorkGroups.z ranges of whole lane items and adds its sums to y atomically. The constants
+// are mul_mat_coopmat.comp's (BN = WN; TM = TN = TK = 16 and SUBGROUP = 32 are what the layout
+// above has; BK, STAGES and AHEAD unused): kernels/matmul.py dispatches both alike.
 layout(constant_id = 1) const uint BM = 128;
 layout(constant_id = 2) const uint BN = 32;
 layout(constant_id = 3) const uint WM = 32;
@@ -71,7 +68,7 @@ void main() {
     if (rows0 >= p.rows) {
         return;   // the whole subgroup: it shares no barrier with the others
     }
-    const uint items_all = p.ncols / ITEM_VALUES;
+    const uint items_all = p.ncols / LANE_ITEM_VALUES;
 #if defined(SPLIT_K)
     const uint span = (items_all + gl_NumWorkGroups.z - 1) / gl_NumWorkGroups.z;
     const uint begin = gl_WorkGroupID.z * span, end = min(items_all, begin + span);
@@ -101,18 +98,18 @@ void main() {
     [[unroll]] for (uint i = 0; i < CM_ROWS * CM_COLS; i++) {
         sums[i] = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
     }
-    item_raw raw[LANE_ROWS];
+    lane_raw raw[LANE_ROWS];
     [[unroll]] for (uint i = 0; i < LANE_ROWS; i++) {
-        raw[i] = load_item(row_byte[i], begin);
+        raw[i] = load_lane(row_byte[i], begin, t);
     }
     for (uint item = begin; item < end; item++) {
-        item_words w[LANE_ROWS];
+        lane_item w[LANE_ROWS];
         [[unroll]] for (uint i = 0; i < LANE_ROWS; i++) {
-            w[i] = lane_word(align_item(raw[i], item), t);
-            raw[i] = load_item(row_byte[i], min(item + 1, end - 1));   // the next item's, in flight
+            w[i] = lane_words(raw[i]);
+            raw[i] = load_lane(row_byte[i], min(item + 1, end - 1), t);   // the next item's, in flight
         }
-        [[unroll]] for (uint grp = 0; grp < ITEM_GROUPS; grp++) {
-            const uint k4 = group_x(item, grp) / 4;
+        [[unroll]] for (uint grp = 0; grp < LANE_GROUPS; grp++) {
+            const uint k4 = (item * LANE_ITEM_VALUES + 16 * grp) / 4;
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[CM_COLS];
             [[unroll]] for (uint j = 0; j < CM_COLS; j++) {
                 const uvec2 x0 = x_real[2 * j] ? xh2[x_base[2 * j] + k4] : uvec2(0u);
@@ -123,7 +120,7 @@ void main() {
                 uvec2 e[2];
                 [[unroll]] for (uint h = 0; h < 2; h++) {
                     vec2 ab;
-                    const uint q = uint(group_quants(w[2 * i + h], item, grp, ab).x);   // the lane's word
+                    const uint q = lane_quants(w[2 * i + h], grp, ab);
                     e[h] = halves4(q, f16vec2(ab.x), f16vec2(ab.y));
                 }
                 const coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a = frag_a(e[0], e[1]);

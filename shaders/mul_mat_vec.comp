@@ -133,7 +133,6 @@ void main() {
     // item, all loads first; per 32-value block of x, each load of x serving all rows and
     // weights, an exact integer dot of each 16-value group's quants with the activations', scaled
     // once (as mul_mmq.comp): a * d * (w . q) + b * d * sum(q).
-    items_setup();
     const uint items = p.ncols / ITEM_VALUES, x_blocks = p.ncols / 32;
     ITEM_ROW_BYTES(row_byte, row0, 1)
     for (uint i0 = tid; i0 < items; i0 += LANES * UNROLL) {
@@ -201,7 +200,6 @@ void main() {
     // Quantized weights: thread t takes the items t, t + LANES, ... of each row, UNROLL of
     // them at a time: all their loads for every row and weight first, then the math, each load
     // of x (a 16-value group and its sum) serving all rows and weights.
-    items_setup();
     const uint items = p.ncols / ITEM_VALUES;
     ITEM_ROW_BYTES(row_byte, row0, 1)
     for (uint i0 = tid; i0 < items; i0 += LANES * UNROLL) {

@@ -11,7 +11,7 @@
 // costs one fma per value and weight row, and sum(x) is shared by all rows. Types whose values
 // are centred on an offset (Q4_0's q - 8, Q3_K's q - 4) subtract it from f first, exactly
 // (f and the offset within a factor 2 of each other): a * dot(f, x) - a * offset * sum(x) would
-// cancel most of its bits. MXFP4's table values are not affine: a table lookup times the scale.
+// cancel most of its bits. MXFP4's values are not affine: its nibbles are read as f16s times the scale.
 // Per type:
 //   BLOCK_BYTES, ITEM_VALUES (values per item), ITEM_GROUPS (16-value groups per item),
 //   ITEM_ALIGN (the blocks' byte alignment), ITEM_RAW_WORDS (32-bit words an item loads)
@@ -25,10 +25,6 @@
 //                                                   the group's quants as signed bytes (as
 //                                                   dequant.glsl's quants16), w_i = ab.x * q_i + ab.y
 //   PAIRED_GROUPS (defined where groups 2k and 2k + 1 always have the same ab: one 32-value block)
-// and, for a kernel whose lanes each take one word c of every group's quants (Q4_K, Q5_K, Q6_K:
-// mul_mat_coopmat_frag.comp),
-//   item_words lane_word(item_words w, uint c)      w with word c of every group in word 0's
-//                                                   place: group_quants(...).x is then word c
 // Layouts follow ggml's dequantize_row_* (as dequant.glsl, which the other kernels use).
 // A kernel over two weights (GLU) includes this file again with ITEMS_UP defined: the loaders
 // over binding 1, named *_up.
@@ -38,6 +34,7 @@
 layout(std430, binding = 0) readonly buffer A4 { uvec4 data_u4[]; };
 
 #include "item_bits.glsl"
+#include "k_scales.glsl"
 
 #if defined(DATA_A_Q4_0)
 // 18 bytes: f16 d, 16 bytes of nibbles; value j < 16 the low nibble of byte j, j + 16 its high
@@ -147,25 +144,18 @@ float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
 }
 
 #elif defined(DATA_A_MXFP4)
-// 17 bytes: e8m0 exponent, 16 bytes of e2m1 nibbles (low: values 0..15, high: 16..31), looked
-// up in a table in shared memory (doubled values; the scale halved to match).
+// 17 bytes: e8m0 exponent e, 16 bytes of e2m1 nibbles (low: values 0..15, high: 16..31), value
+// 2^(e - 127) times the nibble's e2m1 number (sign, 2-bit exponent, 1-bit mantissa). Those bits
+// placed in an f16 (sign at 15, exponent and mantissa at 9 .. 11) make that number times 2^-14
+// exactly (exponent 0 the f16 subnormals, as e2m1's), so two nibbles become a packed f16 pair in
+// three bit operations and unpackHalf2x16: no table.
 #define BLOCK_BYTES 17
 #define ITEM_VALUES 32
 #define ITEM_GROUPS 2
 #define ITEM_ALIGN 1
 #define ITEM_RAW_WORDS 12
-#define ITEMS_SHARED_TABLE
-const float kvalues_mxfp4[16] = float[16](0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-shared float kvalues_mxfp4_s[16];
 struct item_raw { uvec4 v[3]; uint m; };
 struct item_words { uvec4 q; float d; };
-
-void items_setup() {
-    for (uint i = gl_LocalInvocationID.x; i < 16; i += gl_WorkGroupSize.x) {
-        kvalues_mxfp4_s[i] = kvalues_mxfp4[i];
-    }
-    barrier();
-}
 
 item_words align_item(item_raw r, uint item) {
     uint w[5];
@@ -174,16 +164,28 @@ item_words align_item(item_raw r, uint item) {
     [[unroll]] for (uint c = 0; c < 4; c++) {
         o.q[c] = (w[c] >> 8) | (w[c + 1] << 24);
     }
-    o.d = exp2(float(w[0] & 255u) - 128.0);
+    o.d = exp2(float(w[0] & 255u) - 127.0);
     return o;
 }
 
 uint group_x(uint item, uint g) { return 32 * item + 16 * g; }
 
-#define MXFP4_COLUMN(c) vec4(kvalues_mxfp4_s[(w.q[c] >> (4 * g)) & 15u], kvalues_mxfp4_s[(w.q[c] >> (8 + 4 * g)) & 15u], \
-                             kvalues_mxfp4_s[(w.q[c] >> (16 + 4 * g)) & 15u], kvalues_mxfp4_s[(w.q[c] >> (24 + 4 * g)) & 15u])
+// The nibbles at bit pos and pos + 16 of w as an f16 pair (pos < 16: a nibble of byte 0 or 1).
+vec2 e2m1_pair(uint w, int pos) {
+    const uint mag = (pos <= 9 ? w << (9 - pos) : w >> (pos - 9)) & 0x0E000E00u;
+    const uint sign = (pos <= 12 ? w << (12 - pos) : w >> (pos - 12)) & 0x80008000u;
+    return unpackHalf2x16(mag | sign);
+}
+
+// Values 4c .. 4c + 3 of group g: nibble g of bytes 0 and 2 (one pair), 1 and 3 (the other).
+#define MXFP4_COLUMN(c) e2m1_column(w.q[c], int(4 * g))
+vec4 e2m1_column(uint w, int pos) {
+    const vec2 even = e2m1_pair(w, pos), odd = e2m1_pair(w, pos + 8);
+    return vec4(even.x, odd.x, even.y, odd.y);
+}
+
 float group_dot(item_words w, uint item, uint g, mat4 x, float sx) {
-    return w.d * dot16(COLUMNS(MXFP4_COLUMN), x);
+    return w.d * (16384.0 * dot16(COLUMNS(MXFP4_COLUMN), x));
 }
 
 #elif defined(DATA_A_Q4_K) || defined(DATA_A_Q5_K)
@@ -214,13 +216,6 @@ struct item_raw { uvec4 head; uvec4 qs[2]; uvec4 qh[2]; };
 // ab: a and b of sub-blocks 2j and 2j + 1.
 struct item_words { item_raw r; vec4 ab; };
 
-// 6-bit scale and min of sub-block j (ggml's get_scale_min_k4) from the three scale words.
-vec2 scale_min_k4(uvec3 s, uint j) {
-    const uint sh = 8 * (j & 3u);
-    const uint b0 = s.x >> sh, b1 = s.y >> sh, b2 = s.z >> sh;
-    return j < 4 ? vec2(b0 & 63u, b1 & 63u)
-                 : vec2((b2 & 15u) | ((b0 >> 2) & 48u), ((b2 >> 4) & 15u) | ((b1 >> 2) & 48u));
-}
 
 item_words align_item(item_raw r, uint item) {
     const vec2 dm = unpackHalf2x16(r.head.x);
@@ -258,16 +253,6 @@ ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
     q |= ((w.r.qh[h] >> (2 * (item & 3u) + hi)) << 4) & 0x10101010u;
 #endif
     return ivec4(q);
-}
-
-item_words lane_word(item_words w, uint c) {
-    [[unroll]] for (uint h = 0; h < 2; h++) {
-        w.r.qs[h].x = pick4(w.r.qs[h], c);
-#if defined(DATA_A_Q5_K)
-        w.r.qh[h].x = pick4(w.r.qh[h], c);
-#endif
-    }
-    return w;
 }
 
 #elif defined(DATA_A_Q2_K)
@@ -407,22 +392,8 @@ ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
     return ivec4(q);
 }
 
-item_words lane_word(item_words w, uint c) {
-    [[unroll]] for (uint l = 0; l < 16; l += 4) {
-        w.ql[l] = pick4(uvec4(w.ql[l], w.ql[l + 1], w.ql[l + 2], w.ql[l + 3]), c);
-    }
-    [[unroll]] for (uint l = 0; l < 8; l += 4) {
-        w.qh[l] = pick4(uvec4(w.qh[l], w.qh[l + 1], w.qh[l + 2], w.qh[l + 3]), c);
-    }
-    return w;
-}
-
 #else
 #error "mul_mat_vec_items.glsl: no items for this type"
-#endif
-
-#if !defined(ITEMS_SHARED_TABLE)
-void items_setup() {}
 #endif
 
 #else
