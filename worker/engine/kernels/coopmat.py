@@ -81,7 +81,10 @@ ITEMS_SPLIT_GROUPS = 128
 # 74.0 / 76.5 / 97.8; 4096x4096 19.7 / 20.0 / 22.5 -> 19.5 / 20.5 / 23.8. Tiles of 64 rows, 64
 # rows a subgroup (Q6_K's items then spill) or 256, and 2 or 8 workgroups an SM, lost overall.
 # The 8B decoding together (bench --batch, tune off, same run): 12 sequences 1654.9 -> 1830.9
-# tok/s, 16 2199.7 -> 2429.5, 24 2896.0 -> 3007.8, 32 3752.8 -> 3795.9.
+# tok/s, 16 2199.7 -> 2429.5, 24 2896.0 -> 3007.8, 32 3752.8 -> 3795.9. Q6_K's lanes loading only
+# their own words (lane_items.glsl; H100, 2026-12-08, us at 8 / 16 / 32 columns): 4096x14336 53.0 /
+# 55.0 / 67.8 -> 43.8 / 45.7 / 63.2, the 128256x4096 output 341.8 / 352.3 / 440.8 -> 252.2 / 265.2 /
+# 347.4.
 FRAG_TILE = (128, 32, 32, 32, 64, 1)
 FRAG_SM_GROUPS = 4
 

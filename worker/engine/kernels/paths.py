@@ -51,7 +51,9 @@ X8_PATHS = frozenset({"mat_vec_x8", "mat_cols_x8"})
 # come from byte loads and a table per 16 values (dequant.glsl's quants16), where its f32 kernel
 # has item loops. H200 (`vkllm bench kernels`, 2026-12-02, us): 4096x4096 64.0 over 8-bit x against
 # 14.3 over f32, 14336x4096 210.2 against 35.6, 4096x14336 212.7 against 33.8, 128256x4096 1786
-# against 263. Dense products and gpt-oss's expert products alike (models/moe.py asks this rule).
+# against 263; H100 (2026-12-08, tuned shapes, its f32 kernel reading nibbles as f16) 14336x4096
+# 210.4 against 27.9, 4096x14336 211.2 against 30.5. Dense products and gpt-oss's expert products
+# alike (models/moe.py asks this rule).
 F32_DECODE_TYPES = frozenset({T.MXFP4})
 
 
