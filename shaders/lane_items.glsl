@@ -71,14 +71,20 @@ lane_raw load_lane(uint row_byte, uint item, uint t) {
     return r;
 }
 
+// Word c of v by selects: indexing a vector by a run-time c put the words in local memory (H100,
+// gate+up at 8 columns 118.5 us against 74.0).
+uint pick4(uvec4 v, uint c) {
+    return c < 2 ? (c == 0 ? v.x : v.y) : (c == 2 ? v.z : v.w);
+}
+
 lane_item lane_words(lane_raw r) {
     lane_item o;
     o.head = r.head;
     o.j = r.j;
     [[unroll]] for (uint h = 0; h < 2; h++) {
-        o.qs[h] = r.qs[h][r.t];
+        o.qs[h] = pick4(r.qs[h], r.t);
 #if defined(DATA_A_Q5_K)
-        o.qh[h] = r.qh[h][r.t];
+        o.qh[h] = pick4(r.qh[h], r.t);
 #endif
     }
     return o;
