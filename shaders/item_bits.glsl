@@ -67,3 +67,8 @@ uint funnel(uint lo, uint hi, uint b, uint align) {
 // for the four columns of a group, F(g) for the eight groups of an item.
 #define COLUMNS(F) mat4(F(0), F(1), F(2), F(3))
 #define EACH_GROUP(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
+
+// Word c of v, by selects (a run-time index into a vector may put it in local memory).
+uint pick4(uvec4 v, uint c) {
+    return c < 2 ? (c == 0 ? v.x : v.y) : (c == 2 ? v.z : v.w);
+}

@@ -25,6 +25,10 @@
 //                                                   the group's quants as signed bytes (as
 //                                                   dequant.glsl's quants16), w_i = ab.x * q_i + ab.y
 //   PAIRED_GROUPS (defined where groups 2k and 2k + 1 always have the same ab: one 32-value block)
+// and, for a kernel whose lanes each take one word c of every group's quants (Q4_K, Q5_K:
+// lane_items.glsl, mul_mat_coopmat_frag.comp),
+//   item_words lane_word(item_words w, uint c)      w with word c of every group in word 0's
+//                                                   place: group_quants(...).x is then word c
 // Layouts follow ggml's dequantize_row_* (as dequant.glsl, which the other kernels use).
 // A kernel over two weights (GLU) includes this file again with ITEMS_UP defined: the loaders
 // over binding 1, named *_up.
@@ -34,7 +38,6 @@
 layout(std430, binding = 0) readonly buffer A4 { uvec4 data_u4[]; };
 
 #include "item_bits.glsl"
-#include "k_scales.glsl"
 
 #if defined(DATA_A_Q4_0)
 // 18 bytes: f16 d, 16 bytes of nibbles; value j < 16 the low nibble of byte j, j + 16 its high
@@ -218,6 +221,13 @@ struct item_raw { uvec4 head; uvec4 qs[2]; uvec4 qh[2]; };
 // ab: a and b of sub-blocks 2j and 2j + 1.
 struct item_words { item_raw r; vec4 ab; };
 
+// 6-bit scale and min of sub-block j (ggml's get_scale_min_k4) from the three scale words.
+vec2 scale_min_k4(uvec3 s, uint j) {
+    const uint sh = 8 * (j & 3u);
+    const uint b0 = s.x >> sh, b1 = s.y >> sh, b2 = s.z >> sh;
+    return j < 4 ? vec2(b0 & 63u, b1 & 63u)
+                 : vec2((b2 & 15u) | ((b0 >> 2) & 48u), ((b2 >> 4) & 15u) | ((b1 >> 2) & 48u));
+}
 
 item_words align_item(item_raw r, uint item) {
     const vec2 dm = unpackHalf2x16(r.head.x);
@@ -255,6 +265,16 @@ ivec4 group_quants(item_words w, uint item, uint g, out vec2 ab) {
     q |= ((w.r.qh[h] >> (2 * (item & 3u) + hi)) << 4) & 0x10101010u;
 #endif
     return ivec4(q);
+}
+
+item_words lane_word(item_words w, uint c) {
+    [[unroll]] for (uint h = 0; h < 2; h++) {
+        w.r.qs[h].x = pick4(w.r.qs[h], c);
+#if defined(DATA_A_Q5_K)
+        w.r.qh[h].x = pick4(w.r.qh[h], c);
+#endif
+    }
+    return w;
 }
 
 #elif defined(DATA_A_Q2_K)
